@@ -1,0 +1,193 @@
+"""The Graphormer network (Ying et al., NeurIPS 2021, "Do Transformers Really Perform Bad for Graph
+Representation?", https://arxiv.org/abs/2106.05234)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from graphormer.data.collate import GraphormerBatch
+from graphormer.models.encoders import GraphAttentionBias, NodeEncoder
+from graphormer.models.layers import GraphormerLayer
+
+__all__ = ["Graphormer", "GraphormerConfig", "ogb_atom_feature_dims", "ogb_bond_feature_dims"]
+
+
+def ogb_atom_feature_dims() -> list[int]:
+    from ogb.utils.features import get_atom_feature_dims
+
+    return list(get_atom_feature_dims())
+
+
+def ogb_bond_feature_dims() -> list[int]:
+    from ogb.utils.features import get_bond_feature_dims
+
+    return list(get_bond_feature_dims())
+
+
+@dataclass
+class GraphormerConfig:
+    """Hyperparameters of :class:`Graphormer`. Presets live in ``configs/model/``.
+
+    Attributes:
+        num_layers, hidden_dim, ffn_dim, num_heads: transformer size (``hidden_dim`` divisible by
+            ``num_heads``).
+        dropout, attention_dropout, activation_dropout: dropout rates.
+        pre_layernorm: pre-LN (the paper's choice) or post-LN layers.
+        atom_feature_dims, bond_feature_dims: vocabulary per categorical node / edge feature;
+            None means OGB's molecule featurisation (``ogb.utils.features``).
+        feature_stride: None for a compact embedding table; an int gives every feature column that
+            many rows, as Microsoft's checkpoints do (512).
+        max_degree: degrees above it share one centrality embedding.
+        max_distance: hop distances above it share one spatial embedding.
+        edge_encoding: ``"multi_hop"`` (paper default) or ``"single_hop"``.
+        multi_hop_max_dist: path edges averaged by the multi-hop edge encoding.
+        num_tasks: outputs of the prediction head.
+    """
+
+    num_layers: int = 12
+    hidden_dim: int = 80
+    ffn_dim: int = 80
+    num_heads: int = 8
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.1
+    pre_layernorm: bool = True
+    atom_feature_dims: list[int] | None = None
+    bond_feature_dims: list[int] | None = None
+    feature_stride: int | None = None
+    max_degree: int = 64
+    max_distance: int = 20
+    edge_encoding: str = "multi_hop"
+    multi_hop_max_dist: int = 5
+    num_tasks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.hidden_dim % self.num_heads != 0:
+            raise ValueError(
+                f"model.hidden_dim ({self.hidden_dim}) must be divisible by model.num_heads "
+                f"({self.num_heads})"
+            )
+        for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads", "num_tasks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.edge_encoding not in ("multi_hop", "single_hop"):
+            raise ValueError(
+                f"model.edge_encoding must be 'multi_hop' or 'single_hop', got "
+                f"{self.edge_encoding!r}"
+            )
+        if self.atom_feature_dims is None:
+            self.atom_feature_dims = ogb_atom_feature_dims()
+        if self.bond_feature_dims is None:
+            self.bond_feature_dims = ogb_bond_feature_dims()
+        self.atom_feature_dims = [int(d) for d in self.atom_feature_dims]
+        self.bond_feature_dims = [int(d) for d in self.bond_feature_dims]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GraphormerConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown model option(s) {unknown}; valid options: {sorted(known)}"
+            )
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Graphormer(nn.Module):
+    """Graphormer: a transformer over the nodes of a graph plus a graph token, with centrality,
+    spatial and edge encodings (Ying et al., 2021).
+
+    Args:
+        config (GraphormerConfig): hyperparameters.
+
+    Shapes:
+        - input: a :class:`~graphormer.data.GraphormerBatch` of ``B`` graphs padded to ``N`` nodes
+        - output: ``[B, num_tasks]``; with ``return_attention`` also a list of ``num_layers``
+          per-head attention maps ``[B, H, N + 1, N + 1]`` (graph token at index 0)
+    """
+
+    def __init__(self, config: GraphormerConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.node_encoder = NodeEncoder(
+            c.atom_feature_dims, c.hidden_dim, c.max_degree, c.feature_stride
+        )
+        self.attn_bias = GraphAttentionBias(
+            c.num_heads,
+            c.bond_feature_dims,
+            c.max_distance,
+            c.edge_encoding,
+            c.multi_hop_max_dist,
+            c.feature_stride,
+        )
+        self.graph_token = nn.Parameter(torch.empty(1, 1, c.hidden_dim))
+        # Pre-LN normalises the summed input embeddings once, as Microsoft's encoder does.
+        self.input_norm = nn.LayerNorm(c.hidden_dim) if c.pre_layernorm else nn.Identity()
+        self.input_dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(
+            GraphormerLayer(
+                c.hidden_dim,
+                c.ffn_dim,
+                c.num_heads,
+                c.dropout,
+                c.attention_dropout,
+                c.activation_dropout,
+                c.pre_layernorm,
+            )
+            for _ in range(c.num_layers)
+        )
+        self.head_transform = nn.Linear(c.hidden_dim, c.hidden_dim)
+        self.head_norm = nn.LayerNorm(c.hidden_dim)
+        self.head = nn.Linear(c.hidden_dim, c.num_tasks)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # BERT-style initialisation, as in Microsoft's Graphormer: N(0, 0.02) weights, zero biases.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        self.node_encoder.reset_parameters()
+        self.attn_bias.reset_parameters()
+        nn.init.normal_(self.graph_token, std=0.02)
+
+    def encode(
+        self, batch: GraphormerBatch, return_attention: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Final hidden states ``[B, N + 1, d]`` (graph token first) and the attention maps."""
+        node_mask = batch.node_mask
+        h = self.node_encoder(batch.x, batch.in_degree, batch.out_degree, node_mask)  # [B, N, d]
+        token = self.graph_token.expand(h.size(0), -1, -1).to(h.dtype)
+        h = torch.cat([token, h], dim=1)  # [B, N+1, d]
+        h = self.input_dropout(self.input_norm(h))
+
+        # The bias is computed once and shared by every layer, as in the paper.
+        attn_bias = self.attn_bias(batch.spatial_pos, batch.edge_path, batch.edge_attr)
+        # Keys at padding are masked; the graph token (column 0) never is, so no row is empty.
+        key_padding_mask = F.pad(~node_mask, (1, 0), value=False)  # [B, N+1]
+        attentions = []
+        for layer in self.layers:
+            h, weights = layer(h, attn_bias, key_padding_mask, need_weights=return_attention)
+            if return_attention:
+                attentions.append(weights)
+        return h, attentions
+
+    def forward(
+        self, batch: GraphormerBatch, return_attention: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        h, attentions = self.encode(batch, return_attention)
+        graph = h[:, 0]  # [B, d], the graph token's final state
+        out = self.head(self.head_norm(F.gelu(self.head_transform(graph))))  # [B, T]
+        return (out, attentions) if return_attention else out
