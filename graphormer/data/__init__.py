@@ -1,13 +1,40 @@
 from graphormer.data.collate import GraphormerBatch, GraphormerCollator
+from graphormer.data.datamodule import GraphDataModule, IndexedSubset, ShardSampler
+from graphormer.data.ogb import (
+    OGB_MOLECULE_DATASETS,
+    DatasetNotFoundError,
+    OGBGraphDataset,
+    add_structural_features,
+    ogb_task_info,
+)
 from graphormer.data.shortest_paths import batched_shortest_paths, shortest_paths
+from graphormer.data.smiles import SmilesCsvDataset, random_split, scaffold_split
+from graphormer.data.sources import LoadedDataset, OGBSource, SmilesCsvSource
+from graphormer.data.tasks import TaskEvaluator, TaskInfo
 from graphormer.data.transforms import STRUCTURAL_KEYS, StructuralFeatures, structural_features
 
 __all__ = [
+    "OGB_MOLECULE_DATASETS",
     "STRUCTURAL_KEYS",
+    "DatasetNotFoundError",
+    "GraphDataModule",
     "GraphormerBatch",
     "GraphormerCollator",
+    "IndexedSubset",
+    "LoadedDataset",
+    "OGBGraphDataset",
+    "OGBSource",
+    "ShardSampler",
+    "SmilesCsvDataset",
+    "SmilesCsvSource",
     "StructuralFeatures",
+    "TaskEvaluator",
+    "TaskInfo",
+    "add_structural_features",
     "batched_shortest_paths",
+    "ogb_task_info",
+    "random_split",
+    "scaffold_split",
     "shortest_paths",
     "structural_features",
 ]

@@ -1,0 +1,83 @@
+"""What a dataset asks the model to predict, and how OGB scores it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from typing import Any
+
+import pandas as pd
+from ogb.graphproppred import Evaluator
+
+__all__ = ["TaskInfo", "TaskEvaluator", "ogb_master_table"]
+
+# Metrics whose larger value is better; OGB's rmse (and anything else) is minimised.
+_MAXIMISED = {"rocauc", "ap", "acc", "F1"}
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A graph-level prediction task.
+
+    Attributes:
+        name: dataset name (OGB's, e.g. ``ogbg-molhiv``, or a user's label).
+        task_type: OGB's wording: ``"binary classification"`` or ``"regression"``.
+        num_tasks: number of targets per graph.
+        metric: OGB's evaluation metric name (``rocauc``, ``ap``, ``rmse``).
+    """
+
+    name: str
+    task_type: str
+    num_tasks: int
+    metric: str
+
+    def __post_init__(self) -> None:
+        if self.task_type not in ("binary classification", "regression"):
+            raise ValueError(
+                f"unsupported task type {self.task_type!r} of {self.name}: graphormer trains "
+                "'binary classification' and 'regression' graph-property tasks"
+            )
+
+    @property
+    def is_classification(self) -> bool:
+        return self.task_type == "binary classification"
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.metric in _MAXIMISED
+
+    @property
+    def monitor(self) -> str:
+        """The logged key that selects the best checkpoint: ``val/<metric>``."""
+        return f"val/{self.metric}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def evaluator(self) -> Evaluator:
+        """OGB's own ``Evaluator`` for OGB datasets, the same code set up for this task otherwise."""
+        if self.name in ogb_master_table():
+            evaluator = Evaluator(self.name)
+            if (evaluator.num_tasks, evaluator.eval_metric) == (self.num_tasks, self.metric):
+                return evaluator
+        return TaskEvaluator(self)
+
+
+class TaskEvaluator(Evaluator):
+    """OGB's graph-property ``Evaluator``, set up from a :class:`TaskInfo` rather than OGB's table,
+    so that a user's own data is scored by exactly the same code as OGB's datasets."""
+
+    def __init__(self, task: TaskInfo) -> None:
+        self.name = task.name
+        self.num_tasks = task.num_tasks
+        self.eval_metric = task.metric
+
+
+@lru_cache(maxsize=1)
+def ogb_master_table() -> pd.DataFrame:
+    """OGB's own dataset metadata table (``ogb/graphproppred/master.csv``)."""
+    import ogb.graphproppred
+
+    path = os.path.join(os.path.dirname(ogb.graphproppred.__file__), "master.csv")
+    return pd.read_csv(path, index_col=0, keep_default_na=False)

@@ -1,0 +1,237 @@
+"""The LightningModule: Graphormer, masked losses, the paper's optimiser, OGB's Evaluator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+import graphormer
+from graphormer.data.collate import GraphormerBatch
+from graphormer.data.tasks import TaskInfo
+from graphormer.models.graphormer import Graphormer, GraphormerConfig
+from graphormer.training.schedule import warmup_linear_decay
+
+__all__ = ["GraphormerModule", "masked_loss"]
+
+_LOSSES = ("bce", "l1", "mse")
+
+
+def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
+    """Mean loss over the labelled entries only (NaN targets are missing labels).
+
+    A batch with no labelled entry gives a zero that still depends on ``pred`` (so DDP sees a
+    gradient for every parameter).
+    """
+    labelled = ~torch.isnan(target)
+    if not labelled.any():
+        return pred.sum() * 0.0
+    pred, target = pred[labelled], target[labelled]
+    if loss == "bce":
+        return F.binary_cross_entropy_with_logits(pred, target)
+    if loss == "l1":
+        return F.l1_loss(pred, target)
+    return F.mse_loss(pred, target)
+
+
+class GraphormerModule(pl.LightningModule):
+    """Trains and evaluates :class:`~graphormer.models.Graphormer` on a graph-property task.
+
+    Takes plain values only (saved by ``save_hyperparameters``), so
+    ``GraphormerModule.load_from_checkpoint(path)`` rebuilds it without Hydra.
+
+    Args:
+        model (dict): :class:`GraphormerConfig` fields (``num_tasks`` comes from ``task``).
+        task (dict): :class:`TaskInfo` fields.
+        lr (float, optional): peak learning rate. (default: :obj:`2e-4`)
+        end_lr (float, optional): learning rate at the end of training. (default: :obj:`1e-9`)
+        weight_decay (float, optional): AdamW weight decay. (default: :obj:`0.01`)
+        betas (tuple[float, float], optional): AdamW betas. (default: :obj:`(0.9, 0.999)`)
+        eps (float, optional): AdamW epsilon. (default: :obj:`1e-8`)
+        warmup_steps (int | None, optional): warm-up length; None uses ``warmup_ratio`` of all
+            steps. (default: :obj:`None`)
+        warmup_ratio (float, optional): warm-up fraction when ``warmup_steps`` is None.
+            (default: :obj:`0.06`)
+        loss (str, optional): ``auto`` (BCE for classification, L1 for regression), ``bce``,
+            ``l1`` or ``mse``. (default: :obj:`"auto"`)
+        normalize_targets (bool, optional): for regression, train on targets standardised with
+            the training split's mean and standard deviation (kept as buffers in the checkpoint);
+            predictions and metrics are always in the original units. (default: :obj:`True`)
+        data (dict | None, optional): the dataset and datamodule settings, stored so that
+            ``scripts/eval.py`` can rebuild the data from the checkpoint alone.
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        task: dict[str, Any],
+        lr: float = 2e-4,
+        end_lr: float = 1e-9,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        warmup_steps: int | None = None,
+        warmup_ratio: float = 0.06,
+        loss: str = "auto",
+        normalize_targets: bool = True,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.task = TaskInfo(**task)
+        if loss == "auto":
+            loss = "bce" if self.task.is_classification else "l1"
+        if loss not in _LOSSES:
+            raise ValueError(f"loss must be one of auto, {', '.join(_LOSSES)}; got {loss!r}")
+        if loss == "bce" and not self.task.is_classification:
+            raise ValueError(f"loss=bce needs a classification task; {self.task.name} is regression")
+        self.loss_name = loss
+        self.config = GraphormerConfig.from_dict({**model, "num_tasks": self.task.num_tasks})
+        self.model = Graphormer(self.config)
+        self.evaluator = self.task.evaluator()
+        num_tasks = self.task.num_tasks
+        self.register_buffer("target_mean", torch.zeros(num_tasks))
+        self.register_buffer("target_std", torch.ones(num_tasks))
+        self._eval_outputs: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def setup(self, stage: str) -> None:
+        # Runs on every rank after the data is set up, and before a resumed run restores its
+        # checkpoint (whose buffers then win).
+        if stage != "fit" or self.task.is_classification or not self.hparams.normalize_targets:
+            return
+        targets = self.trainer.datamodule.train_targets().float()  # [N, T]
+        mean = torch.nanmean(targets, dim=0)
+        std = torch.nanmean((targets - mean) ** 2, dim=0).sqrt()
+        self.target_mean.copy_(torch.nan_to_num(mean, nan=0.0))
+        self.target_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
+
+    def forward(self, batch: GraphormerBatch, return_attention: bool = False):
+        """Predictions in the targets' units (logits for classification)."""
+        if return_attention:
+            out, attention = self.model(batch, return_attention=True)
+            return out.float() * self.target_std + self.target_mean, attention
+        return self.model(batch).float() * self.target_std + self.target_mean
+
+    def _loss(self, raw: Tensor, target: Tensor) -> Tensor:
+        # The loss compares standardised values (identity unless normalize_targets).
+        return masked_loss(raw, (target - self.target_mean) / self.target_std, self.loss_name)
+
+    def training_step(self, batch: GraphormerBatch, batch_idx: int) -> Tensor:
+        loss = self._loss(self.model(batch).float(), batch.y)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
+        return loss
+
+    # -- evaluation: every graph of the split exactly once, across all ranks ----------------
+
+    def _eval_step(self, batch: GraphormerBatch, stage: str) -> None:
+        raw = self.model(batch).float()
+        loss = self._loss(raw, batch.y)
+        pred = raw * self.target_std + self.target_mean
+        self.log(f"{stage}/loss", loss, sync_dist=True, batch_size=batch.num_graphs)
+        self._eval_outputs.append((batch.index, pred.detach(), batch.y))
+
+    def validation_step(self, batch: GraphormerBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: GraphormerBatch, batch_idx: int) -> None:
+        self._eval_step(batch, "test")
+
+    def on_validation_epoch_start(self) -> None:
+        self._eval_outputs = []
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_outputs = []
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metric("val", "valid")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metric("test", "test")
+
+    def _log_metric(self, stage: str, split: str) -> None:
+        index, pred, target = self._gather_outputs()
+        self._eval_outputs = []
+        if self.trainer.sanity_checking:
+            return
+        expected = _split_size(self.trainer, split)
+        if expected is not None and len(index) != expected:
+            raise RuntimeError(
+                f"{split} evaluation saw {len(index)} distinct graphs, expected {expected}"
+            )
+        result = self.evaluator.eval({"y_true": target.cpu(), "y_pred": pred.cpu()})
+        value = float(result[self.task.metric])
+        # Every rank holds the same gathered value: no further sync needed.
+        self.log(f"{stage}/{self.task.metric}", value, prog_bar=True, sync_dist=False)
+
+    def _gather_outputs(self) -> tuple[Tensor, Tensor, Tensor]:
+        num_tasks = self.task.num_tasks
+        if self._eval_outputs:
+            index = torch.cat([o[0] for o in self._eval_outputs]).to(self.device)
+            pred = torch.cat([o[1] for o in self._eval_outputs])
+            target = torch.cat([o[2] for o in self._eval_outputs])
+        else:
+            index = torch.zeros(0, dtype=torch.long, device=self.device)
+            pred = torch.zeros(0, num_tasks, device=self.device)
+            target = torch.zeros(0, num_tasks, device=self.device)
+        if self.trainer.world_size > 1:
+            index, pred, target = _all_gather_rows(self, index, pred, target)
+        # Order by dataset index and drop any repeat, so the metric sees each graph once.
+        order = torch.argsort(index)
+        index, pred, target = index[order], pred[order], target[order]
+        keep = torch.ones_like(index, dtype=torch.bool)
+        keep[1:] = index[1:] != index[:-1]
+        return index[keep], pred[keep], target[keep]
+
+    # -- optimisation ---------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        optimizer = torch.optim.AdamW(
+            self.parameters(),
+            lr=hp.lr,
+            betas=tuple(hp.betas),
+            eps=hp.eps,
+            weight_decay=hp.weight_decay,
+        )
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        warmup = hp.warmup_steps if hp.warmup_steps is not None else int(hp.warmup_ratio * total)
+        warmup = max(int(warmup), 1)
+
+        def factor(step: int) -> float:
+            return warmup_linear_decay(step, warmup, total, hp.lr, hp.end_lr) / hp.lr
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["graphormer"] = {
+            "version": graphormer.__version__,
+            "precision": str(self.trainer.precision) if self._trainer is not None else None,
+        }
+
+
+def _split_size(trainer: pl.Trainer, split: str) -> int | None:
+    datamodule = getattr(trainer, "datamodule", None)
+    if datamodule is None or getattr(datamodule, "loaded", None) is None:
+        return None
+    return datamodule.split_size(split)
+
+
+def _all_gather_rows(module: pl.LightningModule, *tensors: Tensor) -> list[Tensor]:
+    """Concatenates each rank's rows (counts may differ between ranks) on every rank."""
+    count = torch.tensor([tensors[0].size(0)], device=module.device)
+    counts = module.all_gather(count).view(-1)  # [W]
+    longest = int(counts.max())
+    gathered = []
+    for t in tensors:
+        padded = t.new_zeros((longest, *t.shape[1:]))
+        padded[: t.size(0)] = t
+        rows = module.all_gather(padded)  # [W, longest, ...]
+        gathered.append(torch.cat([rows[r, : int(counts[r])] for r in range(len(counts))]))
+    return gathered

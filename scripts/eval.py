@@ -1,0 +1,15 @@
+"""Evaluate a checkpoint: python scripts/eval.py ckpt=PATH [split=valid|test|all]"""
+
+import hydra
+from omegaconf import DictConfig
+
+from graphormer.training import evaluate
+
+
+@hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()
