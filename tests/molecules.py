@@ -20,18 +20,28 @@ NCI_TPSA = Path(RDConfig.RDDataDir) / "NCI" / "first_5k.tpsa.csv"
 
 @lru_cache(maxsize=1)
 def nci_table() -> pd.DataFrame:
-    """rdkit's NCI molecules that parse, with their TPSA: columns ``smiles``, ``tpsa``."""
+    """rdkit's NCI molecules that parse and have a TPSA value: columns ``smiles``, ``tpsa``."""
     RDLogger.DisableLog("rdApp.*")
-    table = pd.read_csv(NCI_TPSA, comment="#", header=None, names=["smiles", "tpsa"])
-    valid = [Chem.MolFromSmiles(s) is not None for s in table.smiles]
+    table = pd.read_csv(NCI_TPSA, skiprows=1, header=None, names=["smiles", "tpsa"])
+    valid = [
+        Chem.MolFromSmiles(s) is not None and t == t for s, t in zip(table.smiles, table.tpsa)
+    ]
     return table[valid].reset_index(drop=True)
+
+
+@lru_cache(maxsize=1)
+def nci_smiles() -> tuple[str, ...]:
+    """The SMILES of ``first_5K.smi`` that current rdkit parses (4,991 of 4,999)."""
+    RDLogger.DisableLog("rdApp.*")
+    lines = NCI_SMILES.read_text().splitlines()
+    smiles = [line.split()[0] for line in lines if line.strip()]
+    return tuple(s for s in smiles if Chem.MolFromSmiles(s) is not None)
 
 
 @lru_cache(maxsize=4)
 def nci_graphs(limit: int | None = None) -> tuple[dict, ...]:
     """OGB featurisations (``smiles2graph``) of the first ``limit`` valid NCI molecules."""
-    smiles = nci_table().smiles.tolist()[:limit]
-    return tuple(smiles2graph(s) for s in smiles)
+    return tuple(smiles2graph(s) for s in nci_smiles()[:limit])
 
 
 def to_data(graph: dict, y: float | None = None) -> Data:

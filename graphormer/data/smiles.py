@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os.path as osp
 import warnings
@@ -97,10 +98,15 @@ class SmilesCsvDataset(InMemoryDataset):
         pass
 
     def _read(self, **kwargs) -> pd.DataFrame:
+        source: str | io.StringIO = self.csv_path
+        if self.comment:
+            # Whole comment lines only: pandas' own `comment` also cuts lines at the character,
+            # and '#' is SMILES' triple bond.
+            with open(self.csv_path) as f:
+                kept = [line for line in f if not line.startswith(self.comment)]
+            source = io.StringIO("".join(kept))
         header = None if self.columns else "infer"
-        return pd.read_csv(
-            self.csv_path, header=header, names=self.columns, comment=self.comment, **kwargs
-        )
+        return pd.read_csv(source, header=header, names=self.columns, **kwargs)
 
     def process(self) -> None:
         table = self._read()

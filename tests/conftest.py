@@ -1,0 +1,47 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# tests/molecules.py is a helper module shared by the tests.
+sys.path.insert(0, str(Path(__file__).parent))
+
+# Keep test runs quiet and fast on 2 cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from molecules import nci_ogb_dataset, nci_table  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def ogb_root(tmp_path_factory) -> Path:
+    """A dataset root holding OGB-layout ogbg-molhiv (binary) and ogbg-molesol (regression) made of
+    rdkit's NCI molecules."""
+    root = tmp_path_factory.mktemp("ogb")
+    nci_ogb_dataset(root, "ogbg-molhiv", limit=400)
+    nci_ogb_dataset(root, "ogbg-molesol", limit=300)
+    return root
+
+
+@pytest.fixture(scope="session")
+def nci_csv(tmp_path_factory) -> Path:
+    """A SMILES CSV with a header, real TPSA targets, a few missing targets and invalid SMILES."""
+    table = nci_table().iloc[:300].copy()
+    table.loc[[5, 17], "tpsa"] = float("nan")
+    table["binary"] = (table.tpsa > table.tpsa.median()).astype(float)
+    table.loc[[5, 17], "binary"] = float("nan")
+    bad = table.iloc[:3].copy()
+    bad["smiles"] = ["C1CC", "not_a_smiles", "[Xx]"]
+    rows = [table.iloc[:10], bad.iloc[:1], table.iloc[10:40], bad.iloc[1:], table.iloc[40:]]
+    import pandas as pd
+
+    csv = tmp_path_factory.mktemp("csv") / "molecules.csv"
+    pd.concat(rows).to_csv(csv, index=False)
+    return csv

@@ -1,0 +1,155 @@
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from graphormer.models import BiasedMultiheadAttention
+
+E, H, B, L = 16, 4, 3, 7
+
+
+def pair(batch_first=True, bias=True, seed=0):
+    torch.manual_seed(seed)
+    mha = nn.MultiheadAttention(E, H, bias=bias, batch_first=batch_first).eval()
+    with torch.no_grad():  # non-zero biases so that they are really compared
+        if bias:
+            mha.in_proj_bias.normal_()
+            mha.out_proj.bias.normal_()
+    return mha, BiasedMultiheadAttention.from_torch(mha).eval()
+
+
+def padding_mask():
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    mask[1, 5:] = True
+    mask[2, 2:] = True
+    return mask
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("masked", [False, True])
+def test_parity_with_torch_mha(batch_first, masked):
+    mha, ours = pair(batch_first)
+    x = torch.randn(B, L, E) if batch_first else torch.randn(L, B, E)
+    mask = padding_mask() if masked else None
+    ref_out, ref_avg = mha(x, x, x, key_padding_mask=mask, need_weights=True)
+    _, ref_heads = mha(x, x, x, key_padding_mask=mask, average_attn_weights=False)
+    out_fast, none = ours(x, key_padding_mask=mask)
+    out, avg = ours(x, key_padding_mask=mask, need_weights=True)
+    _, heads = ours(x, key_padding_mask=mask, need_weights=True, average_attn_weights=False)
+    assert none is None
+    torch.testing.assert_close(out_fast, ref_out, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
+    torch.testing.assert_close(avg, ref_avg, atol=1e-5, rtol=0)
+    torch.testing.assert_close(heads, ref_heads, atol=1e-5, rtol=0)
+    assert avg.shape == (B, L, L) and heads.shape == (B, H, L, L)
+
+
+def test_cross_attention_parity():
+    mha, ours = pair()
+    q, kv = torch.randn(B, 3, E), torch.randn(B, L, E)
+    ref, _ = mha(q, kv, kv)
+    out, _ = ours(q, kv, kv)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
+def test_hand_computation_from_packed_in_proj():
+    mha, ours = pair()
+    x = torch.randn(B, L, E)
+    w_q, w_k, w_v = torch.split(mha.in_proj_weight, E, dim=0)
+    b_q, b_k, b_v = torch.split(mha.in_proj_bias, E, dim=0)
+
+    def heads(t):  # [B, L, E] -> [B, H, L, D]
+        return t.reshape(B, L, H, E // H).transpose(1, 2)
+
+    q, k, v = heads(x @ w_q.T + b_q), heads(x @ w_k.T + b_k), heads(x @ w_v.T + b_v)
+    pq, pk, pv = ours.project(x)
+    torch.testing.assert_close(pv, v, atol=1e-6, rtol=0)
+    torch.testing.assert_close(pq, q, atol=1e-6, rtol=0)
+    torch.testing.assert_close(pk, k, atol=1e-6, rtol=0)
+    weights = (q @ k.transpose(-1, -2) / math.sqrt(E // H)).softmax(-1)
+    expected = mha.out_proj((weights @ v).transpose(1, 2).reshape(B, L, E))
+    out, _ = ours(x)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("per_head", [True, False])
+def test_bias_is_added_before_softmax(per_head):
+    _, ours = pair()
+    x = torch.randn(B, L, E)
+    bias = torch.randn(B, H, L, L) if per_head else torch.randn(B, L, L)
+    q, k, v = ours.project(x)
+    full = bias if per_head else bias.unsqueeze(1)
+    weights = (q @ k.transpose(-1, -2) / math.sqrt(E // H) + full).softmax(-1)
+    expected = ours.out_proj((weights @ v).transpose(1, 2).reshape(B, L, E))
+    out_fast, _ = ours(x, attn_bias=bias)
+    out, got = ours(x, attn_bias=bias, need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(out_fast, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, weights, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got.sum(-1), torch.ones(B, H, L))
+
+
+def test_gradients_reach_the_bias_on_both_paths():
+    _, ours = pair()
+    x = torch.randn(B, L, E)
+    for need_weights in (False, True):
+        bias = torch.zeros(B, H, L, L, requires_grad=True)
+        out, _ = ours(x, attn_bias=bias, key_padding_mask=padding_mask(), need_weights=need_weights)
+        out.square().sum().backward()
+        assert bias.grad is not None and bias.grad.abs().sum() > 0
+        # Masked keys get no attention, hence no gradient.
+        assert bias.grad[2, :, :, 2:].abs().max() == 0
+
+
+def test_padded_rows_are_finite_and_get_no_mass():
+    _, ours = pair()
+    x = torch.randn(B, L, E)
+    mask = padding_mask()
+    out, weights = ours(x, attn_bias=torch.randn(B, H, L, L), key_padding_mask=mask, need_weights=True)
+    assert torch.isfinite(out).all()  # padded query rows included
+    assert weights[2, :, 2:].abs().max() == 0
+    everything = torch.ones(B, L, dtype=torch.bool)
+    out, _ = ours(x, key_padding_mask=everything)
+    assert torch.isfinite(out).all()
+
+
+def test_round_trip_and_state_dict_interop():
+    mha, ours = pair(bias=True)
+    back = ours.to_torch()
+    for name, tensor in mha.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[name], tensor, atol=0, rtol=0)
+    fresh = BiasedMultiheadAttention(E, H)
+    fresh.load_state_dict(mha.state_dict())
+    torch.testing.assert_close(fresh.v_proj.weight, mha.in_proj_weight[2 * E :], atol=0, rtol=0)
+    torch.testing.assert_close(fresh.k_proj.bias, mha.in_proj_bias[E : 2 * E], atol=0, rtol=0)
+    # Our own state dict round-trips too.
+    again = BiasedMultiheadAttention(E, H)
+    again.load_state_dict(ours.state_dict())
+    x = torch.randn(B, L, E)
+    torch.testing.assert_close(again(x)[0], ours(x)[0], atol=0, rtol=0)
+
+
+def test_without_bias_parity():
+    mha, ours = pair(bias=False)
+    assert ours.q_proj.bias is None
+    x = torch.randn(B, L, E)
+    torch.testing.assert_close(ours(x)[0], mha(x, x, x)[0], atol=1e-5, rtol=0)
+    assert ours.to_torch().in_proj_bias is None
+
+
+def test_unrepresentable_settings_and_bad_shapes_raise():
+    with pytest.raises(ValueError, match="divisible"):
+        BiasedMultiheadAttention(10, 3)
+    for kwargs in ({"add_bias_kv": True}, {"add_zero_attn": True}, {"kdim": 8, "vdim": 8}):
+        with pytest.raises(ValueError, match="cannot represent"):
+            BiasedMultiheadAttention.from_torch(nn.MultiheadAttention(E, H, **kwargs))
+    with pytest.raises(ValueError, match="cannot represent"):
+        BiasedMultiheadAttention(E, H).load_state_dict(
+            nn.MultiheadAttention(E, H, add_bias_kv=True).state_dict()
+        )
+    ours = BiasedMultiheadAttention(E, H)
+    with pytest.raises(ValueError, match="attn_bias"):
+        ours(torch.randn(B, L, E), attn_bias=torch.randn(B, H, L, L + 1))
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        ours(torch.randn(B, L, E), key_padding_mask=torch.zeros(B, L + 1, dtype=torch.bool))

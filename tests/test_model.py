@@ -1,0 +1,165 @@
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from graphormer.data import GraphormerCollator, StructuralFeatures
+from graphormer.models import Graphormer, GraphormerConfig
+from molecules import nci_graphs, to_data
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
+
+
+def preset(name: str) -> dict:
+    values = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
+    parents = values.pop("defaults", [])
+    merged = {}
+    for parent in parents:
+        merged.update(preset(parent))
+    merged.update(values)
+    return merged
+
+
+def tiny(**overrides) -> Graphormer:
+    config = GraphormerConfig(
+        num_layers=2, hidden_dim=32, ffn_dim=48, num_heads=4, num_tasks=2, **overrides
+    )
+    torch.manual_seed(0)
+    model = Graphormer(config).eval()
+    with torch.no_grad():  # lift the N(0, 0.02) init so the structural terms really matter
+        for p in model.attn_bias.parameters():
+            p.normal_()
+    return model
+
+
+def batch_of(graphs, pad=1):
+    return GraphormerCollator(max_hops=5, pad_to_multiple=pad)(
+        [StructuralFeatures(5)(g.clone()) for g in graphs]
+    )
+
+
+def molecules(indices):
+    graphs = nci_graphs(400)
+    return [to_data(graphs[i], 0.0) for i in indices]
+
+
+@pytest.mark.parametrize(
+    "name, target", [("graphormer_slim", 0.49e6), ("graphormer_small", 12.5e6), ("graphormer_base", 47e6)]
+)
+def test_preset_parameter_counts(name, target):
+    model = Graphormer(GraphormerConfig(**preset(name)))
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count - target) / target < 0.05, count
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="divisible"):
+        GraphormerConfig(hidden_dim=30, num_heads=4)
+    with pytest.raises(ValueError, match="unknown model option"):
+        GraphormerConfig.from_dict({"hidden_size": 3})
+    with pytest.raises(ValueError, match="edge_encoding"):
+        GraphormerConfig(edge_encoding="three_hop")
+
+
+def test_output_and_attention_shapes():
+    model = tiny()
+    batch = batch_of(molecules(range(4)), pad=8)
+    out, attention = model(batch, return_attention=True)
+    n = batch.x.size(1)
+    assert out.shape == (4, 2)
+    assert len(attention) == 2 and attention[0].shape == (4, 4, n + 1, n + 1)
+    # No attention mass on padded keys, rows are distributions.
+    pad_keys = torch.nn.functional.pad(~batch.node_mask, (1, 0), value=False)
+    for weights in attention:
+        assert weights.masked_select(pad_keys[:, None, None, :]).abs().max() == 0
+        torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
+    torch.testing.assert_close(model(batch), out)
+
+
+@pytest.mark.parametrize("pre_layernorm", [True, False])
+@pytest.mark.parametrize("edge_encoding", ["multi_hop", "single_hop"])
+def test_padding_invariance(pre_layernorm, edge_encoding):
+    model = tiny(pre_layernorm=pre_layernorm, edge_encoding=edge_encoding)
+    graphs = molecules([0, 3, 7, 120, 250])
+    together = model(batch_of(graphs, pad=8))
+    for i, g in enumerate(graphs):
+        alone = model(batch_of([g]))
+        torch.testing.assert_close(alone[0], together[i], atol=1e-5, rtol=0)
+
+
+def test_node_permutation_invariance():
+    model = tiny()
+    graph = molecules([42])[0]
+    n = graph.num_nodes
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(n)
+    permuted = graph.clone()
+    permuted.x = graph.x[perm]
+    permuted.edge_index = inverse[graph.edge_index]
+    torch.testing.assert_close(model(batch_of([graph])), model(batch_of([permuted])), atol=1e-5, rtol=0)
+
+
+def naive_bias(model: Graphormer, graph) -> torch.Tensor:
+    """The paper's attention bias for one graph with plain Python loops over pairs and hops."""
+    enc = model.attn_bias
+    data = StructuralFeatures(5)(graph.clone())
+    n, heads = data.num_nodes, enc.num_heads
+    spatial = data.spatial_pos.view(n, n).long()
+    paths = data.edge_path.view(n, n, 5).long()
+    offsets = enc.edge.offsets
+    bias = torch.zeros(heads, n + 1, n + 1)
+    for i in range(n):
+        for j in range(n):
+            d = int(spatial[i, j])
+            row = d if 0 <= d <= enc.max_distance else (enc.max_distance + 1 if d > 0 else enc.max_distance + 2)
+            value = enc.spatial.weight[row].clone()
+            if enc.edge_encoding == "multi_hop" and d > 0:
+                hops = min(d, enc.multi_hop_max_dist)
+                total = torch.zeros(heads)
+                for k in range(hops):
+                    e = int(paths[i, j, k])
+                    emb = enc.edge.embedding.weight[data.edge_attr[e] + offsets].mean(0)
+                    total += emb @ enc.hop_weight[k]
+                value += total / hops
+            if enc.edge_encoding == "single_hop" and d == 1:
+                e = int(paths[i, j, 0])
+                value += enc.edge.embedding.weight[data.edge_attr[e] + offsets].mean(0)
+            bias[:, i + 1, j + 1] = value
+    bias[:, 0, :] += enc.graph_token_distance[:, None]
+    bias[:, 1:, 0] += enc.graph_token_distance[:, None]
+    return bias
+
+
+@pytest.mark.parametrize("edge_encoding", ["multi_hop", "single_hop"])
+def test_vectorised_bias_equals_naive_loops(edge_encoding):
+    model = tiny(edge_encoding=edge_encoding, max_distance=6)
+    graphs = molecules([1, 11, 57, 190])  # includes pairs farther than max_distance
+    batch = batch_of(graphs, pad=8)
+    with torch.no_grad():
+        bias = model.attn_bias(batch.spatial_pos, batch.edge_path, batch.edge_attr)
+        for b, g in enumerate(graphs):
+            n = g.num_nodes
+            expected = naive_bias(model, g)
+            torch.testing.assert_close(bias[b, :, : n + 1, : n + 1], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_unreachable_pairs_and_far_pairs_use_their_own_entries():
+    from ogb.utils import smiles2graph
+
+    model = tiny(max_distance=2)
+    salt = to_data(smiles2graph("CCCC.[Na+]"), 0.0)  # a 4-chain (distance 3 > 2) and an ion
+    batch = batch_of([salt])
+    index = model.attn_bias.spatial_index(batch.spatial_pos[0])
+    assert index[0, 3] == 3  # farther than max_distance
+    assert index[0, 4] == 4  # unreachable
+    assert index[1, 2] == 1
+
+
+def test_gradients_flow_to_every_parameter():
+    model = tiny().train()
+    batch = batch_of(molecules(range(6)), pad=8)
+    model(batch).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing
