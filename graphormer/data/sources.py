@@ -38,8 +38,6 @@ class OGBSource:
     def __init__(self, name: str, root: str = "data") -> None:
         self.name = name
         self.root = root
-        self.columns = list(columns) if columns else None
-        self.comment = comment
         self._task = ogb_task_info(name)
 
     def task_info(self) -> TaskInfo:

@@ -1,0 +1,133 @@
+import shutil
+import urllib.error
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from graphormer.data import (
+    DatasetNotFoundError,
+    GraphDataModule,
+    OGBGraphDataset,
+    OGBSource,
+    SmilesCsvSource,
+    StructuralFeatures,
+    scaffold_split,
+)
+from graphormer.data.ogb import ogb_task_info
+from molecules import nci_table
+
+
+def test_task_info_comes_from_ogb_metadata():
+    hiv, pcba, esol = (ogb_task_info(n) for n in ("ogbg-molhiv", "ogbg-molpcba", "ogbg-molesol"))
+    assert (hiv.task_type, hiv.num_tasks, hiv.metric) == ("binary classification", 1, "rocauc")
+    assert (pcba.num_tasks, pcba.metric) == (128, "ap")
+    assert (esol.task_type, esol.metric) == ("regression", "rmse")
+    assert hiv.higher_is_better and not esol.higher_is_better
+    with pytest.raises(ValueError, match="ogbg-molhiv"):
+        ogb_task_info("ogbg-molhiv2")
+
+
+def test_ogb_loader_reads_our_layout_with_cached_features(ogb_root):
+    dataset = OGBGraphDataset("ogbg-molhiv", str(ogb_root), pre_transform=StructuralFeatures(5))
+    assert len(dataset) == 400
+    split = dataset.get_idx_split()
+    assert [len(split[k]) for k in ("train", "valid", "test")] == [320, 40, 40]
+    tpsa = nci_table().tpsa.to_numpy()[:400]
+    labels = (tpsa > np.median(tpsa)).astype(int)
+    assert [int(dataset[i].y) for i in range(400)] == labels.tolist()
+    graph = dataset[7]
+    n = graph.num_nodes
+    assert graph.spatial_pos.shape == (n * n,) and graph.edge_path.shape == (n * n, 5)
+    # OGB's loader added the inverse edges; our features see the full directed edge list.
+    assert torch.equal(graph.in_degree.long(), torch.bincount(graph.edge_index[1], minlength=n))
+
+
+def test_cache_is_keyed_by_preprocessing_settings(ogb_root):
+    a = OGBGraphDataset("ogbg-molesol", str(ogb_root), pre_transform=StructuralFeatures(2))
+    b = OGBGraphDataset("ogbg-molesol", str(ogb_root), pre_transform=StructuralFeatures(4))
+    assert a[0].edge_path.size(-1) == 2 and b[0].edge_path.size(-1) == 4
+    folder = ogb_root / "ogbg_molesol" / "processed"
+    assert {"structural_v1_hops2", "structural_v1_hops4"} <= {p.name for p in folder.iterdir()}
+    plain = OGBGraphDataset("ogbg-molesol", str(ogb_root), pre_transform=None)
+    assert "spatial_pos" not in plain[0]
+
+
+def test_missing_dataset_without_network_is_a_clear_error(tmp_path, monkeypatch):
+    def offline(url, folder, log=True):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr("ogb.utils.url.download_url", offline)
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("prompted for input"))
+    with pytest.raises(DatasetNotFoundError) as error:
+        OGBGraphDataset("ogbg-molbace", str(tmp_path))
+    message = str(error.value)
+    assert "ogbg-molbace" in message and "http" in message and "bace.zip" in message
+    assert str(tmp_path) in message and "dataset.root" in message
+    # The failed attempt leaves nothing behind that would make OGB prompt next time.
+    assert not (tmp_path / "ogbg_molbace").exists()
+    with pytest.raises(DatasetNotFoundError):
+        OGBGraphDataset("ogbg-molbace", str(tmp_path))
+
+
+def test_outdated_folder_errors_instead_of_prompting(ogb_root, tmp_path, monkeypatch):
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("prompted for input"))
+    shutil.copytree(ogb_root / "ogbg_molesol", tmp_path / "ogbg_molesol")
+    (tmp_path / "ogbg_molesol" / "RELEASE_v1.txt").unlink()
+    with pytest.raises(DatasetNotFoundError, match="RELEASE_v1.txt"):
+        OGBGraphDataset("ogbg-molesol", str(tmp_path))
+
+
+def test_smiles_csv_skips_invalid_rows_and_keeps_labels_aligned(nci_csv, tmp_path):
+    source = SmilesCsvSource(str(nci_csv), targets=["tpsa"], root=str(tmp_path))
+    with pytest.warns(UserWarning, match=r"skipped 3 row\(s\).*rows 10, 41, 42"):
+        loaded = source.load(StructuralFeatures(5))
+    table = pd.read_csv(nci_csv)
+    dataset = loaded.dataset
+    assert len(dataset) == len(table) - 3
+    for i in range(0, len(dataset), 7):
+        row = int(dataset[i].row)
+        expected = table.tpsa.iloc[row]
+        got = float(dataset[i].y)
+        assert (np.isnan(expected) and np.isnan(got)) or got == pytest.approx(expected)
+    assert sum(torch.isnan(dataset[i].y).any().item() for i in range(len(dataset))) == 2
+    # The scaffold split covers every graph exactly once.
+    parts = torch.cat([loaded.split[k] for k in ("train", "valid", "test")])
+    assert torch.equal(parts.sort().values, torch.arange(len(dataset)))
+    assert len(loaded.split["train"]) >= 0.75 * len(dataset)
+
+
+def test_smiles_csv_bad_input_errors(tmp_path):
+    csv = tmp_path / "bad.csv"
+    pd.DataFrame({"smiles": ["CCO", "CC"], "y": ["1.0", "high"]}).to_csv(csv, index=False)
+    with pytest.raises(ValueError, match="non-numeric value 'high' at row 1"):
+        SmilesCsvSource(str(csv), targets=["y"], root=str(tmp_path)).load(None)
+    with pytest.raises(ValueError, match=r"no column\(s\) \['logS'\]"):
+        SmilesCsvSource(str(csv), targets=["logS"], root=str(tmp_path)).load(None)
+    with pytest.raises(FileNotFoundError, match="dataset.path"):
+        SmilesCsvSource(str(tmp_path / "none.csv"), targets=["y"], root=str(tmp_path)).load(None)
+    with pytest.raises(ValueError, match="task_type"):
+        SmilesCsvSource(str(csv), targets=["y"], task_type="multiclass")
+
+
+def test_scaffold_split_keeps_scaffolds_together():
+    smiles = ["c1ccccc1C", "c1ccccc1CC", "c1ccccc1O", "C1CCCCC1N", "C1CCCCC1O", "CCO", "CCN", "C"]
+    split = scaffold_split(smiles, (0.5, 0.25, 0.25))
+    side = {int(i): k for k, idx in split.items() for i in idx}
+    assert side[0] == side[1] == side[2]  # benzene scaffold
+    assert side[3] == side[4]  # cyclohexane scaffold
+
+
+def test_datamodule_skips_large_training_graphs_only(ogb_root, caplog):
+    module = GraphDataModule(OGBSource("ogbg-molhiv", str(ogb_root)), batch_size=32, max_nodes=20)
+    module.prepare_data()
+    with caplog.at_level("WARNING"):
+        module.setup("fit")
+    assert "training skips" in caplog.text
+    sizes = module.loaded.dataset.num_nodes_per_graph()
+    assert (sizes[module.train_index.numpy()] <= 20).all()
+    seen = torch.cat([b.index for b in module.val_dataloader()])
+    assert torch.equal(seen.sort().values, module.loaded.split["valid"].sort().values)
+    batch = next(iter(module.train_dataloader()))
+    assert batch.x.size(1) <= 24 and batch.x.size(1) % 8 == 0
