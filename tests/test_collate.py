@@ -44,6 +44,7 @@ def test_batch_layout_and_reindexed_edge_paths():
     n_max = batch.x.size(1)
     assert n_max % 8 == 0 and n_max >= max(sizes) and n_max - max(sizes) < 8
     assert batch.edge_path.dim() == 4  # [B, N, N, K]: never [B, N, N, K, F_e]
+    assert batch.edge_path.dtype == torch.int16 and batch.spatial_pos.dtype == torch.int16
     assert batch.index.tolist() == list(range(100, 112))
     assert batch.y[:, 0].tolist() == [float(i) for i in range(12)]
     offset = 0
@@ -52,9 +53,9 @@ def test_batch_layout_and_reindexed_edge_paths():
         assert batch.node_mask[b].sum() == n and batch.node_mask[b, :n].all()
         assert torch.equal(batch.x[b, :n], g.x)
         assert (batch.spatial_pos[b, n:] == -1).all() and (batch.spatial_pos[b, :, n:] == -1).all()
-        assert torch.equal(batch.spatial_pos[b, :n, :n], g.spatial_pos.view(n, n).long())
+        assert torch.equal(batch.spatial_pos[b, :n, :n].long(), g.spatial_pos.view(n, n).long())
         local = g.edge_path.view(n, n, 5).long()
-        glob = batch.edge_path[b, :n, :n]
+        glob = batch.edge_path[b, :n, :n].long()
         assert torch.equal(glob == -1, local == -1)
         assert torch.equal(glob[local >= 0], local[local >= 0] + offset)
         # The re-indexed rows of the batch's edge_attr are the graph's own edge features.

@@ -168,6 +168,7 @@ class GraphAttentionBias(nn.Module):
 
     def spatial_index(self, spatial_pos: Tensor) -> Tensor:
         far = self.max_distance + 1
+        spatial_pos = spatial_pos.long()
         index = spatial_pos.clamp(max=far)
         return torch.where(spatial_pos < 0, torch.full_like(index, far + 1), index)
 
@@ -181,7 +182,7 @@ class GraphAttentionBias(nn.Module):
             )
         edge_emb = self.edge(edge_attr)  # [E, H], mean over the bond features
         num_edges = edge_emb.size(0)
-        path = edge_path[..., :hops]  # [B, N, N, K]
+        path = edge_path[..., :hops].long()  # [B, N, N, K]
         if self.hop_weight is not None:
             per_hop = torch.einsum("eh,khg->keg", edge_emb, self.hop_weight)  # [K, E, H]
             table = per_hop.reshape(hops * num_edges, self.num_heads)
@@ -189,7 +190,8 @@ class GraphAttentionBias(nn.Module):
             index = path + shift  # row of (hop k, edge e) in the table
         else:
             # Single hop: only a direct edge (distance 1) contributes.
-            path = torch.where((spatial_pos == 1).unsqueeze(-1), path, torch.full_like(path, -1))
+            direct = (spatial_pos == 1).unsqueeze(-1)
+            path = torch.where(direct, path, torch.full_like(path, -1))
             table, index = edge_emb, path
         pad_row = table.size(0)
         table = torch.cat([table, table.new_zeros(1, self.num_heads)])
@@ -199,7 +201,7 @@ class GraphAttentionBias(nn.Module):
         )  # [B * N * N, H]
         summed = summed.view(*path.shape[:-1], self.num_heads)
         # Mean over the path's edges: divide by min(dist, K) (>= 1; empty paths sum to 0).
-        count = spatial_pos.clamp(min=1, max=hops).unsqueeze(-1).to(summed.dtype)
+        count = spatial_pos.long().clamp(min=1, max=hops).unsqueeze(-1).to(summed.dtype)
         return summed / count
 
     def forward(self, spatial_pos: Tensor, edge_path: Tensor, edge_attr: Tensor) -> Tensor:

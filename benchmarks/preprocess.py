@@ -1,0 +1,158 @@
+"""Structural preprocessing and collation speed, cache size and batch memory, on one CPU core.
+
+    python benchmarks/preprocess.py
+
+Prints graphs/second for our batched preprocessing and for a straightforward per-graph reference
+(scipy's BFS with predecessors plus a Python path walk, the usual way to write it), the cost of
+collating 256-graph batches for ours and for a per-graph padding collator that builds the
+``[B, N, N, hops, F_e]`` int64 edge-feature tensor Hugging Face's port builds, bytes cached per graph
+and the memory of a 256-molecule batch. Molecules: rdkit's NCI set (4,991 that parse).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import shortest_path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import best_of, nci_molecules, single_thread, to_data  # noqa: E402
+
+from graphormer.data import GraphormerCollator, StructuralFeatures, structural_features  # noqa: E402
+
+MAX_HOPS = 5
+BATCH = 256
+
+
+def reference_preprocess(graph: dict, max_hops: int = MAX_HOPS):
+    """Per-graph scipy BFS (unweighted Dijkstra) with predecessors, then walk every pair's path."""
+    n = graph["num_nodes"]
+    src, dst = graph["edge_index"]
+    edge_id = {(int(a), int(b)): e for e, (a, b) in enumerate(zip(src, dst))}
+    adjacency = csr_matrix((np.ones(len(src)), (src, dst)), shape=(n, n))
+    dist, pred = shortest_path(adjacency, unweighted=True, return_predecessors=True)
+    spatial = np.where(np.isinf(dist), -1, dist).astype(np.int64)
+    path = np.full((n, n, max_hops), -1, dtype=np.int64)
+    for i in range(n):
+        for j in range(n):
+            d = spatial[i, j]
+            if d <= 0:
+                continue
+            nodes = [j]
+            while nodes[-1] != i:
+                nodes.append(pred[i, nodes[-1]])
+            nodes.reverse()
+            for k in range(min(d, max_hops)):
+                path[i, j, k] = edge_id[(nodes[k], nodes[k + 1])]
+    return spatial, path
+
+
+def reference_collate(items: list[tuple[Data, np.ndarray, np.ndarray]], max_hops: int = MAX_HOPS):
+    """A per-graph padding collator in the style of the reference implementations."""
+    n_max = max(d.num_nodes for d, _, _ in items)
+    xs, spatial, edge_input, masks = [], [], [], []
+    for data, sp, ep in items:
+        n = data.num_nodes
+        x = torch.zeros(n_max, data.x.size(1), dtype=torch.long)
+        x[:n] = data.x
+        xs.append(x)
+        s = torch.full((n_max, n_max), -1, dtype=torch.long)
+        s[:n, :n] = torch.from_numpy(sp)
+        spatial.append(s)
+        # [N, N, hops, F_e] int64 edge features along each path, as the reference collators build.
+        feats = torch.zeros(n_max, n_max, max_hops, data.edge_attr.size(1), dtype=torch.long)
+        ep_t = torch.from_numpy(ep)
+        valid = ep_t >= 0
+        block = torch.zeros(n, n, max_hops, data.edge_attr.size(1), dtype=torch.long)
+        block[valid] = data.edge_attr[ep_t[valid]] + 1
+        feats[:n, :n] = block
+        edge_input.append(feats)
+        m = torch.zeros(n_max, dtype=torch.bool)
+        m[:n] = True
+        masks.append(m)
+    return torch.stack(xs), torch.stack(spatial), torch.stack(edge_input), torch.stack(masks)
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def main() -> None:
+    single_thread()
+    graphs = nci_molecules()
+    count = len(graphs)
+    sizes = np.array([g["num_nodes"] for g in graphs])
+    print(f"molecules: {count} (rdkit NCI first_5K.smi, parsed), mean atoms {sizes.mean():.1f}, "
+          f"max {sizes.max()}, mean N^2 {np.mean(sizes ** 2):.0f}")
+    num_edges = np.array([g["edge_index"].shape[1] for g in graphs])
+    edge_index = np.concatenate([g["edge_index"] for g in graphs], axis=1)
+
+    ours = best_of(lambda: structural_features(edge_index, sizes, num_edges, MAX_HOPS), repeats=5)
+    datas = [to_data(g) for g in graphs]
+    transform = StructuralFeatures(MAX_HOPS)
+    per_graph = best_of(lambda: [transform(d.clone()) for d in datas[:1000]], repeats=2)
+    subset = graphs[:500]
+    reference = best_of(lambda: [reference_preprocess(g) for g in subset], repeats=1)
+
+    print("\npreprocessing (shortest paths + 5-hop edge paths + degrees), one core")
+    print(f"  graphormer, whole dataset batched : {count / ours:>10,.0f} graphs/s "
+          f"({ours * 1e3:.0f} ms for {count})")
+    print(f"  graphormer, per-graph transform   : {1000 / per_graph:>10,.0f} graphs/s")
+    print(f"  reference, scipy BFS + path walk  : {len(subset) / reference:>10,.0f} graphs/s")
+    print(f"  speed-up (batched / reference)    : {(count / ours) / (len(subset) / reference):>10.1f}x")
+
+    # Collation of 256-graph batches from cached features.
+    cached = [transform(d.clone()) for d in datas]
+    collate = GraphormerCollator(max_hops=MAX_HOPS, pad_to_multiple=8)
+    rng = np.random.default_rng(0)
+    batches = [rng.choice(count, BATCH, replace=False).tolist() for _ in range(20)]
+    start = time.perf_counter()
+    for idx in batches:
+        batch = collate([cached[i] for i in idx])
+    ours_ms = (time.perf_counter() - start) / len(batches) * 1e3
+    ref_items = [
+        (d, d.spatial_pos.view(d.num_nodes, -1).long().numpy(),
+         d.edge_path.view(d.num_nodes, d.num_nodes, -1).long().numpy())
+        for d in cached
+    ]
+    start = time.perf_counter()
+    for idx in batches[:5]:
+        ref_batch = reference_collate([ref_items[i] for i in idx])
+    ref_ms = (time.perf_counter() - start) / 5 * 1e3
+    print(f"\ncollation of {BATCH}-graph batches (cached features), one core")
+    print(f"  graphormer : {ours_ms:>7.1f} ms/batch  ({BATCH / ours_ms * 1e3:>8,.0f} graphs/s)")
+    print(f"  reference  : {ref_ms:>7.1f} ms/batch  ({BATCH / ref_ms * 1e3:>8,.0f} graphs/s)")
+
+    # Bytes on disk / in memory per cached graph.
+    feature_bytes = sum(
+        nbytes(d[k]) for d in cached for k in ("spatial_pos", "edge_path", "in_degree", "out_degree")
+    ) / count
+    graph_bytes = sum(nbytes(d.x) + nbytes(d.edge_index) + nbytes(d.edge_attr) for d in datas) / count
+    pair_bytes = sum(nbytes(d.spatial_pos) + nbytes(d.edge_path) for d in cached) / np.sum(sizes**2)
+    print("\ncache size")
+    print(f"  structural features : {feature_bytes:>8,.0f} bytes/graph "
+          f"({pair_bytes:.0f} bytes per node pair: int16 distance + {MAX_HOPS} int16 edge ids)")
+    print(f"  OGB graph itself    : {graph_bytes:>8,.0f} bytes/graph (x, edge_index, edge_attr as OGB "
+          "stores them, int64)")
+    # molhiv: 41,127 graphs, mean 25.5 atoms; E[N^2] = mean^2 + var, std about 12 atoms.
+    molhiv_pairs = 41_127 * (25.5**2 + 12.0**2)
+    print(f"  projected molhiv structural cache: {molhiv_pairs * pair_bytes / 2**20:,.0f} MiB "
+          "(41,127 graphs, mean 25.5 atoms, std ~12 assumed)")
+
+    total = sum(nbytes(v) for v in vars(batch).values() if isinstance(v, torch.Tensor))
+    ref_total = sum(nbytes(t) for t in ref_batch)
+    print(f"\nmemory of one {BATCH}-molecule batch (N padded to {batch.x.size(1)})")
+    print(f"  graphormer batch tensors : {total / 2**20:>8.1f} MiB "
+          f"(edge_path [B,N,N,{MAX_HOPS}] {batch.edge_path.dtype} "
+          f"{nbytes(batch.edge_path) / 2**20:.1f} MiB)")
+    print(f"  reference batch tensors  : {ref_total / 2**20:>8.1f} MiB "
+          f"(edge_input [B,N,N,{MAX_HOPS},3] int64 {nbytes(ref_batch[2]) / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
