@@ -131,3 +131,26 @@ def test_datamodule_skips_large_training_graphs_only(ogb_root, caplog):
     assert torch.equal(seen.sort().values, module.loaded.split["valid"].sort().values)
     batch = next(iter(module.train_dataloader()))
     assert batch.x.size(1) <= 24 and batch.x.size(1) % 8 == 0
+
+
+def test_size_grouped_batches_cover_every_graph_and_pad_little():
+    from graphormer.data import SizeGroupedBatchSampler
+
+    sizes = torch.tensor([len(s) for s in nci_table().smiles[:1000]])  # a skewed size spread
+    sampler = SizeGroupedBatchSampler(sizes, batch_size=32, seed=3)
+    first, second = list(sampler), list(sampler)
+    for epoch in (first, second):
+        flat = sorted(i for batch in epoch for i in batch)
+        assert flat == list(range(1000)) and len(epoch) == len(sampler) == 32
+    assert first != second  # a new order every epoch
+
+    def padding(batches):
+        return sum(int(sizes[b].max()) * len(b) - int(sizes[b].sum()) for b in batches)
+
+    random = torch.randperm(1000, generator=torch.Generator().manual_seed(0)).split(32)
+    assert padding(first) < padding([b.tolist() for b in random]) / 3
+
+    ranks = [list(SizeGroupedBatchSampler(sizes, 32, num_replicas=3, rank=r, seed=3)) for r in range(3)]
+    assert len({len(r) for r in ranks}) == 1  # equal batch counts: no rank waits at a collective
+    covered = {i for r in ranks for batch in r for i in batch}
+    assert covered == set(range(1000))

@@ -1,5 +1,10 @@
 from graphormer.data.collate import GraphormerBatch, GraphormerCollator
-from graphormer.data.datamodule import GraphDataModule, IndexedSubset, ShardSampler
+from graphormer.data.datamodule import (
+    GraphDataModule,
+    IndexedSubset,
+    ShardSampler,
+    SizeGroupedBatchSampler,
+)
 from graphormer.data.ogb import (
     OGB_MOLECULE_DATASETS,
     DatasetNotFoundError,
@@ -25,6 +30,7 @@ __all__ = [
     "OGBGraphDataset",
     "OGBSource",
     "ShardSampler",
+    "SizeGroupedBatchSampler",
     "SmilesCsvDataset",
     "SmilesCsvSource",
     "StructuralFeatures",

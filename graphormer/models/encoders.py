@@ -183,26 +183,29 @@ class GraphAttentionBias(nn.Module):
         edge_emb = self.edge(edge_attr)  # [E, H], mean over the bond features
         num_edges = edge_emb.size(0)
         path = edge_path[..., :hops].long()  # [B, N, N, K]
-        if self.hop_weight is not None:
-            per_hop = torch.einsum("eh,khg->keg", edge_emb, self.hop_weight)  # [K, E, H]
-            table = per_hop.reshape(hops * num_edges, self.num_heads)
-            shift = torch.arange(hops, device=path.device) * num_edges
-            index = path + shift  # row of (hop k, edge e) in the table
-        else:
+        if self.hop_weight is None:
             # Single hop: only a direct edge (distance 1) contributes.
             direct = (spatial_pos == 1).unsqueeze(-1)
             path = torch.where(direct, path, torch.full_like(path, -1))
-            table, index = edge_emb, path
+        flat = path.reshape(-1, hops)  # [B * N * N, K]
+        # Only pairs with a path (a small fraction of a padded batch) are embedded.
+        rows = (flat[:, 0] >= 0).nonzero().squeeze(1)  # [P]
+        sub = flat[rows]  # [P, K]
+        if self.hop_weight is not None:
+            per_hop = torch.einsum("eh,khg->keg", edge_emb, self.hop_weight)  # [K, E, H]
+            table = per_hop.reshape(hops * num_edges, self.num_heads)
+            index = sub + torch.arange(hops, device=sub.device) * num_edges  # row of (hop, edge)
+        else:
+            table, index = edge_emb, sub
         pad_row = table.size(0)
         table = torch.cat([table, table.new_zeros(1, self.num_heads)])
-        index = torch.where(path >= 0, index, torch.full_like(index, pad_row))
-        summed = F.embedding_bag(
-            index.reshape(-1, hops), table, mode="sum", padding_idx=pad_row
-        )  # [B * N * N, H]
-        summed = summed.view(*path.shape[:-1], self.num_heads)
-        # Mean over the path's edges: divide by min(dist, K) (>= 1; empty paths sum to 0).
-        count = spatial_pos.long().clamp(min=1, max=hops).unsqueeze(-1).to(summed.dtype)
-        return summed / count
+        index = torch.where(sub >= 0, index, torch.full_like(index, pad_row))
+        summed = F.embedding_bag(index, table, mode="sum", padding_idx=pad_row)  # [P, H]
+        # Mean over the path's edges: divide by min(dist, K).
+        count = spatial_pos.reshape(-1)[rows].long().clamp(min=1, max=hops)
+        mean = summed / count.unsqueeze(-1).to(summed.dtype)
+        out = mean.new_zeros(flat.size(0), self.num_heads).index_copy(0, rows, mean)
+        return out.view(*path.shape[:-1], self.num_heads)  # [B, N, N, H]
 
     def forward(self, spatial_pos: Tensor, edge_path: Tensor, edge_attr: Tensor) -> Tensor:
         node_bias = self.spatial(self.spatial_index(spatial_pos))  # [B, N, N, H]

@@ -173,13 +173,17 @@ class Graphormer(nn.Module):
         h = torch.cat([token, h], dim=1)  # [B, N+1, d]
         h = self.input_dropout(self.input_norm(h))
 
-        # The bias is computed once and shared by every layer, as in the paper.
+        # The bias is computed once and shared by every layer, as in the paper; the padding mask
+        # is folded into it once too. Keys at padding get the most negative value; the graph
+        # token (column 0) is never masked, so no query row is empty.
         attn_bias = self.attn_bias(batch.spatial_pos, batch.edge_path, batch.edge_attr)
-        # Keys at padding are masked; the graph token (column 0) never is, so no row is empty.
         key_padding_mask = F.pad(~node_mask, (1, 0), value=False)  # [B, N+1]
+        attn_bias = attn_bias.masked_fill(
+            key_padding_mask[:, None, None, :], torch.finfo(attn_bias.dtype).min
+        )  # [B, H, N+1, N+1]
         attentions = []
         for layer in self.layers:
-            h, weights = layer(h, attn_bias, key_padding_mask, need_weights=return_attention)
+            h, weights = layer(h, attn_bias, need_weights=return_attention)
             if return_attention:
                 attentions.append(weights)
         return h, attentions

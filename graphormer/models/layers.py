@@ -26,7 +26,8 @@ class GraphormerLayer(nn.Module):
         pre_layernorm (bool, optional): pre-LN if True, post-LN otherwise. (default: :obj:`True`)
 
     Shapes:
-        - h ``[B, L, d]``, attn_bias ``[B, H, L, L]``, key_padding_mask ``[B, L]`` -> ``[B, L, d]``
+        - h ``[B, L, d]``, attn_bias ``[B, H, L, L]``, key_padding_mask ``[B, L]`` (optional: may
+          be folded into ``attn_bias`` already) -> ``[B, L, d]``
     """
 
     def __init__(
@@ -53,7 +54,7 @@ class GraphormerLayer(nn.Module):
         self,
         h: Tensor,
         attn_bias: Tensor,
-        key_padding_mask: Tensor,
+        key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         residual = h
