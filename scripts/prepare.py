@@ -1,0 +1,30 @@
+"""Download (if needed) and preprocess a dataset once, e.g. before a multi-node launch:
+
+    python scripts/prepare.py dataset=ogbg-molpcba [dataset.root=DIR] [datamodule.max_hops=5]
+"""
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from graphormer.training import build_datamodule
+
+
+@hydra.main(config_path="../configs", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    datamodule = build_datamodule(
+        OmegaConf.to_container(cfg.dataset, resolve=True),
+        OmegaConf.to_container(cfg.datamodule, resolve=True),
+    )
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    split = datamodule.loaded.split
+    print(
+        f"{datamodule.task.name}: {len(datamodule.loaded.dataset)} graphs "
+        f"(train {len(split['train'])}, valid {len(split['valid'])}, test {len(split['test'])}), "
+        f"task {datamodule.task.task_type}, {datamodule.task.num_tasks} task(s), "
+        f"metric {datamodule.task.metric}; cached under {cfg.dataset.root}"
+    )
+
+
+if __name__ == "__main__":
+    main()
