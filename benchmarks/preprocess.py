@@ -22,6 +22,7 @@ from scipy.sparse.csgraph import shortest_path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import best_of, nci_molecules, single_thread, to_data  # noqa: E402
+from torch_geometric.data import Data  # noqa: E402
 
 from graphormer.data import GraphormerCollator, StructuralFeatures, structural_features  # noqa: E402
 
@@ -33,7 +34,7 @@ def reference_preprocess(graph: dict, max_hops: int = MAX_HOPS):
     """Per-graph scipy BFS (unweighted Dijkstra) with predecessors, then walk every pair's path."""
     n = graph["num_nodes"]
     src, dst = graph["edge_index"]
-    edge_id = {(int(a), int(b)): e for e, (a, b) in enumerate(zip(src, dst))}
+    edge_id = {(int(a), int(b)): e for e, (a, b) in enumerate(zip(src, dst, strict=True))}
     adjacency = csr_matrix((np.ones(len(src)), (src, dst)), shape=(n, n))
     dist, pred = shortest_path(adjacency, unweighted=True, return_predecessors=True)
     spatial = np.where(np.isinf(dist), -1, dist).astype(np.int64)
@@ -87,8 +88,10 @@ def main() -> None:
     graphs = nci_molecules()
     count = len(graphs)
     sizes = np.array([g["num_nodes"] for g in graphs])
-    print(f"molecules: {count} (rdkit NCI first_5K.smi, parsed), mean atoms {sizes.mean():.1f}, "
-          f"max {sizes.max()}, mean N^2 {np.mean(sizes ** 2):.0f}")
+    print(
+        f"molecules: {count} (rdkit NCI first_5K.smi, parsed), mean atoms {sizes.mean():.1f}, "
+        f"max {sizes.max()}, mean N^2 {np.mean(sizes**2):.0f}"
+    )
     num_edges = np.array([g["edge_index"].shape[1] for g in graphs])
     edge_index = np.concatenate([g["edge_index"] for g in graphs], axis=1)
 
@@ -100,11 +103,15 @@ def main() -> None:
     reference = best_of(lambda: [reference_preprocess(g) for g in subset], repeats=1)
 
     print("\npreprocessing (shortest paths + 5-hop edge paths + degrees), one core")
-    print(f"  graphormer, whole dataset batched : {count / ours:>10,.0f} graphs/s "
-          f"({ours * 1e3:.0f} ms for {count})")
+    print(
+        f"  graphormer, whole dataset batched : {count / ours:>10,.0f} graphs/s "
+        f"({ours * 1e3:.0f} ms for {count})"
+    )
     print(f"  graphormer, per-graph transform   : {1000 / per_graph:>10,.0f} graphs/s")
     print(f"  reference, scipy BFS + path walk  : {len(subset) / reference:>10,.0f} graphs/s")
-    print(f"  speed-up (batched / reference)    : {(count / ours) / (len(subset) / reference):>10.1f}x")
+    print(
+        f"  speed-up (batched / reference)    : {(count / ours) / (len(subset) / reference):>10.1f}x"
+    )
 
     # Collation of 256-graph batches from cached features.
     cached = [transform(d.clone()) for d in datas]
@@ -116,8 +123,11 @@ def main() -> None:
         batch = collate([cached[i] for i in idx])
     ours_ms = (time.perf_counter() - start) / len(batches) * 1e3
     ref_items = [
-        (d, d.spatial_pos.view(d.num_nodes, -1).long().numpy(),
-         d.edge_path.view(d.num_nodes, d.num_nodes, -1).long().numpy())
+        (
+            d,
+            d.spatial_pos.view(d.num_nodes, -1).long().numpy(),
+            d.edge_path.view(d.num_nodes, d.num_nodes, -1).long().numpy(),
+        )
         for d in cached
     ]
     start = time.perf_counter()
@@ -129,29 +139,46 @@ def main() -> None:
     print(f"  reference  : {ref_ms:>7.1f} ms/batch  ({BATCH / ref_ms * 1e3:>8,.0f} graphs/s)")
 
     # Bytes on disk / in memory per cached graph.
-    feature_bytes = sum(
-        nbytes(d[k]) for d in cached for k in ("spatial_pos", "edge_path", "in_degree", "out_degree")
-    ) / count
-    graph_bytes = sum(nbytes(d.x) + nbytes(d.edge_index) + nbytes(d.edge_attr) for d in datas) / count
+    feature_bytes = (
+        sum(
+            nbytes(d[k])
+            for d in cached
+            for k in ("spatial_pos", "edge_path", "in_degree", "out_degree")
+        )
+        / count
+    )
+    graph_bytes = (
+        sum(nbytes(d.x) + nbytes(d.edge_index) + nbytes(d.edge_attr) for d in datas) / count
+    )
     pair_bytes = sum(nbytes(d.spatial_pos) + nbytes(d.edge_path) for d in cached) / np.sum(sizes**2)
     print("\ncache size")
-    print(f"  structural features : {feature_bytes:>8,.0f} bytes/graph "
-          f"({pair_bytes:.0f} bytes per node pair: int16 distance + {MAX_HOPS} int16 edge ids)")
-    print(f"  OGB graph itself    : {graph_bytes:>8,.0f} bytes/graph (x, edge_index, edge_attr as OGB "
-          "stores them, int64)")
+    print(
+        f"  structural features : {feature_bytes:>8,.0f} bytes/graph "
+        f"({pair_bytes:.0f} bytes per node pair: int16 distance + {MAX_HOPS} int16 edge ids)"
+    )
+    print(
+        f"  OGB graph itself    : {graph_bytes:>8,.0f} bytes/graph (x, edge_index, edge_attr as OGB "
+        "stores them, int64)"
+    )
     # molhiv: 41,127 graphs, mean 25.5 atoms; E[N^2] = mean^2 + var, std about 12 atoms.
     molhiv_pairs = 41_127 * (25.5**2 + 12.0**2)
-    print(f"  projected molhiv structural cache: {molhiv_pairs * pair_bytes / 2**20:,.0f} MiB "
-          "(41,127 graphs, mean 25.5 atoms, std ~12 assumed)")
+    print(
+        f"  projected molhiv structural cache: {molhiv_pairs * pair_bytes / 2**20:,.0f} MiB "
+        "(41,127 graphs, mean 25.5 atoms, std ~12 assumed)"
+    )
 
     total = sum(nbytes(v) for v in vars(batch).values() if isinstance(v, torch.Tensor))
     ref_total = sum(nbytes(t) for t in ref_batch)
     print(f"\nmemory of one {BATCH}-molecule batch (N padded to {batch.x.size(1)})")
-    print(f"  graphormer batch tensors : {total / 2**20:>8.1f} MiB "
-          f"(edge_path [B,N,N,{MAX_HOPS}] {batch.edge_path.dtype} "
-          f"{nbytes(batch.edge_path) / 2**20:.1f} MiB)")
-    print(f"  reference batch tensors  : {ref_total / 2**20:>8.1f} MiB "
-          f"(edge_input [B,N,N,{MAX_HOPS},3] int64 {nbytes(ref_batch[2]) / 2**20:.1f} MiB)")
+    print(
+        f"  graphormer batch tensors : {total / 2**20:>8.1f} MiB "
+        f"(edge_path [B,N,N,{MAX_HOPS}] {batch.edge_path.dtype} "
+        f"{nbytes(batch.edge_path) / 2**20:.1f} MiB)"
+    )
+    print(
+        f"  reference batch tensors  : {ref_total / 2**20:>8.1f} MiB "
+        f"(edge_input [B,N,N,{MAX_HOPS},3] int64 {nbytes(ref_batch[2]) / 2**20:.1f} MiB)"
+    )
 
 
 if __name__ == "__main__":

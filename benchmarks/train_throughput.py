@@ -28,10 +28,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 PRESETS = {
     "slim": dict(num_layers=12, hidden_dim=80, ffn_dim=80, num_heads=8),
-    "small": dict(num_layers=6, hidden_dim=512, ffn_dim=512, num_heads=32, feature_stride=512,
-                  max_degree=511, max_distance=510),
-    "base": dict(num_layers=12, hidden_dim=768, ffn_dim=768, num_heads=32, feature_stride=512,
-                 max_degree=511, max_distance=510),
+    "small": dict(
+        num_layers=6,
+        hidden_dim=512,
+        ffn_dim=512,
+        num_heads=32,
+        feature_stride=512,
+        max_degree=511,
+        max_distance=510,
+    ),
+    "base": dict(
+        num_layers=12,
+        hidden_dim=768,
+        ffn_dim=768,
+        num_heads=32,
+        feature_stride=512,
+        max_degree=511,
+        max_distance=510,
+    ),
 }
 REFERENCE = {"slim": "~190 graphs/s, 1.6 GB peak RSS", "base": "~16 graphs/s, 5-7 GB peak RSS"}
 
@@ -47,9 +61,12 @@ def batch_indices(sizes, batch_size: int, batching: str) -> list[list[int]]:
     return [b.tolist() for b in order.split(batch_size)]
 
 
-def run_reference(model_name: str, batch_size: int, steps: int, threads: int, batching: str) -> dict:
+def run_reference(
+    model_name: str, batch_size: int, steps: int, threads: int, batching: str
+) -> dict:
     """Hugging Face's Graphormer, same size, batches and optimiser."""
     import torch
+    from common import nci_molecules
     from transformers import GraphormerConfig as HFConfig
     from transformers import GraphormerForGraphClassification
     from transformers.models.deprecated.graphormer.collating_graphormer import (
@@ -57,16 +74,19 @@ def run_reference(model_name: str, batch_size: int, steps: int, threads: int, ba
         preprocess_item,
     )
 
-    from common import nci_molecules
-
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     molecules = nci_molecules()
     start = time.perf_counter()
     items = [
         preprocess_item(
-            {"edge_index": g["edge_index"], "edge_attr": g["edge_feat"], "node_feat": g["node_feat"],
-             "num_nodes": g["num_nodes"], "y": [g["num_nodes"] / 30.0]}
+            {
+                "edge_index": g["edge_index"],
+                "edge_attr": g["edge_feat"],
+                "node_feat": g["node_feat"],
+                "num_nodes": g["num_nodes"],
+                "y": [g["num_nodes"] / 30.0],
+            }
         )
         for g in molecules
     ]
@@ -113,8 +133,8 @@ def run_one(
     model_name: str, batch_size: int, steps: int, threads: int, device: str, batching: str
 ) -> dict:
     import torch
-
     from common import nci_molecules, to_data
+
     from graphormer.data import GraphormerCollator, StructuralFeatures
     from graphormer.models import Graphormer, GraphormerConfig
     from graphormer.training import masked_loss
@@ -165,44 +185,73 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batching", nargs="+", default=["grouped", "random"],
-                        choices=["grouped", "random"])
-    parser.add_argument("--reference", action="store_true",
-                        help="also run Hugging Face's port (needs transformers<=4.57, Cython<3)")
+    parser.add_argument(
+        "--batching", nargs="+", default=["grouped", "random"], choices=["grouped", "random"]
+    )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="also run Hugging Face's port (needs transformers<=4.57, Cython<3)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--hf", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         if args.hf:
-            result = run_reference(args.one, args.batch_size, args.steps, args.threads,
-                                   args.batching[0])
+            result = run_reference(
+                args.one, args.batch_size, args.steps, args.threads, args.batching[0]
+            )
         else:
-            result = run_one(args.one, args.batch_size, args.steps, args.threads, args.device,
-                             args.batching[0])
+            result = run_one(
+                args.one, args.batch_size, args.steps, args.threads, args.device, args.batching[0]
+            )
         print(json.dumps(result))
         return
-    print(f"batch {args.batch_size}, {args.threads} threads, {args.steps} timed steps "
-          f"(a quarter for base/small on CPU), {args.device}, train mode")
+    print(
+        f"batch {args.batch_size}, {args.threads} threads, {args.steps} timed steps "
+        f"(a quarter for base/small on CPU), {args.device}, train mode"
+    )
     for name in args.models:
         steps = args.steps if name == "slim" or args.device != "cpu" else max(args.steps // 4, 3)
         for batching in args.batching:
-            for hf in ([False, True] if args.reference else [False]):
-                cmd = [sys.executable, __file__, "--one", name, "--batch-size",
-                       str(args.batch_size), "--steps", str(steps), "--threads",
-                       str(args.threads), "--device", args.device, "--batching", batching]
-                out = subprocess.run(cmd + (["--hf"] if hf else []), capture_output=True,
-                                     text=True, check=True).stdout.strip().splitlines()[-1]
+            for hf in [False, True] if args.reference else [False]:
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    name,
+                    "--batch-size",
+                    str(args.batch_size),
+                    "--steps",
+                    str(steps),
+                    "--threads",
+                    str(args.threads),
+                    "--device",
+                    args.device,
+                    "--batching",
+                    batching,
+                ]
+                out = (
+                    subprocess.run(
+                        cmd + (["--hf"] if hf else []), capture_output=True, text=True, check=True
+                    )
+                    .stdout.strip()
+                    .splitlines()[-1]
+                )
                 r = json.loads(out)
                 memory = f"{r['peak_rss_gb']:.2f} GB peak RSS"
                 if r["peak_cuda_gb"] is not None:
                     memory += f", {r['peak_cuda_gb']:.2f} GB peak CUDA"
                 label = f"{'HF ' if hf else ''}{name} {batching}"
-                extra = (f", HF preprocessing {r['preprocess_per_s']:.0f} graphs/s"
-                         if hf else "")
-                print(f"{label:>18} ({r['params'] / 1e6:6.2f}M params): "
-                      f"{r['graphs_per_s']:8.1f} graphs/s, {memory}{extra}")
-    print("DESIGN notes' earlier reference figures (HF port, 2 threads, batch 64): "
-          + "; ".join(f"{k}: {v}" for k, v in REFERENCE.items()))
+                extra = f", HF preprocessing {r['preprocess_per_s']:.0f} graphs/s" if hf else ""
+                print(
+                    f"{label:>18} ({r['params'] / 1e6:6.2f}M params): "
+                    f"{r['graphs_per_s']:8.1f} graphs/s, {memory}{extra}"
+                )
+    print(
+        "DESIGN notes' earlier reference figures (HF port, 2 threads, batch 64): "
+        + "; ".join(f"{k}: {v}" for k, v in REFERENCE.items())
+    )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 from functools import lru_cache
 from pathlib import Path
 
@@ -24,7 +23,8 @@ def nci_table() -> pd.DataFrame:
     RDLogger.DisableLog("rdApp.*")
     table = pd.read_csv(NCI_TPSA, skiprows=1, header=None, names=["smiles", "tpsa"])
     valid = [
-        Chem.MolFromSmiles(s) is not None and t == t for s, t in zip(table.smiles, table.tpsa)
+        Chem.MolFromSmiles(s) is not None and t == t
+        for s, t in zip(table.smiles, table.tpsa, strict=True)
     ]
     return table[valid].reset_index(drop=True)
 
@@ -93,7 +93,11 @@ def write_ogb_layout(root: Path, name: str, smiles: list[str], labels: np.ndarra
     n = len(smiles)
     order = np.arange(n)
     cut1, cut2 = int(0.8 * n), int(0.9 * n)
-    for split, idx in (("train", order[:cut1]), ("valid", order[cut1:cut2]), ("test", order[cut2:])):
+    for split, idx in (
+        ("train", order[:cut1]),
+        ("valid", order[cut1:cut2]),
+        ("test", order[cut2:]),
+    ):
         write(folder / "split" / "scaffold" / f"{split}.csv.gz", idx)
     with gzip.open(folder / "mapping" / "mol.csv.gz", "wt") as f:
         pd.DataFrame({"smiles": smiles}).to_csv(f, index=False)

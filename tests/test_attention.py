@@ -106,7 +106,9 @@ def test_padded_rows_are_finite_and_get_no_mass():
     _, ours = pair()
     x = torch.randn(B, L, E)
     mask = padding_mask()
-    out, weights = ours(x, attn_bias=torch.randn(B, H, L, L), key_padding_mask=mask, need_weights=True)
+    out, weights = ours(
+        x, attn_bias=torch.randn(B, H, L, L), key_padding_mask=mask, need_weights=True
+    )
     assert torch.isfinite(out).all()  # padded query rows included
     assert weights[2, :, 2:].abs().max() == 0
     everything = torch.ones(B, L, dtype=torch.bool)

@@ -1,8 +1,8 @@
 import pytest
 import torch
+from molecules import nci_graphs, to_data
 
 from graphormer.data import GraphormerCollator, StructuralFeatures, shortest_paths
-from molecules import nci_graphs, to_data
 
 
 def molecules(n=12):
@@ -39,7 +39,9 @@ def test_cached_and_on_the_fly_batches_are_identical():
 
 def test_batch_layout_and_reindexed_edge_paths():
     graphs = [StructuralFeatures(5)(g) for g in molecules()]
-    batch = GraphormerCollator(max_hops=5, pad_to_multiple=8)([(100 + i, g) for i, g in enumerate(graphs)])
+    batch = GraphormerCollator(max_hops=5, pad_to_multiple=8)(
+        [(100 + i, g) for i, g in enumerate(graphs)]
+    )
     sizes = [g.num_nodes for g in graphs]
     n_max = batch.x.size(1)
     assert n_max % 8 == 0 and n_max >= max(sizes) and n_max - max(sizes) < 8

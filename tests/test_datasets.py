@@ -5,6 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from molecules import nci_table
 
 from graphormer.data import (
     DatasetNotFoundError,
@@ -16,7 +17,6 @@ from graphormer.data import (
     scaffold_split,
 )
 from graphormer.data.ogb import ogb_task_info
-from molecules import nci_table
 
 
 def test_task_info_comes_from_ogb_metadata():
@@ -150,7 +150,9 @@ def test_size_grouped_batches_cover_every_graph_and_pad_little():
     random = torch.randperm(1000, generator=torch.Generator().manual_seed(0)).split(32)
     assert padding(first) < padding([b.tolist() for b in random]) / 3
 
-    ranks = [list(SizeGroupedBatchSampler(sizes, 32, num_replicas=3, rank=r, seed=3)) for r in range(3)]
+    ranks = [
+        list(SizeGroupedBatchSampler(sizes, 32, num_replicas=3, rank=r, seed=3)) for r in range(3)
+    ]
     assert len({len(r) for r in ranks}) == 1  # equal batch counts: no rank waits at a collective
     covered = {i for r in ranks for batch in r for i in batch}
     assert covered == set(range(1000))

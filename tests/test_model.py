@@ -3,10 +3,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from molecules import nci_graphs, to_data
 
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.models import Graphormer, GraphormerConfig
-from molecules import nci_graphs, to_data
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 
@@ -45,7 +45,8 @@ def molecules(indices):
 
 
 @pytest.mark.parametrize(
-    "name, target", [("graphormer_slim", 0.49e6), ("graphormer_small", 12.5e6), ("graphormer_base", 47e6)]
+    "name, target",
+    [("graphormer_slim", 0.49e6), ("graphormer_small", 12.5e6), ("graphormer_base", 47e6)],
 )
 def test_preset_parameter_counts(name, target):
     model = Graphormer(GraphormerConfig(**preset(name)))
@@ -98,7 +99,9 @@ def test_node_permutation_invariance():
     permuted = graph.clone()
     permuted.x = graph.x[perm]
     permuted.edge_index = inverse[graph.edge_index]
-    torch.testing.assert_close(model(batch_of([graph])), model(batch_of([permuted])), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        model(batch_of([graph])), model(batch_of([permuted])), atol=1e-5, rtol=0
+    )
 
 
 def naive_bias(model: Graphormer, graph) -> torch.Tensor:
@@ -113,7 +116,11 @@ def naive_bias(model: Graphormer, graph) -> torch.Tensor:
     for i in range(n):
         for j in range(n):
             d = int(spatial[i, j])
-            row = d if 0 <= d <= enc.max_distance else (enc.max_distance + 1 if d > 0 else enc.max_distance + 2)
+            row = (
+                d
+                if 0 <= d <= enc.max_distance
+                else (enc.max_distance + 1 if d > 0 else enc.max_distance + 2)
+            )
             value = enc.spatial.weight[row].clone()
             if enc.edge_encoding == "multi_hop" and d > 0:
                 hops = min(d, enc.multi_hop_max_dist)

@@ -12,7 +12,6 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from graphormer.data import GraphDataModule
 from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import CheckpointError, load_module, masked_loss, warmup_linear_decay
 
@@ -69,7 +68,9 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
         model = Graphormer(GraphormerConfig.from_dict(dict(cfg.model)))
         assert sum(p.numel() for p in model.parameters()) > 0
     for name in options("trainer"):
-        cfg = compose_train([f"trainer={name}", "trainer.accelerator=cpu", f"output_dir={tmp_path}"])
+        cfg = compose_train(
+            [f"trainer={name}", "trainer.accelerator=cpu", f"output_dir={tmp_path}"]
+        )
         assert isinstance(hydra.utils.instantiate(cfg.trainer), pl.Trainer)
     for name in options("logger"):
         cfg = compose_train([f"logger={name}", f"output_dir={tmp_path}"])
@@ -91,14 +92,21 @@ def test_unknown_config_key_fails_with_hydras_message():
 
 
 def test_model_hops_beyond_cached_hops_is_rejected(tmp_path, ogb_root):
-    from graphormer.training import build_datamodule, build_module
     from omegaconf import OmegaConf
 
+    from graphormer.training import build_datamodule, build_module
+
     cfg = compose_train(
-        [f"dataset.root={ogb_root}", f"output_dir={tmp_path}", "model.multi_hop_max_dist=6",
-         "datamodule.max_hops=3"]
+        [
+            f"dataset.root={ogb_root}",
+            f"output_dir={tmp_path}",
+            "model.multi_hop_max_dist=6",
+            "datamodule.max_hops=3",
+        ]
     )
-    dm = build_datamodule(OmegaConf.to_container(cfg.dataset), OmegaConf.to_container(cfg.datamodule))
+    dm = build_datamodule(
+        OmegaConf.to_container(cfg.dataset), OmegaConf.to_container(cfg.datamodule)
+    )
     with pytest.raises(ValueError, match="datamodule.max_hops"):
         build_module(cfg, dm)
 
@@ -126,7 +134,7 @@ def test_warmup_then_linear_decay():
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert lrs[60] == pytest.approx(1e-9 + (1e-3 - 1e-9) * 0.5)
     assert lrs[110] == lrs[119] == 1e-9
-    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:], strict=False))
 
 
 # -- end to end ---------------------------------------------------------------------------------
@@ -139,8 +147,13 @@ def trained_run(tmp_path_factory, ogb_root):
     out = work / "run"
     log = run_script(
         "train.py",
-        ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", "trainer.max_epochs=3",
-         f"hydra.run.dir={out}", *TINY],
+        [
+            "dataset=ogbg-molhiv",
+            f"dataset.root={ogb_root}",
+            "trainer.max_epochs=3",
+            f"hydra.run.dir={out}",
+            *TINY,
+        ],
         cwd=work,
     )
     return work, out, log
@@ -164,8 +177,12 @@ def test_eval_reproduces_the_recorded_metrics(trained_run):
     result_path = work / "eval.json"
     log = run_script(
         "eval.py",
-        [f"ckpt={metrics['best_checkpoint']}", "split=all", f"output={result_path}",
-         f"hydra.run.dir={work / 'eval'}"],
+        [
+            f"ckpt={metrics['best_checkpoint']}",
+            "split=all",
+            f"output={result_path}",
+            f"hydra.run.dir={work / 'eval'}",
+        ],
         cwd=work,
     )
     result = json.loads(result_path.read_text())
@@ -201,8 +218,14 @@ def test_resume_from_last_checkpoint(trained_run, ogb_root):
     resumed = work / "resumed"
     run_script(
         "train.py",
-        ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", "trainer.max_epochs=4",
-         f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={resumed}", *TINY],
+        [
+            "dataset=ogbg-molhiv",
+            f"dataset.root={ogb_root}",
+            "trainer.max_epochs=4",
+            f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}",
+            f"hydra.run.dir={resumed}",
+            *TINY,
+        ],
         cwd=work,
     )
     metrics = json.loads((resumed / "metrics.json").read_text())
@@ -215,9 +238,16 @@ def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
     from graphormer.training import train
 
     cfg = compose_train(
-        ["dataset=smiles_csv", f"dataset.path={nci_csv}", "dataset.targets=[tpsa]",
-         f"dataset.root={tmp_path / 'data'}", f"output_dir={tmp_path / 'run'}",
-         "trainer.max_epochs=2", "logger=tensorboard", *TINY]
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={nci_csv}",
+            "dataset.targets=[tpsa]",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "trainer.max_epochs=2",
+            "logger=tensorboard",
+            *TINY,
+        ]
     )
     with pytest.warns(UserWarning, match="skipped 3 row"):
         results = train(cfg)
@@ -233,9 +263,16 @@ def test_ddp_on_cpu_evaluates_every_graph_once(tmp_path, ogb_root):
     out = tmp_path / "ddp"
     log = run_script(
         "train.py",
-        ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", "trainer=ddp",
-         "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2",
-         f"hydra.run.dir={out}", *TINY],
+        [
+            "dataset=ogbg-molhiv",
+            f"dataset.root={ogb_root}",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.max_epochs=2",
+            f"hydra.run.dir={out}",
+            *TINY,
+        ],
         cwd=tmp_path,
     )
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in log
@@ -245,8 +282,13 @@ def test_ddp_on_cpu_evaluates_every_graph_once(tmp_path, ogb_root):
     result_path = tmp_path / "eval.json"
     run_script(
         "eval.py",
-        [f"ckpt={metrics['best_checkpoint']}", "split=all", f"output={result_path}",
-         "accelerator=cpu", f"hydra.run.dir={tmp_path / 'eval'}"],
+        [
+            f"ckpt={metrics['best_checkpoint']}",
+            "split=all",
+            f"output={result_path}",
+            "accelerator=cpu",
+            f"hydra.run.dir={tmp_path / 'eval'}",
+        ],
         cwd=tmp_path,
     )
     result = json.loads(result_path.read_text())

@@ -239,7 +239,9 @@ class GraphDataModule(pl.LightningDataModule):
         if self.group_by_size:
             # Order never changes a metric (predictions are gathered by dataset index).
             shard.sort(key=lambda i: int(self.sizes[index[i]]))
-        batches = [shard[i : i + self.eval_batch_size] for i in range(0, len(shard), self.eval_batch_size)]
+        batches = [
+            shard[i : i + self.eval_batch_size] for i in range(0, len(shard), self.eval_batch_size)
+        ]
         return self._loader(index, batches)
 
     def val_dataloader(self) -> DataLoader:

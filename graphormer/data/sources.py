@@ -86,7 +86,9 @@ class SmilesCsvSource:
         comment: str | None = None,
     ) -> None:
         if task_type not in self._TASK_TYPES:
-            raise ValueError(f"dataset.task_type must be 'binary' or 'regression', got {task_type!r}")
+            raise ValueError(
+                f"dataset.task_type must be 'binary' or 'regression', got {task_type!r}"
+            )
         if split not in ("scaffold", "random"):
             raise ValueError(f"dataset.split must be 'scaffold' or 'random', got {split!r}")
         if isinstance(targets, str):

@@ -50,7 +50,9 @@ class BiasedMultiheadAttention(nn.Module):
     ) -> None:
         super().__init__()
         if embed_dim <= 0 or num_heads <= 0:
-            raise ValueError(f"embed_dim and num_heads must be positive, got {embed_dim}, {num_heads}")
+            raise ValueError(
+                f"embed_dim and num_heads must be positive, got {embed_dim}, {num_heads}"
+            )
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}); "
@@ -247,7 +249,9 @@ class BiasedMultiheadAttention(nn.Module):
                     f"{prefix}in_proj_{name} has {packed.size(0)} rows, expected "
                     f"3 * embed_dim = {3 * self.embed_dim}"
                 )
-            for proj, part in zip(("q_proj", "k_proj", "v_proj"), packed.chunk(3, dim=0)):
+            for proj, part in zip(
+                ("q_proj", "k_proj", "v_proj"), packed.chunk(3, dim=0), strict=True
+            ):
                 state_dict[f"{prefix}{proj}.{name}"] = part
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

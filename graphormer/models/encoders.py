@@ -39,7 +39,9 @@ class CategoricalEmbedding(nn.Module):
         if not dims or min(dims) < 1:
             raise ValueError(f"feature_dims must be positive sizes, got {list(feature_dims)}")
         if stride is not None and stride < max(dims):
-            raise ValueError(f"feature_stride ({stride}) must be >= the largest vocabulary {max(dims)}")
+            raise ValueError(
+                f"feature_stride ({stride}) must be >= the largest vocabulary {max(dims)}"
+            )
         if reduce not in ("sum", "mean"):
             raise ValueError(f"reduce must be 'sum' or 'mean', got {reduce!r}")
         sizes = [stride] * len(dims) if stride is not None else dims
@@ -92,7 +94,9 @@ class NodeEncoder(nn.Module):
         for emb in (self.in_degree, self.out_degree):
             nn.init.normal_(emb.weight, std=0.02)
 
-    def forward(self, x: Tensor, in_degree: Tensor, out_degree: Tensor, node_mask: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, in_degree: Tensor, out_degree: Tensor, node_mask: Tensor
+    ) -> Tensor:
         h = self.atom(x)
         h = h + self.in_degree(in_degree.clamp(max=self.max_degree))
         h = h + self.out_degree(out_degree.clamp(max=self.max_degree))

@@ -92,9 +92,7 @@ class GraphormerConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(
-                f"unknown model option(s) {unknown}; valid options: {sorted(known)}"
-            )
+            raise ValueError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:

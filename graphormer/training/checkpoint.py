@@ -41,8 +41,7 @@ def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
     missing = [k for k in _REQUIRED_HPARAMS if k not in hparams]
     if missing:
         raise CheckpointError(
-            f"{path} was not written by graphormer's train.py: its hyper_parameters lack "
-            f"{missing}"
+            f"{path} was not written by graphormer's train.py: its hyper_parameters lack {missing}"
         )
     return checkpoint
 

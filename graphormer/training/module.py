@@ -87,7 +87,9 @@ class GraphormerModule(pl.LightningModule):
         if loss not in _LOSSES:
             raise ValueError(f"loss must be one of auto, {', '.join(_LOSSES)}; got {loss!r}")
         if loss == "bce" and not self.task.is_classification:
-            raise ValueError(f"loss=bce needs a classification task; {self.task.name} is regression")
+            raise ValueError(
+                f"loss=bce needs a classification task; {self.task.name} is regression"
+            )
         self.loss_name = loss
         self.config = GraphormerConfig.from_dict({**model, "num_tasks": self.task.num_tasks})
         self.model = Graphormer(self.config)

@@ -35,7 +35,10 @@ def build_datamodule(dataset_cfg: dict[str, Any], datamodule_cfg: dict[str, Any]
 def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModule:
     model_cfg = _container(cfg.model)
     hops = model_cfg.get("multi_hop_max_dist", 5)
-    if model_cfg.get("edge_encoding", "multi_hop") == "multi_hop" and hops > cfg.datamodule.max_hops:
+    if (
+        model_cfg.get("edge_encoding", "multi_hop") == "multi_hop"
+        and hops > cfg.datamodule.max_hops
+    ):
         raise ValueError(
             f"model.multi_hop_max_dist={hops} exceeds datamodule.max_hops="
             f"{cfg.datamodule.max_hops}: the cached edge paths would be too short; raise "
@@ -118,7 +121,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         path.write_text(json.dumps(results, indent=2) + "\n")
         print(f"best checkpoint: {results['best_checkpoint']}")
         print(f"metrics: {path.resolve()}")
-        print(f"valid {metric}: {results['valid'][metric]:.4f}  test {metric}: "
-              f"{results['test'][metric]:.4f}")
+        print(
+            f"valid {metric}: {results['valid'][metric]:.4f}  test {metric}: "
+            f"{results['test'][metric]:.4f}"
+        )
         print(f"evaluate with: python scripts/eval.py ckpt={results['best_checkpoint']}")
     return results
