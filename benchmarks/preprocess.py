@@ -21,10 +21,11 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import best_of, nci_molecules, single_thread, to_data  # noqa: E402
 from torch_geometric.data import Data  # noqa: E402
 
 from graphormer.data import GraphormerCollator, StructuralFeatures, structural_features  # noqa: E402
+
+from common import best_of, nci_molecules, single_thread, to_data  # noqa: E402
 
 MAX_HOPS = 5
 BATCH = 256

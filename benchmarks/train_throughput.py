@@ -66,13 +66,14 @@ def run_reference(
 ) -> dict:
     """Hugging Face's Graphormer, same size, batches and optimiser."""
     import torch
-    from common import nci_molecules
     from transformers import GraphormerConfig as HFConfig
     from transformers import GraphormerForGraphClassification
     from transformers.models.deprecated.graphormer.collating_graphormer import (
         GraphormerDataCollator,
         preprocess_item,
     )
+
+    from common import nci_molecules
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -133,11 +134,12 @@ def run_one(
     model_name: str, batch_size: int, steps: int, threads: int, device: str, batching: str
 ) -> dict:
     import torch
-    from common import nci_molecules, to_data
 
     from graphormer.data import GraphormerCollator, StructuralFeatures
     from graphormer.models import Graphormer, GraphormerConfig
     from graphormer.training import masked_loss
+
+    from common import nci_molecules, to_data
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -1,8 +1,9 @@
 import pytest
 import torch
-from molecules import nci_graphs, to_data
 
 from graphormer.data import GraphormerCollator, StructuralFeatures, shortest_paths
+
+from molecules import nci_graphs, to_data
 
 
 def molecules(n=12):

@@ -5,7 +5,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from molecules import nci_table
 
 from graphormer.data import (
     DatasetNotFoundError,
@@ -17,6 +16,8 @@ from graphormer.data import (
     scaffold_split,
 )
 from graphormer.data.ogb import ogb_task_info
+
+from molecules import nci_table
 
 
 def test_task_info_comes_from_ogb_metadata():

@@ -3,10 +3,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from molecules import nci_graphs, to_data
 
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.models import Graphormer, GraphormerConfig
+
+from molecules import nci_graphs, to_data
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
 

@@ -2,9 +2,10 @@ import networkx as nx
 import numpy as np
 import pytest
 import torch
-from molecules import nci_graphs
 
 from graphormer.data import batched_shortest_paths, shortest_paths
+
+from molecules import nci_graphs
 
 
 def undirected(edges):
