@@ -157,3 +157,15 @@ def test_size_grouped_batches_cover_every_graph_and_pad_little():
     assert len({len(r) for r in ranks}) == 1  # equal batch counts: no rank waits at a collective
     covered = {i for r in ranks for batch in r for i in batch}
     assert covered == set(range(1000))
+
+
+def test_on_the_fly_mode_gives_the_same_batches(ogb_root):
+    cached = GraphDataModule(OGBSource("ogbg-molesol", str(ogb_root)), batch_size=16)
+    fly = GraphDataModule(OGBSource("ogbg-molesol", str(ogb_root)), batch_size=16, on_the_fly=True)
+    for module in (cached, fly):
+        module.prepare_data()
+        module.setup("fit")
+    assert "spatial_pos" not in fly.loaded.dataset[0]
+    for a, b in zip(cached.val_dataloader(), fly.val_dataloader(), strict=True):
+        for name in ("index", "x", "spatial_pos", "edge_path", "in_degree", "edge_attr", "y"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
