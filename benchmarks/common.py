@@ -30,6 +30,17 @@ def to_data(graph: dict, y: float = 0.0) -> Data:
     )
 
 
+def model_preset(name: str) -> dict:
+    """A model preset from ``configs/model/<name>.yaml``, composed by Hydra (defaults resolved)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+        cfg = compose("train", overrides=[f"model={name}", "output_dir=."])
+    return OmegaConf.to_container(cfg.model, resolve=True)
+
+
 def best_of(fn, repeats: int = 3) -> float:
     """Fastest wall time of ``repeats`` calls, in seconds."""
     times = []

@@ -26,27 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-PRESETS = {
-    "slim": dict(num_layers=12, hidden_dim=80, ffn_dim=80, num_heads=8),
-    "small": dict(
-        num_layers=6,
-        hidden_dim=512,
-        ffn_dim=512,
-        num_heads=32,
-        feature_stride=512,
-        max_degree=511,
-        max_distance=510,
-    ),
-    "base": dict(
-        num_layers=12,
-        hidden_dim=768,
-        ffn_dim=768,
-        num_heads=32,
-        feature_stride=512,
-        max_degree=511,
-        max_distance=510,
-    ),
-}
+PRESETS = {"slim": "graphormer_slim", "small": "graphormer_small", "base": "graphormer_base"}
 REFERENCE = {"slim": "~190 graphs/s, 1.6 GB peak RSS", "base": "~16 graphs/s, 5-7 GB peak RSS"}
 
 
@@ -73,7 +53,7 @@ def run_reference(
         preprocess_item,
     )
 
-    from common import nci_molecules
+    from common import model_preset, nci_molecules
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -92,7 +72,7 @@ def run_reference(
         for g in molecules
     ]
     preprocess_rate = len(items) / (time.perf_counter() - start)
-    preset = PRESETS[model_name]
+    preset = model_preset(PRESETS[model_name])
     config = HFConfig(
         num_classes=1,
         num_hidden_layers=preset["num_layers"],
@@ -139,14 +119,15 @@ def run_one(
     from graphormer.models import Graphormer, GraphormerConfig
     from graphormer.training import masked_loss
 
-    from common import nci_molecules, to_data
+    from common import model_preset, nci_molecules, to_data
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     transform = StructuralFeatures(5)
     graphs = [transform(to_data(g, y=float(g["num_nodes"]))) for g in nci_molecules()]
     collate = GraphormerCollator(max_hops=5, pad_to_multiple=8)
-    model = Graphormer(GraphormerConfig(**PRESETS[model_name], num_tasks=1)).to(device).train()
+    preset = model_preset(PRESETS[model_name])
+    model = Graphormer(GraphormerConfig(**preset, num_tasks=1)).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batches = iter(batch_indices([g.num_nodes for g in graphs], batch_size, batching))
 

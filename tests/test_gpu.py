@@ -10,7 +10,7 @@ from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.models import BiasedMultiheadAttention, Graphormer, GraphormerConfig
 
 from molecules import nci_graphs, to_data
-from test_training import TINY, run_script
+from test_training import TINY, evaluate_run, run_script
 
 pytestmark = [
     pytest.mark.gpu,
@@ -64,17 +64,6 @@ def test_train_and_eval_on_one_gpu(tmp_path, ogb_root):
     )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["precision"] == "bf16-mixed"
-    result_path = tmp_path / "eval.json"
-    run_script(
-        "eval.py",
-        [
-            f"ckpt={metrics['best_checkpoint']}",
-            "split=all",
-            f"output={result_path}",
-            f"hydra.run.dir={tmp_path / 'eval'}",
-        ],
-        cwd=tmp_path,
-    )
-    result = json.loads(result_path.read_text())
+    result, _ = evaluate_run(metrics, tmp_path)
     for split in ("valid", "test"):
         assert result[split]["rocauc"] == pytest.approx(metrics[split]["rocauc"], abs=5e-3)

@@ -43,6 +43,23 @@ def run_script(script, args, cwd, timeout=600):
     return result.stdout + result.stderr
 
 
+def evaluate_run(metrics: dict, work: Path, *overrides: str) -> tuple[dict, str]:
+    """scripts/eval.py on a run's best checkpoint, all splits: the JSON it wrote, and its output."""
+    result_path = work / "eval.json"
+    log = run_script(
+        "eval.py",
+        [
+            f"ckpt={metrics['best_checkpoint']}",
+            "split=all",
+            f"output={result_path}",
+            f"hydra.run.dir={work / 'eval'}",
+            *overrides,
+        ],
+        cwd=work,
+    )
+    return json.loads(result_path.read_text()), log
+
+
 TINY = [
     "model=graphormer_tiny",
     "trainer.enable_progress_bar=false",
@@ -174,18 +191,7 @@ def test_train_writes_checkpoints_logs_and_metrics(trained_run):
 def test_eval_reproduces_the_recorded_metrics(trained_run):
     work, out, _ = trained_run
     metrics = json.loads((out / "metrics.json").read_text())
-    result_path = work / "eval.json"
-    log = run_script(
-        "eval.py",
-        [
-            f"ckpt={metrics['best_checkpoint']}",
-            "split=all",
-            f"output={result_path}",
-            f"hydra.run.dir={work / 'eval'}",
-        ],
-        cwd=work,
-    )
-    result = json.loads(result_path.read_text())
+    result, log = evaluate_run(metrics, work)
     for split in ("valid", "test"):
         assert result[split]["rocauc"] == pytest.approx(metrics[split]["rocauc"], abs=1e-6)
     assert result["valid"]["num_graphs"] == 40
@@ -279,19 +285,7 @@ def test_ddp_on_cpu_evaluates_every_graph_once(tmp_path, ogb_root):
     metrics = json.loads((out / "metrics.json").read_text())
     # A fresh single-process evaluation of the same checkpoint gives the same numbers: the
     # sharded evaluation saw each of the 40 valid/test graphs exactly once.
-    result_path = tmp_path / "eval.json"
-    run_script(
-        "eval.py",
-        [
-            f"ckpt={metrics['best_checkpoint']}",
-            "split=all",
-            f"output={result_path}",
-            "accelerator=cpu",
-            f"hydra.run.dir={tmp_path / 'eval'}",
-        ],
-        cwd=tmp_path,
-    )
-    result = json.loads(result_path.read_text())
+    result, _ = evaluate_run(metrics, tmp_path, "accelerator=cpu")
     for split in ("valid", "test"):
         assert result[split]["rocauc"] == pytest.approx(metrics[split]["rocauc"], abs=2e-3)
 
