@@ -1,14 +1,21 @@
 """Evaluate a checkpoint: python scripts/eval.py ckpt=PATH [split=valid|test|all]"""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from graphormer.errors import UserFacingError
 from graphormer.training import evaluate
 
 
 @hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    evaluate(cfg)
+    try:
+        evaluate(cfg)
+    except UserFacingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

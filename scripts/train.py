@@ -1,14 +1,21 @@
 """Train a Graphormer: python scripts/train.py dataset=ogbg-molhiv [model=...] [trainer=...]"""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from graphormer.errors import UserFacingError
 from graphormer.training import train
 
 
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    train(cfg)
+    try:
+        train(cfg)
+    except UserFacingError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -296,5 +296,24 @@ def test_offline_demo_learns(tmp_path):
     out = tmp_path / "demo"
     run_script("train.py", ["experiment=demo", f"hydra.run.dir={out}"], cwd=tmp_path)
     metrics = json.loads((out / "metrics.json").read_text())
-    # TPSA's standard deviation on these molecules is about 40; the mean predictor scores that.
-    assert metrics["valid"]["rmse"] < 35
+    # TPSA's standard deviation on these molecules is 42: what predicting the mean scores.
+    assert metrics["valid"]["rmse"] < 25
+
+
+def test_scripts_report_user_errors_without_a_traceback(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "eval.py"),
+            f"ckpt={tmp_path / 'missing.ckpt'}",
+            f"hydra.run.dir={tmp_path / 'eval'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert result.returncode == 1
+    assert "error: checkpoint" in result.stderr and "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -28,6 +28,7 @@ from torch_geometric.data.storage import EdgeStorage, GlobalStorage, NodeStorage
 
 from graphormer.data.tasks import TaskInfo, ogb_master_table
 from graphormer.data.transforms import STRUCTURAL_KEYS, StructuralFeatures, structural_features
+from graphormer.errors import UserFacingError
 
 __all__ = [
     "DatasetNotFoundError",
@@ -59,7 +60,7 @@ _PYG_CLASSES = [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage, NodeStorage, 
 _DOWNLOAD_TIMEOUT_S = 60
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(UserFacingError, FileNotFoundError):
     """A dataset is neither on disk nor downloadable; the message says where to put it."""
 
 

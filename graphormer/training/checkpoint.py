@@ -9,12 +9,14 @@ from typing import Any
 
 import torch
 
+from graphormer.errors import UserFacingError
+
 __all__ = ["CheckpointError", "load_checkpoint_file", "load_module"]
 
 _REQUIRED_HPARAMS = ("model", "task", "data")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserFacingError, ValueError):
     """A checkpoint is missing, unreadable, or not one that graphormer's train.py wrote."""
 
 
