@@ -37,7 +37,7 @@ def test_path_graph_known_answer():
     spatial_pos, edge_path = shortest_paths(edge_index, 4, max_hops=2)
     expected = torch.tensor([[0, 1, 2, 3], [1, 0, 1, 2], [2, 1, 0, 1], [3, 2, 1, 0]])
     assert torch.equal(spatial_pos, expected)
-    assert spatial_pos.dtype == torch.long or spatial_pos.dtype == torch.int16
+    assert spatial_pos.dtype == torch.long and edge_path.dtype == torch.long
     # Edge columns: 0:(0,1) 1:(1,2) 2:(2,3) 3:(1,0) 4:(2,1) 5:(3,2)
     assert edge_path[0, 3].tolist() == [0, 1]  # first two of the three edges 0->1->2->3
     assert edge_path[3, 0].tolist() == [5, 4]

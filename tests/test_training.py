@@ -317,3 +317,22 @@ def test_scripts_report_user_errors_without_a_traceback(tmp_path):
     assert result.returncode == 1
     assert "error: checkpoint" in result.stderr and "does not exist" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_pretrained_weights_initialise_all_but_the_output_layer(trained_run):
+    from graphormer.training import GraphormerModule
+    from graphormer.training.train import load_pretrained
+
+    _, out, _ = trained_run
+    source, _ = load_module(out / "checkpoints" / "last.ckpt")
+    model = dict(source.hparams["model"])
+    task = {"name": "toy", "task_type": "regression", "num_tasks": 3, "metric": "rmse"}
+    module = GraphormerModule(model=model, task=task)
+    load_pretrained(module, str(out / "checkpoints" / "last.ckpt"))
+    theirs = source.state_dict()
+    for name, tensor in module.state_dict().items():
+        if name.startswith("model.head."):
+            assert tensor.shape[0] == 3  # a new output layer for the new task
+        elif name.startswith("model."):
+            assert torch.equal(tensor, theirs[name]), name
+    assert float(module.target_std[0]) == 1.0  # task statistics are not carried over

@@ -70,9 +70,10 @@ def batched_shortest_paths(
         max_hops (int): how many edges of each path to return.
 
     Returns:
-        ``(spatial_pos, edge_path, layout)``: ``spatial_pos`` ``[P]`` int64 hop distances (``-1`` when
-        unreachable) and ``edge_path`` ``[P, max_hops]`` int64 *local* edge ids (``-1`` past the path),
-        both in the flat pair layout ``layout`` (``P = sum N_g^2``).
+        ``(spatial_pos, edge_path, layout)``: ``spatial_pos`` ``[P]`` hop distances (``-1`` when
+        unreachable) and ``edge_path`` ``[P, max_hops]`` *local* edge ids (``-1`` past the path),
+        both in the flat pair layout ``layout`` (``P = sum N_g^2``), in the smallest integer type
+        that holds them (int16 unless a graph has 32,767 nodes or edges or more, then int32).
     """
     if max_hops < 0:
         raise ValueError(f"max_hops must be >= 0, got {max_hops}")
@@ -214,6 +215,6 @@ def shortest_paths(edge_index: Tensor, num_nodes: int, max_hops: int) -> tuple[T
     dist, path, _ = batched_shortest_paths(
         edge_index.numpy(), np.array([num_nodes]), np.array([num_edges]), max_hops
     )
-    spatial_pos = torch.from_numpy(dist).view(num_nodes, num_nodes)
-    edge_path = torch.from_numpy(path).view(num_nodes, num_nodes, max_hops)
+    spatial_pos = torch.from_numpy(dist.astype(np.int64)).view(num_nodes, num_nodes)
+    edge_path = torch.from_numpy(path.astype(np.int64)).view(num_nodes, num_nodes, max_hops)
     return spatial_pos, edge_path

@@ -56,16 +56,27 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
 
 
 def load_pretrained(module: GraphormerModule, path: str) -> None:
-    """Initialises ``module`` from a checkpoint's weights for fine-tuning: every tensor whose name
-    and shape match is copied; the rest (a head for a different number of tasks) stays new."""
+    """Initialises ``module`` from another run's checkpoint for fine-tuning.
+
+    Every network weight whose name and shape match is copied except the final output layer,
+    which is re-initialised as Microsoft's Graphormer does when fine-tuning; the target
+    standardisation belongs to the new task and is not copied either.
+    """
     state = load_checkpoint_file(path)["state_dict"]
     own = module.state_dict()
-    matched = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    skipped = sorted(set(own) - set(matched))
+    matched = {
+        k: v
+        for k, v in state.items()
+        if k.startswith("model.")
+        and not k.startswith("model.head.")
+        and k in own
+        and own[k].shape == v.shape
+    }
     if not matched:
         raise ValueError(f"pretrained={path} shares no weights with this model configuration")
     module.load_state_dict(matched, strict=False)
-    log.info("initialised %d tensors from %s; new: %s", len(matched), path, skipped or "none")
+    fresh = sorted(k for k in own if k not in matched)
+    log.info("initialised %d tensors from %s; newly initialised: %s", len(matched), path, fresh)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
