@@ -22,11 +22,12 @@ def repo() -> Path:
 
 @pytest.fixture(scope="session")
 def ogb_root(tmp_path_factory) -> Path:
-    """A dataset root holding OGB-layout ogbg-molhiv (binary) and ogbg-molesol (regression) made of
-    rdkit's NCI molecules."""
+    """A dataset root holding OGB-layout ogbg-molhiv (binary), ogbg-molesol (regression) and
+    ogbg-moltox21 (12 binary tasks with missing labels) made of rdkit's NCI molecules."""
     root = tmp_path_factory.mktemp("ogb")
     nci_ogb_dataset(root, "ogbg-molhiv", limit=400)
     nci_ogb_dataset(root, "ogbg-molesol", limit=300)
+    nci_ogb_dataset(root, "ogbg-moltox21", limit=305)  # 12 tasks, missing labels, odd splits
     return root
 
 
