@@ -72,8 +72,9 @@ class GraphormerCollator:
 
     Args:
         max_hops (int, optional): path edges per pair in the batch. (default: :obj:`5`)
-        pad_to_multiple (int, optional): round the padded node count up to a multiple of this
-            (8 suits tensor cores). (default: :obj:`1`)
+        pad_to_multiple (int, optional): pad so that the attention length, the nodes plus
+            Graphormer's graph token, is a multiple of this (8 suits tensor cores and the fused
+            attention kernels' alignment). (default: :obj:`1`)
     """
 
     def __init__(self, max_hops: int = 5, pad_to_multiple: int = 1) -> None:
@@ -105,8 +106,8 @@ class GraphormerCollator:
 
         batch_size = len(stores)
         pad = self.pad_to_multiple
-        n_max = int(num_nodes.max())
-        n_max = -(-n_max // pad) * pad
+        # Nodes + graph token = a multiple of `pad`.
+        n_max = -(-(int(num_nodes.max()) + 1) // pad) * pad - 1
         graph_ids = torch.arange(batch_size)
 
         # Destination of every node in the flattened [B * N] padded layout.
