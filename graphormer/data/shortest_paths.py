@@ -8,8 +8,9 @@ array operations, so the Python overhead is paid once per BFS level rather than 
 
 How it works: a BFS from target ``t`` over the reversed edges reaches each source ``s`` through an
 edge ``s -> u`` with ``dist(u, t) = dist(s, t) - 1``, i.e. the first edge of a shortest path from ``s``
-to ``t``. Recording that edge per pair gives a *next-edge table*. Walking it (``s -> dst(e) -> ...``)
-yields a shortest path for every pair, ``max_hops`` vectorised gathers in all.
+to ``t``; ``u`` was reached one level earlier, so its own path to ``t`` is already complete, and the
+path of ``(s, t)`` is that edge followed by the first ``max_hops - 1`` edges of ``u``'s path: one
+row copy per pair. Graphs are processed in chunks whose pair arrays stay in cache.
 """
 
 from __future__ import annotations
@@ -46,12 +47,6 @@ class PairLayout:
     @property
     def num_pairs(self) -> int:
         return int(self.pair_ptr[-1])
-
-    def target_col(self) -> np.ndarray:
-        """Local node id of the target ``t`` of every pair, ``[P]``."""
-        sq = self.num_nodes * self.num_nodes
-        within = np.arange(self.num_pairs) - np.repeat(self.pair_ptr[:-1], sq)
-        return within % np.repeat(np.maximum(self.num_nodes, 1), sq)
 
 
 def batched_shortest_paths(
