@@ -1,5 +1,6 @@
 """Train a Graphormer: python scripts/train.py dataset=ogbg-molhiv [model=...] [trainer=...]"""
 
+import logging
 import sys
 
 import hydra
@@ -11,6 +12,8 @@ from graphormer.training import train
 
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    # Warnings (skipped SMILES rows, say) also go to the run's log file.
+    logging.captureWarnings(True)
     try:
         train(cfg)
     except UserFacingError as error:

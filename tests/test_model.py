@@ -171,3 +171,15 @@ def test_gradients_flow_to_every_parameter():
     model(batch).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
     assert not missing
+
+
+def test_bf16_autocast_masks_padding_and_stays_close():
+    model = tiny()
+    batch = batch_of(molecules(range(6)), pad=8)
+    reference = model(batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, attention = model(batch, return_attention=True)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), reference, atol=5e-2, rtol=5e-2)
+    pad_keys = torch.nn.functional.pad(~batch.node_mask, (1, 0), value=False)
+    assert attention[0].float().masked_select(pad_keys[:, None, None, :]).abs().max() == 0

@@ -175,9 +175,14 @@ class Graphormer(nn.Module):
         # is folded into it once too. Keys at padding get the most negative value; the graph
         # token (column 0) is never masked, so no query row is empty.
         attn_bias = self.attn_bias(batch.spatial_pos, batch.edge_path, batch.edge_attr)
+        # Cast once to the dtype attention computes in (bf16 under autocast), not once per layer,
+        # and mask with that dtype's own most negative value (float32's would overflow to -inf).
+        dtype = attn_bias.dtype
+        if torch.is_autocast_enabled(h.device.type):
+            dtype = torch.get_autocast_dtype(h.device.type)
         key_padding_mask = F.pad(~node_mask, (1, 0), value=False)  # [B, N+1]
-        attn_bias = attn_bias.masked_fill(
-            key_padding_mask[:, None, None, :], torch.finfo(attn_bias.dtype).min
+        attn_bias = attn_bias.to(dtype).masked_fill(
+            key_padding_mask[:, None, None, :], torch.finfo(dtype).min
         )  # [B, H, N+1, N+1]
         attentions = []
         for layer in self.layers:
