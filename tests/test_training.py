@@ -198,6 +198,20 @@ def test_eval_reproduces_the_recorded_metrics(trained_run):
     assert "rocauc" in log and "valid" in log
 
 
+def test_eval_reads_the_dataset_from_a_new_root(trained_run, ogb_root, tmp_path):
+    import shutil
+
+    _, out, _ = trained_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    moved = tmp_path / "moved"
+    shutil.copytree(
+        ogb_root / "ogbg_molhiv", moved / "ogbg_molhiv", ignore=shutil.ignore_patterns("processed")
+    )
+    result, _ = evaluate_run(metrics, tmp_path, f"dataset.root={moved}")
+    assert (moved / "ogbg_molhiv" / "processed" / "structural_v1_hops5").is_dir()
+    assert result["test"]["rocauc"] == pytest.approx(metrics["test"]["rocauc"], abs=1e-6)
+
+
 def test_eval_rejects_missing_corrupt_and_foreign_checkpoints(trained_run, tmp_path):
     _, out, _ = trained_run
     with pytest.raises(CheckpointError, match="does not exist"):
