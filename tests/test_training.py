@@ -374,3 +374,16 @@ def test_prepare_script_caches_the_dataset(tmp_path, ogb_root):
     )
     assert "ogbg-molesol: 300 graphs (train 240, valid 30, test 30)" in log
     assert (root / "ogbg_molesol" / "processed" / "structural_v1_hops3").is_dir()
+
+
+def test_checkpoints_store_absolute_dataset_paths(tmp_path, monkeypatch):
+    from graphormer.training.train import _absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    stored = _absolute_paths({"root": "data", "path": "mols.csv", "name": "x"})
+    assert stored == {
+        "root": str(tmp_path / "data"),
+        "path": str(tmp_path / "mols.csv"),
+        "name": "x",
+    }
+    assert _absolute_paths({"path": "rdkit:NCI/first_5k.tpsa.csv"})["path"].startswith("rdkit:")

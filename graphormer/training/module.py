@@ -104,7 +104,13 @@ class GraphormerModule(pl.LightningModule):
         # checkpoint (whose buffers then win).
         if stage != "fit" or self.task.is_classification or not self.hparams.normalize_targets:
             return
-        targets = self.trainer.datamodule.train_targets().float()  # [N, T]
+        datamodule = self.trainer.datamodule
+        if not hasattr(datamodule, "train_targets"):
+            raise ValueError(
+                "normalize_targets=True needs the training targets: fit with a GraphDataModule, "
+                "or set normalize_targets=False"
+            )
+        targets = datamodule.train_targets().float()  # [N, T]
         mean = torch.nanmean(targets, dim=0)
         std = torch.nanmean((targets - mean) ** 2, dim=0).sqrt()
         self.target_mean.copy_(torch.nan_to_num(mean, nan=0.0))

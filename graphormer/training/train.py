@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,10 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
             f"{cfg.datamodule.max_hops}: the cached edge paths would be too short; raise "
             "datamodule.max_hops"
         )
-    data = {"dataset": _container(cfg.dataset), "datamodule": _container(cfg.datamodule)}
+    data = {
+        "dataset": _absolute_paths(_container(cfg.dataset)),
+        "datamodule": _container(cfg.datamodule),
+    }
     return GraphormerModule(
         model=model_cfg,
         task=datamodule.task.to_dict(),
@@ -53,6 +57,15 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
         normalize_targets=cfg.normalize_targets,
         data=data,
     )
+
+
+def _absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The dataset settings with absolute paths, so that eval.py finds the data from any folder."""
+    for key in ("root", "path"):
+        value = dataset_cfg.get(key)
+        if isinstance(value, str) and not value.startswith("rdkit:"):
+            dataset_cfg[key] = os.path.abspath(os.path.expanduser(value))
+    return dataset_cfg
 
 
 def load_pretrained(module: GraphormerModule, path: str) -> None:
