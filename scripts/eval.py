@@ -1,24 +1,15 @@
-"""Evaluate a checkpoint: python scripts/eval.py ckpt=PATH [split=valid|test|all]"""
-
-import logging
-import sys
+"""Evaluate a checkpoint: python scripts/eval.py ckpt=PATH [split=valid|test|all] [dataset.root=DIR]"""
 
 import hydra
 from omegaconf import DictConfig
 
-from graphormer.errors import UserFacingError
+from graphormer.errors import run_reporting_errors
 from graphormer.training import evaluate
 
 
 @hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    # Warnings (skipped SMILES rows, say) also go to the run's log file.
-    logging.captureWarnings(True)
-    try:
-        evaluate(cfg)
-    except UserFacingError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+    run_reporting_errors(evaluate, cfg)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,15 @@
 """Train a Graphormer: python scripts/train.py dataset=ogbg-molhiv [model=...] [trainer=...]"""
 
-import logging
-import sys
-
 import hydra
 from omegaconf import DictConfig
 
-from graphormer.errors import UserFacingError
+from graphormer.errors import run_reporting_errors
 from graphormer.training import train
 
 
 @hydra.main(config_path="../configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    # Warnings (skipped SMILES rows, say) also go to the run's log file.
-    logging.captureWarnings(True)
-    try:
-        train(cfg)
-    except UserFacingError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(1)
+    run_reporting_errors(train, cfg)
 
 
 if __name__ == "__main__":
