@@ -1,6 +1,6 @@
 """Download (if needed) and preprocess a dataset once, e.g. before a multi-node launch:
 
-    python scripts/prepare.py dataset=ogbg-molpcba [dataset.root=DIR] [datamodule.max_hops=5]
+python scripts/prepare.py dataset=ogbg-molpcba [dataset.root=DIR] [datamodule.max_hops=5]
 """
 
 import hydra
