@@ -273,6 +273,11 @@ def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
         results = train(cfg)
     assert results["metric"] == "rmse" and math.isfinite(results["test"]["rmse"])
     module, _ = load_module(results["best_checkpoint"])
+    # Plain hyperparameters: Lightning's own loader rebuilds it too, without Hydra.
+    from graphormer.training import GraphormerModule
+
+    plain = GraphormerModule.load_from_checkpoint(results["best_checkpoint"], map_location="cpu")
+    assert plain.task == module.task and torch.equal(plain.target_mean, module.target_mean)
     # Targets are standardised for training with the training split's statistics.
     assert 30 < float(module.target_mean) < 120 and float(module.target_std) > 5
     assert any((tmp_path / "run" / "tb").rglob("events.out.tfevents.*"))
