@@ -392,3 +392,11 @@ def test_checkpoints_store_absolute_dataset_paths(tmp_path, monkeypatch):
         "name": "x",
     }
     assert _absolute_paths({"path": "rdkit:NCI/first_5k.tpsa.csv"})["path"].startswith("rdkit:")
+
+
+def test_resume_from_a_missing_checkpoint_is_a_clear_error(tmp_path):
+    from graphormer.training import train
+
+    cfg = compose_train([f"output_dir={tmp_path}", f"ckpt_path={tmp_path / 'gone.ckpt'}"])
+    with pytest.raises(CheckpointError, match="does not exist"):
+        train(cfg)

@@ -94,6 +94,8 @@ def load_pretrained(module: GraphormerModule, path: str) -> None:
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Trains a Graphormer as ``cfg`` says; returns what it writes to ``metrics.json``."""
+    if cfg.get("ckpt_path"):
+        load_checkpoint_file(cfg.ckpt_path)  # a missing or corrupt file fails now, clearly
     pl.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
     output_dir = Path(cfg.output_dir)
