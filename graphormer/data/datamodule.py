@@ -235,10 +235,11 @@ class GraphDataModule(pl.LightningDataModule):
         """A loader over every graph of ``split`` (``valid``/``test``), sharded across ranks."""
         index = self.loaded.split[split]
         world, rank = self._world()
-        shard = list(ShardSampler(len(index), world, rank))
-        if self.group_by_size:
+        shard = torch.tensor(list(ShardSampler(len(index), world, rank)), dtype=torch.long)
+        if self.group_by_size and len(shard):
             # Order never changes a metric (predictions are gathered by dataset index).
-            shard.sort(key=lambda i: int(self.sizes[index[i]]))
+            shard = shard[torch.argsort(self.sizes[index[shard]], stable=True)]
+        shard = shard.tolist()
         batches = [
             shard[i : i + self.eval_batch_size] for i in range(0, len(shard), self.eval_batch_size)
         ]
