@@ -2,7 +2,6 @@ from graphormer.data.collate import GraphormerBatch, GraphormerCollator
 from graphormer.data.datamodule import (
     GraphDataModule,
     IndexedSubset,
-    ShardSampler,
     SizeGroupedBatchSampler,
 )
 from graphormer.data.ogb import (
@@ -29,7 +28,6 @@ __all__ = [
     "LoadedDataset",
     "OGBGraphDataset",
     "OGBSource",
-    "ShardSampler",
     "SizeGroupedBatchSampler",
     "SmilesCsvDataset",
     "SmilesCsvSource",

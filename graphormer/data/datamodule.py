@@ -14,7 +14,7 @@ from graphormer.data.sources import LoadedDataset, OGBSource, SmilesCsvSource
 from graphormer.data.tasks import TaskInfo
 from graphormer.data.transforms import StructuralFeatures
 
-__all__ = ["GraphDataModule", "IndexedSubset", "ShardSampler", "SizeGroupedBatchSampler"]
+__all__ = ["GraphDataModule", "IndexedSubset", "SizeGroupedBatchSampler"]
 
 log = logging.getLogger(__name__)
 
@@ -32,23 +32,6 @@ class IndexedSubset(Dataset):
     def __getitem__(self, i: int):
         index = int(self.indices[i])
         return index, self.dataset[index]
-
-
-class ShardSampler(Sampler[int]):
-    """Every ``num_replicas``-th item from ``rank``: each item on exactly one rank, none repeated.
-
-    torch's ``DistributedSampler`` pads shards with duplicates to equal length, which would count
-    some graphs twice in a metric; evaluation uses this sampler and gathers by dataset index.
-    """
-
-    def __init__(self, length: int, num_replicas: int = 1, rank: int = 0) -> None:
-        self.length, self.num_replicas, self.rank = length, num_replicas, rank
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.length, self.num_replicas))
-
-    def __len__(self) -> int:
-        return len(range(self.rank, self.length, self.num_replicas))
 
 
 class SizeGroupedBatchSampler(Sampler[list[int]]):
@@ -171,13 +154,15 @@ class GraphDataModule(pl.LightningDataModule):
         return self.source.task_info()
 
     def prepare_data(self) -> None:
-        # Downloads and preprocesses once (rank 0 of each node); later loads read the cache.
-        self.source.load(self.pre_transform)
+        # Downloads and preprocesses once (rank 0 of each node). The loaded dataset is kept, so
+        # that this process's setup() does not read it from disk a second time.
+        self.loaded = self.source.load(self.pre_transform)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.loaded is not None:
+        if self.train_index is not None:
             return
-        self.loaded = self.source.load(self.pre_transform)
+        if self.loaded is None:  # ranks that did not prepare the data
+            self.loaded = self.source.load(self.pre_transform)
         sizes = self.sizes = _num_nodes(self.loaded.dataset)
         train = self.loaded.split["train"]
         too_big = sizes[train] > self.max_nodes
@@ -235,7 +220,9 @@ class GraphDataModule(pl.LightningDataModule):
         """A loader over every graph of ``split`` (``valid``/``test``), sharded across ranks."""
         index = self.loaded.split[split]
         world, rank = self._world()
-        shard = torch.tensor(list(ShardSampler(len(index), world, rank)), dtype=torch.long)
+        # Every world-th graph from this rank's offset: each graph on exactly one rank, none
+        # repeated (torch's DistributedSampler pads with duplicates, which would skew metrics).
+        shard = torch.arange(rank, len(index), world)
         if self.group_by_size and len(shard):
             # Order never changes a metric (predictions are gathered by dataset index).
             shard = shard[torch.argsort(self.sizes[index[shard]], stable=True)]
