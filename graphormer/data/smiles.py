@@ -21,7 +21,7 @@ from torch_geometric.data import Data, InMemoryDataset
 from graphormer.data.ogb import add_structural_features, allow_pyg_classes
 from graphormer.data.transforms import StructuralFeatures
 
-__all__ = ["SmilesCsvDataset", "random_split", "scaffold_split"]
+__all__ = ["SmilesCsvDataset", "group_split", "random_split", "scaffold_split"]
 
 _SHOWN_ROWS = 5
 
@@ -78,7 +78,10 @@ class SmilesCsvDataset(InMemoryDataset):
         super().__init__(folder, pre_transform=pre_transform, log=False)
         self.data, self.slices = torch.load(self.processed_paths[0])
         with open(self.processed_paths[1]) as f:
-            self.skipped_rows: list[int] = json.load(f)["skipped_rows"]
+            meta = json.load(f)
+        self.skipped_rows: list[int] = meta["skipped_rows"]
+        # Bemis-Murcko scaffold of each kept molecule, computed once while processing.
+        self.scaffolds: list[str] = meta["scaffolds"]
         if self.skipped_rows:
             warnings.warn(_skipped_message(self.csv_path, self.skipped_rows), stacklevel=2)
 
@@ -92,7 +95,7 @@ class SmilesCsvDataset(InMemoryDataset):
 
     @property
     def processed_file_names(self) -> list[str]:
-        return ["graphs.pt", "skipped.json"]
+        return ["graphs.pt", "meta.json"]
 
     def download(self) -> None:
         pass
@@ -128,7 +131,7 @@ class SmilesCsvDataset(InMemoryDataset):
                 )
             labels[:, j] = values.to_numpy(dtype=np.float32)
 
-        graphs, skipped = [], []
+        graphs, skipped, scaffolds = [], [], []
         RDLogger.DisableLog("rdApp.*")
         try:
             for row, smiles in enumerate(table[self.smiles_column].tolist()):
@@ -137,6 +140,9 @@ class SmilesCsvDataset(InMemoryDataset):
                     skipped.append(row)
                     continue
                 graph = smiles2graph(smiles)
+                scaffolds.append(
+                    MurckoScaffold.MurckoScaffoldSmiles(mol=mol, includeChirality=True)
+                )
                 graphs.append(
                     Data(
                         x=torch.from_numpy(graph["node_feat"]),
@@ -156,14 +162,7 @@ class SmilesCsvDataset(InMemoryDataset):
             add_structural_features(data, slices, self.pre_transform)
         torch.save((data, slices), self.processed_paths[0])
         with open(self.processed_paths[1], "w") as f:
-            json.dump({"skipped_rows": skipped}, f)
-
-    def smiles(self) -> list[str]:
-        """SMILES of the kept molecules, in dataset order."""
-        table = self._read(usecols=[self.smiles_column])
-        rows = self._data.row.tolist()
-        column = table[self.smiles_column]
-        return [column.iloc[r] for r in rows]
+            json.dump({"skipped_rows": skipped, "scaffolds": scaffolds}, f)
 
 
 def resolve_path(path: str) -> str:
@@ -198,12 +197,23 @@ def scaffold_split(
 ) -> dict[str, torch.Tensor]:
     """Bemis-Murcko scaffold split, as OGB made its molecule splits: whole scaffold groups, the
     largest first, fill train, then valid, then test; deterministic."""
+    scaffolds = [
+        MurckoScaffold.MurckoScaffoldSmiles(smiles=s, includeChirality=True) for s in smiles
+    ]
+    return group_split(scaffolds, ratios)
+
+
+def group_split(
+    groups_of: Sequence[str], ratios: Sequence[float] = (0.8, 0.1, 0.1)
+) -> dict[str, torch.Tensor]:
+    """Splits items by group key (a scaffold): whole groups, the largest first, fill train, then
+    valid, then test; deterministic."""
     train_ratio, valid_ratio, _ = _check_ratios(ratios)
     groups: dict[str, list[int]] = defaultdict(list)
-    for i, s in enumerate(smiles):
-        groups[MurckoScaffold.MurckoScaffoldSmiles(smiles=s, includeChirality=True)].append(i)
+    for i, key in enumerate(groups_of):
+        groups[key].append(i)
     ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
-    n = len(smiles)
+    n = len(groups_of)
     train_cut, valid_cut = train_ratio * n, (train_ratio + valid_ratio) * n
     split: dict[str, list[int]] = {"train": [], "valid": [], "test": []}
     for group in ordered:

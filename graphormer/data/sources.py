@@ -13,7 +13,7 @@ import torch
 from torch_geometric.data import InMemoryDataset
 
 from graphormer.data.ogb import OGBGraphDataset, ogb_task_info
-from graphormer.data.smiles import SmilesCsvDataset, random_split, scaffold_split
+from graphormer.data.smiles import SmilesCsvDataset, group_split, random_split
 from graphormer.data.tasks import TaskInfo
 from graphormer.data.transforms import StructuralFeatures
 
@@ -124,7 +124,7 @@ class SmilesCsvSource:
             comment=self.comment,
         )
         if self.split == "scaffold":
-            split = scaffold_split(dataset.smiles(), self.split_ratios)
+            split = group_split(dataset.scaffolds, self.split_ratios)
         else:
             split = random_split(len(dataset), self.split_ratios, self.split_seed)
         return LoadedDataset(dataset, split, self._task)
