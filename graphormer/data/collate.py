@@ -45,22 +45,17 @@ class GraphormerBatch:
     def num_graphs(self) -> int:
         return self.x.size(0)
 
+    def _apply(self, fn) -> GraphormerBatch:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return GraphormerBatch(
+            **{k: fn(v) if isinstance(v, Tensor) else v for k, v in values.items()}
+        )
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphormerBatch:
-        moved = {
-            f.name: (v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v)
-            for f in fields(self)
-            for v in [getattr(self, f.name)]
-        }
-        return GraphormerBatch(**moved)
+        return self._apply(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> GraphormerBatch:
-        return GraphormerBatch(
-            **{
-                f.name: (v.pin_memory() if isinstance(v, Tensor) else v)
-                for f in fields(self)
-                for v in [getattr(self, f.name)]
-            }
-        )
+        return self._apply(lambda t: t.pin_memory())
 
 
 class GraphormerCollator:

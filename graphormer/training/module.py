@@ -116,12 +116,15 @@ class GraphormerModule(pl.LightningModule):
         self.target_mean.copy_(torch.nan_to_num(mean, nan=0.0))
         self.target_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
 
+    def _to_units(self, raw: Tensor) -> Tensor:
+        return raw.float() * self.target_std + self.target_mean
+
     def forward(self, batch: GraphormerBatch, return_attention: bool = False):
         """Predictions in the targets' units (logits for classification)."""
         if return_attention:
             out, attention = self.model(batch, return_attention=True)
-            return out.float() * self.target_std + self.target_mean, attention
-        return self.model(batch).float() * self.target_std + self.target_mean
+            return self._to_units(out), attention
+        return self._to_units(self.model(batch))
 
     def _loss(self, raw: Tensor, target: Tensor) -> Tensor:
         # The loss compares standardised values (identity unless normalize_targets).
@@ -137,7 +140,7 @@ class GraphormerModule(pl.LightningModule):
     def _eval_step(self, batch: GraphormerBatch, stage: str) -> None:
         raw = self.model(batch).float()
         loss = self._loss(raw, batch.y)
-        pred = raw * self.target_std + self.target_mean
+        pred = self._to_units(raw)
         self.log(f"{stage}/loss", loss, sync_dist=True, batch_size=batch.num_graphs)
         self._eval_outputs.append((batch.index, pred.detach(), batch.y))
 
