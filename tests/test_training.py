@@ -343,7 +343,7 @@ def test_scripts_report_user_errors_without_a_traceback(tmp_path):
 
 def test_pretrained_weights_initialise_all_but_the_output_layer(trained_run):
     from graphormer.training import GraphormerModule
-    from graphormer.training.train import load_pretrained
+    from graphormer.training.pretrained import load_pretrained
 
     _, out, _ = trained_run
     source, _ = load_module(out / "checkpoints" / "last.ckpt")

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from graphormer.data.collate import GraphormerBatch
+from graphormer.batch import GraphormerBatch
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder
 from graphormer.models.layers import GraphormerLayer
 

@@ -1,8 +1,11 @@
-"""Reading checkpoints with errors that say what is wrong and what to do."""
+"""Reading and writing checkpoints: data, never code, with a digest of the weights and errors
+that say what is wrong and what to do."""
 
 from __future__ import annotations
 
+import hashlib
 import pickle
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -11,13 +14,46 @@ import torch
 
 from graphormer.errors import UserFacingError
 
-__all__ = ["CheckpointError", "load_checkpoint_file", "load_module"]
+__all__ = [
+    "CheckpointError",
+    "load_checkpoint_file",
+    "load_module",
+    "save_checkpoint_file",
+    "weights_digest",
+]
 
 _REQUIRED_HPARAMS = ("model", "task", "data")
+# Where graphormer keeps its own metadata in a checkpoint (version, precision, weights digest).
+META_KEY = "graphormer"
+DIGEST_KEY = "weights_sha256"
 
 
 class CheckpointError(UserFacingError, ValueError):
     """A checkpoint is missing, unreadable, or not one that graphormer's train.py wrote."""
+
+
+def weights_digest(state_dict: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def save_checkpoint_file(path: str | Path, checkpoint: dict[str, Any]) -> Path:
+    """Writes a checkpoint dict (``state_dict`` plus plain values) with a digest of its weights,
+    which :func:`load_checkpoint_file` verifies."""
+    meta = dict(checkpoint.get(META_KEY) or {})
+    meta[DIGEST_KEY] = weights_digest(checkpoint["state_dict"])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({**checkpoint, META_KEY: meta}, path)
+    return path
 
 
 def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
@@ -39,6 +75,7 @@ def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
         ) from error
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path} is not a Lightning checkpoint (no state_dict)")
+    _verify_digest(path, checkpoint)
     hparams = checkpoint.get("hyper_parameters") or {}
     missing = [k for k in _REQUIRED_HPARAMS if k not in hparams]
     if missing:
@@ -46,6 +83,25 @@ def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
             f"{path} was not written by graphormer's train.py: its hyper_parameters lack {missing}"
         )
     return checkpoint
+
+
+def _verify_digest(path: Path, checkpoint: dict[str, Any]) -> None:
+    meta = checkpoint.get(META_KEY)
+    stored = meta.get(DIGEST_KEY) if isinstance(meta, dict) else None
+    if stored is None:
+        warnings.warn(
+            f"checkpoint {path} carries no digest of its weights (written by graphormer < 0.2 or "
+            "by another tool), so damage to it cannot be detected",
+            stacklevel=3,
+        )
+        return
+    state = checkpoint["state_dict"]
+    if not isinstance(state, dict) or weights_digest(state) != stored:
+        raise CheckpointError(
+            f"the weights in checkpoint {path} do not match the digest stored when it was saved: "
+            "the file was altered or damaged after training. Use another checkpoint of the run "
+            "(e.g. last.ckpt) or copy it again from its source."
+        )
 
 
 def load_module(path: str | Path):

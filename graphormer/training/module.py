@@ -10,9 +10,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import graphormer
-from graphormer.data.collate import GraphormerBatch
+from graphormer.batch import GraphormerBatch
 from graphormer.data.tasks import TaskInfo
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
+from graphormer.training.checkpoint import DIGEST_KEY, META_KEY, weights_digest
 from graphormer.training.schedule import warmup_linear_decay
 
 __all__ = ["GraphormerModule", "masked_loss"]
@@ -221,9 +222,10 @@ class GraphormerModule(pl.LightningModule):
         }
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["graphormer"] = {
+        checkpoint[META_KEY] = {
             "version": graphormer.__version__,
             "precision": str(self.trainer.precision) if self._trainer is not None else None,
+            DIGEST_KEY: weights_digest(checkpoint["state_dict"]),
         }
 
 

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.training.checkpoint import load_checkpoint_file
 from graphormer.training.module import GraphormerModule
+from graphormer.training.pretrained import load_pretrained
 
 __all__ = ["build_datamodule", "build_module", "train"]
 
@@ -68,30 +69,6 @@ def _absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
     return dataset_cfg
 
 
-def load_pretrained(module: GraphormerModule, path: str) -> None:
-    """Initialises ``module`` from another run's checkpoint for fine-tuning.
-
-    Every network weight whose name and shape match is copied except the final output layer,
-    which is re-initialised as Microsoft's Graphormer does when fine-tuning; the target
-    standardisation belongs to the new task and is not copied either.
-    """
-    state = load_checkpoint_file(path)["state_dict"]
-    own = module.state_dict()
-    matched = {
-        k: v
-        for k, v in state.items()
-        if k.startswith("model.")
-        and not k.startswith("model.head.")
-        and k in own
-        and own[k].shape == v.shape
-    }
-    if not matched:
-        raise ValueError(f"pretrained={path} shares no weights with this model configuration")
-    module.load_state_dict(matched, strict=False)
-    fresh = sorted(k for k in own if k not in matched)
-    log.info("initialised %d tensors from %s; newly initialised: %s", len(matched), path, fresh)
-
-
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Trains a Graphormer as ``cfg`` says; returns what it writes to ``metrics.json``."""
     if cfg.get("ckpt_path"):
@@ -103,7 +80,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     task = datamodule.task
     module = build_module(cfg, datamodule)
     if cfg.get("pretrained"):
-        load_pretrained(module, cfg.pretrained)
+        load_pretrained(module, cfg.pretrained, strict=cfg.get("pretrained_strict", True))
 
     checkpoint = ModelCheckpoint(
         dirpath=output_dir / "checkpoints",
