@@ -30,7 +30,7 @@ from graphormer.data import (
     structural_features,
 )  # noqa: E402
 
-from common import best_of, nci_molecules, single_thread, to_data  # noqa: E402
+from common import best_of, nci_graphs, single_thread, to_data  # noqa: E402
 
 MAX_HOPS = 5
 BATCH = 256
@@ -91,7 +91,7 @@ def nbytes(t: torch.Tensor) -> int:
 
 def main() -> None:
     single_thread()
-    graphs = nci_molecules()
+    graphs = nci_graphs()
     count = len(graphs)
     sizes = np.array([g["num_nodes"] for g in graphs])
     print(

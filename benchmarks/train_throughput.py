@@ -53,11 +53,11 @@ def run_reference(
         preprocess_item,
     )
 
-    from common import model_preset, nci_molecules
+    from common import model_preset, nci_graphs
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    molecules = nci_molecules()
+    molecules = nci_graphs()
     start = time.perf_counter()
     items = [
         preprocess_item(
@@ -119,12 +119,12 @@ def run_one(
     from graphormer.models import Graphormer, GraphormerConfig
     from graphormer.training import masked_loss
 
-    from common import model_preset, nci_molecules, to_data
+    from common import model_preset, nci_graphs, to_data
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     transform = StructuralFeatures(5)
-    graphs = [transform(to_data(g, y=float(g["num_nodes"]))) for g in nci_molecules()]
+    graphs = [transform(to_data(g, y=float(g["num_nodes"]))) for g in nci_graphs()]
     collate = GraphormerCollator(max_hops=5, pad_to_multiple=8)
     preset = model_preset(PRESETS[model_name])
     model = Graphormer(GraphormerConfig(**preset, num_tasks=1)).to(device).train()

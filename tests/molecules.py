@@ -1,125 +1,13 @@
-"""Real molecules for tests: rdkit's NCI set, featurised by OGB, and written in OGB's on-disk layout."""
+"""The tests' real molecules: re-exported from :mod:`graphormer.testing`, which benchmarks share."""
 
-from __future__ import annotations
-
-import gzip
-from functools import lru_cache
-from pathlib import Path
-
-import numpy as np
-import pandas as pd
-import torch
-from ogb.utils import smiles2graph
-from rdkit import Chem, RDConfig, RDLogger
-from torch_geometric.data import Data
-
-NCI_SMILES = Path(RDConfig.RDDataDir) / "NCI" / "first_5K.smi"
-NCI_TPSA = Path(RDConfig.RDDataDir) / "NCI" / "first_5k.tpsa.csv"
-
-
-@lru_cache(maxsize=1)
-def nci_table() -> pd.DataFrame:
-    """rdkit's NCI molecules that parse and have a TPSA value: columns ``smiles``, ``tpsa``."""
-    RDLogger.DisableLog("rdApp.*")
-    table = pd.read_csv(NCI_TPSA, skiprows=1, header=None, names=["smiles", "tpsa"])
-    valid = [
-        Chem.MolFromSmiles(s) is not None and t == t
-        for s, t in zip(table.smiles, table.tpsa, strict=True)
-    ]
-    return table[valid].reset_index(drop=True)
-
-
-@lru_cache(maxsize=1)
-def nci_smiles() -> tuple[str, ...]:
-    """The SMILES of ``first_5K.smi`` that current rdkit parses (4,991 of 4,999)."""
-    RDLogger.DisableLog("rdApp.*")
-    lines = NCI_SMILES.read_text().splitlines()
-    smiles = [line.split()[0] for line in lines if line.strip()]
-    return tuple(s for s in smiles if Chem.MolFromSmiles(s) is not None)
-
-
-@lru_cache(maxsize=4)
-def nci_graphs(limit: int | None = None) -> tuple[dict, ...]:
-    """OGB featurisations (``smiles2graph``) of the first ``limit`` valid NCI molecules."""
-    return tuple(smiles2graph(s) for s in nci_smiles()[:limit])
-
-
-def to_data(graph: dict, y: float | None = None) -> Data:
-    data = Data(
-        x=torch.from_numpy(graph["node_feat"]),
-        edge_index=torch.from_numpy(graph["edge_index"]),
-        edge_attr=torch.from_numpy(graph["edge_feat"]),
-        num_nodes=graph["num_nodes"],
-    )
-    if y is not None:
-        data.y = torch.tensor([[y]], dtype=torch.float)
-    return data
-
-
-def write_ogb_layout(root: Path, name: str, smiles: list[str], labels: np.ndarray) -> Path:
-    """Writes molecules as OGB's raw files for dataset ``name`` under ``root`` and returns its folder.
-
-    The layout is OGB's own (``raw/*.csv.gz`` with each bond once, ``split/scaffold/*.csv.gz``,
-    ``mapping/mol.csv.gz``, ``RELEASE_v1.txt``), so the real ``PygGraphPropPredDataset`` reads it.
-    """
-    folder = root / "_".join(name.split("-"))
-    (folder / "raw").mkdir(parents=True, exist_ok=True)
-    (folder / "split" / "scaffold").mkdir(parents=True, exist_ok=True)
-    (folder / "mapping").mkdir(parents=True, exist_ok=True)
-    graphs = [smiles2graph(s) for s in smiles]
-    edges, edge_feats, node_feats = [], [], []
-    for g in graphs:
-        # OGB lists each bond once; the loader adds the reverse edge (add_inverse_edge=True).
-        once = slice(None, None, 2)
-        edges.append(g["edge_index"][:, once].T)
-        edge_feats.append(g["edge_feat"][once])
-        node_feats.append(g["node_feat"])
-
-    def write(path: Path, array: np.ndarray) -> None:
-        with gzip.open(path, "wt") as f:
-            pd.DataFrame(array).to_csv(f, header=False, index=False)
-
-    write(folder / "raw" / "edge.csv.gz", np.concatenate(edges))
-    write(folder / "raw" / "edge-feat.csv.gz", np.concatenate(edge_feats))
-    write(folder / "raw" / "node-feat.csv.gz", np.concatenate(node_feats))
-    write(folder / "raw" / "num-node-list.csv.gz", np.array([g["num_nodes"] for g in graphs]))
-    write(
-        folder / "raw" / "num-edge-list.csv.gz",
-        np.array([g["edge_index"].shape[1] // 2 for g in graphs]),
-    )
-    labels = np.asarray(labels, dtype=float).reshape(len(smiles), -1)
-    with gzip.open(folder / "raw" / "graph-label.csv.gz", "wt") as f:
-        pd.DataFrame(labels).to_csv(f, header=False, index=False, na_rep="")
-    n = len(smiles)
-    order = np.arange(n)
-    cut1, cut2 = int(0.8 * n), int(0.9 * n)
-    for split, idx in (
-        ("train", order[:cut1]),
-        ("valid", order[cut1:cut2]),
-        ("test", order[cut2:]),
-    ):
-        write(folder / "split" / "scaffold" / f"{split}.csv.gz", idx)
-    with gzip.open(folder / "mapping" / "mol.csv.gz", "wt") as f:
-        pd.DataFrame({"smiles": smiles}).to_csv(f, index=False)
-    (folder / "RELEASE_v1.txt").write_text("")
-    return folder
-
-
-def nci_ogb_dataset(root: Path, name: str = "ogbg-molhiv", limit: int = 400) -> Path:
-    """An OGB-layout copy of ``name`` made of NCI molecules. Classification labels are
-    ``TPSA > median`` (a real, learnable property), regression labels the TPSA itself."""
-    table = nci_table().iloc[:limit]
-    tpsa = table.tpsa.to_numpy()
-    from graphormer.data.ogb import ogb_task_info
-
-    task = ogb_task_info(name)
-    if task.is_classification:
-        # Task t thresholds TPSA at a different quantile; multi-task sets miss ~20% of labels.
-        quantiles = np.linspace(0.3, 0.7, task.num_tasks) if task.num_tasks > 1 else [0.5]
-        labels = np.stack([(tpsa > np.quantile(tpsa, q)).astype(float) for q in quantiles], 1)
-        if task.num_tasks > 1:
-            missing = np.random.default_rng(0).random(labels.shape) < 0.2
-            labels[missing] = np.nan
-    else:
-        labels = tpsa[:, None].repeat(task.num_tasks, 1)
-    return write_ogb_layout(root, name, table.smiles.tolist(), labels)
+from graphormer.testing import (  # noqa: F401
+    NCI_SMILES,
+    NCI_TPSA,
+    model_preset,
+    nci_graphs,
+    nci_ogb_dataset,
+    nci_smiles,
+    nci_table,
+    to_data,
+    write_ogb_layout,
+)

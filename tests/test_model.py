@@ -1,25 +1,10 @@
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
 
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.models import Graphormer, GraphormerConfig
 
-from molecules import nci_graphs, to_data
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "model"
-
-
-def preset(name: str) -> dict:
-    values = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())
-    parents = values.pop("defaults", [])
-    merged = {}
-    for parent in parents:
-        merged.update(preset(parent))
-    merged.update(values)
-    return merged
+from molecules import model_preset, nci_graphs, to_data
 
 
 def tiny(**overrides) -> Graphormer:
@@ -50,7 +35,7 @@ def molecules(indices):
     [("graphormer_slim", 0.49e6), ("graphormer_small", 12.5e6), ("graphormer_base", 47e6)],
 )
 def test_preset_parameter_counts(name, target):
-    model = Graphormer(GraphormerConfig(**preset(name)))
+    model = Graphormer(GraphormerConfig(**model_preset(name)))
     count = sum(p.numel() for p in model.parameters())
     assert abs(count - target) / target < 0.05, count
 
