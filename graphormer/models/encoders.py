@@ -109,7 +109,7 @@ class GraphAttentionBias(nn.Module):
 
     The bias of pair ``(i, j)`` is the spatial encoding ``b_{phi(i,j)}`` (one learnable scalar per
     head and hop distance, with own entries for distances beyond ``max_distance`` and for unreachable
-    pairs) plus the edge encoding: for ``multi_hop``, the mean over the first ``min(dist, K)`` edges
+    pairs, or one entry for both with ``unreachable_as_far``) plus the edge encoding: for ``multi_hop``, the mean over the first ``min(dist, K)`` edges
     of a shortest path of (bond embedding @ a learnable ``[H, H]`` matrix of that hop); for
     ``single_hop``, the bond embedding of a direct edge. The graph token gets one learnable
     per-head scalar to and from every node.
@@ -125,6 +125,9 @@ class GraphAttentionBias(nn.Module):
         edge_encoding (str): ``"multi_hop"`` or ``"single_hop"``.
         multi_hop_max_dist (int): ``K``, path edges used by ``multi_hop``.
         feature_stride (int | None, optional): see :class:`CategoricalEmbedding`.
+        unreachable_as_far (bool, optional): unreachable pairs use the entry of pairs farther than
+            ``max_distance`` (Microsoft's layout, where both are distance 510) rather than their
+            own. (default: :obj:`False`)
 
     Shapes:
         - spatial_pos ``[B, N, N]``, edge_path ``[B, N, N, >=K]``, edge_attr ``[E, F_e]``
@@ -139,6 +142,7 @@ class GraphAttentionBias(nn.Module):
         edge_encoding: str = "multi_hop",
         multi_hop_max_dist: int = 5,
         feature_stride: int | None = None,
+        unreachable_as_far: bool = False,
     ) -> None:
         super().__init__()
         if edge_encoding not in ("multi_hop", "single_hop"):
@@ -151,8 +155,9 @@ class GraphAttentionBias(nn.Module):
         self.max_distance = max_distance
         self.edge_encoding = edge_encoding
         self.multi_hop_max_dist = multi_hop_max_dist if edge_encoding == "multi_hop" else 1
-        # Rows: distances 0..max_distance, then "farther", then "unreachable".
-        self.spatial = nn.Embedding(max_distance + 3, num_heads)
+        self.unreachable_as_far = unreachable_as_far
+        # Rows: distances 0..max_distance, then "farther", then "unreachable" (unless it is "far").
+        self.spatial = nn.Embedding(max_distance + (2 if unreachable_as_far else 3), num_heads)
         self.edge = CategoricalEmbedding(
             bond_feature_dims, num_heads, stride=feature_stride, reduce="mean"
         )
@@ -172,9 +177,10 @@ class GraphAttentionBias(nn.Module):
 
     def spatial_index(self, spatial_pos: Tensor) -> Tensor:
         far = self.max_distance + 1
+        unreachable = far if self.unreachable_as_far else far + 1
         spatial_pos = spatial_pos.long()
         index = spatial_pos.clamp(max=far)
-        return torch.where(spatial_pos < 0, torch.full_like(index, far + 1), index)
+        return torch.where(spatial_pos < 0, torch.full_like(index, unreachable), index)
 
     def edge_bias(self, spatial_pos: Tensor, edge_path: Tensor, edge_attr: Tensor) -> Tensor:
         """Edge encoding ``[B, N, N, H]``."""

@@ -38,14 +38,28 @@ class GraphormerConfig:
             ``num_heads``).
         dropout, attention_dropout, activation_dropout: dropout rates.
         pre_layernorm: pre-LN (the paper's choice) or post-LN layers.
+        embedding_layernorm: a LayerNorm over the summed input embeddings (graph token included)
+            before the first layer, Microsoft's ``encoder_normalize_before``; None follows
+            ``pre_layernorm``. Microsoft's base and slim use post-LN layers with this LayerNorm.
+        final_layernorm: a LayerNorm after the last layer (for pre-LN stacks, whose output is
+            otherwise unnormalised; Microsoft's and Hugging Face's encoders define one for pre-LN
+            but never apply it, so converted models leave it off).
         atom_feature_dims, bond_feature_dims: vocabulary per categorical node / edge feature;
             None means OGB's molecule featurisation (``ogb.utils.features``).
         feature_stride: None for a compact embedding table; an int gives every feature column that
             many rows, as Microsoft's checkpoints do (512).
         max_degree: degrees above it share one centrality embedding.
         max_distance: hop distances above it share one spatial embedding.
+        unreachable_as_far: unreachable pairs share the spatial embedding of pairs farther than
+            ``max_distance`` instead of having their own. Microsoft's Floyd-Warshall reports both
+            as distance 510, so ``max_distance=509`` with this reproduces its 512-row table.
         edge_encoding: ``"multi_hop"`` (paper default) or ``"single_hop"``.
         multi_hop_max_dist: path edges averaged by the multi-hop edge encoding.
+        attention_max_distance: None, or pairs more than this many hops apart (and unreachable
+            pairs) do not attend to each other, as the ``spatial_pos_max`` setting of Microsoft's
+            and Hugging Face's collators does.
+        head_bias: ``"per_task"`` (one output bias per task) or ``"shared"`` (one learned scalar
+            added to every output, Microsoft's ``lm_output_learned_bias``).
         num_tasks: outputs of the prediction head.
     """
 
@@ -64,6 +78,11 @@ class GraphormerConfig:
     max_distance: int = 20
     edge_encoding: str = "multi_hop"
     multi_hop_max_dist: int = 5
+    embedding_layernorm: bool | None = None
+    final_layernorm: bool = False
+    unreachable_as_far: bool = False
+    attention_max_distance: int | None = None
+    head_bias: str = "per_task"
     num_tasks: int = 1
 
     def __post_init__(self) -> None:
@@ -79,6 +98,18 @@ class GraphormerConfig:
             raise ValueError(
                 f"model.edge_encoding must be 'multi_hop' or 'single_hop', got "
                 f"{self.edge_encoding!r}"
+            )
+        if self.head_bias not in ("per_task", "shared"):
+            raise ValueError(
+                f"model.head_bias must be 'per_task' or 'shared', got {self.head_bias!r}"
+            )
+        for name in ("max_degree", "max_distance"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.{name} must be >= 0, got {getattr(self, name)}")
+        if self.attention_max_distance is not None and self.attention_max_distance < 0:
+            raise ValueError(
+                "model.attention_max_distance must be null or >= 0, got "
+                f"{self.attention_max_distance}"
             )
         if self.atom_feature_dims is None:
             self.atom_feature_dims = ogb_atom_feature_dims()
@@ -97,6 +128,13 @@ class GraphormerConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def uses_embedding_layernorm(self) -> bool:
+        """Whether the summed input embeddings are normalised (``embedding_layernorm`` resolved)."""
+        if self.embedding_layernorm is None:
+            return self.pre_layernorm
+        return self.embedding_layernorm
 
 
 class Graphormer(nn.Module):
@@ -126,10 +164,13 @@ class Graphormer(nn.Module):
             c.edge_encoding,
             c.multi_hop_max_dist,
             c.feature_stride,
+            c.unreachable_as_far,
         )
         self.graph_token = nn.Parameter(torch.empty(1, 1, c.hidden_dim))
-        # Pre-LN normalises the summed input embeddings once, as Microsoft's encoder does.
-        self.input_norm = nn.LayerNorm(c.hidden_dim) if c.pre_layernorm else nn.Identity()
+        # Microsoft's encoder_normalize_before: one LayerNorm over the summed input embeddings.
+        self.input_norm = (
+            nn.LayerNorm(c.hidden_dim) if c.uses_embedding_layernorm else nn.Identity()
+        )
         self.input_dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(
             GraphormerLayer(
@@ -143,9 +184,16 @@ class Graphormer(nn.Module):
             )
             for _ in range(c.num_layers)
         )
+        self.final_norm = nn.LayerNorm(c.hidden_dim) if c.final_layernorm else nn.Identity()
+        # The head as Microsoft's: transform, GELU, LayerNorm, then the output layer.
         self.head_transform = nn.Linear(c.hidden_dim, c.hidden_dim)
         self.head_norm = nn.LayerNorm(c.hidden_dim)
-        self.head = nn.Linear(c.hidden_dim, c.num_tasks)
+        shared = c.head_bias == "shared"
+        self.head = nn.Linear(c.hidden_dim, c.num_tasks, bias=not shared)
+        if shared:
+            self.head_bias = nn.Parameter(torch.zeros(1))
+        else:
+            self.register_parameter("head_bias", None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -160,6 +208,8 @@ class Graphormer(nn.Module):
         self.node_encoder.reset_parameters()
         self.attn_bias.reset_parameters()
         nn.init.normal_(self.graph_token, std=0.02)
+        if self.head_bias is not None:
+            nn.init.zeros_(self.head_bias)
 
     def encode(
         self, batch: GraphormerBatch, return_attention: bool = False
@@ -181,15 +231,22 @@ class Graphormer(nn.Module):
         if torch.is_autocast_enabled(h.device.type):
             dtype = torch.get_autocast_dtype(h.device.type)
         key_padding_mask = F.pad(~node_mask, (1, 0), value=False)  # [B, N+1]
+        masked = key_padding_mask[:, None, :]  # [B, 1, N+1]
+        limit = self.config.attention_max_distance
+        if limit is not None:
+            # Pairs too far apart (or unreachable) do not attend; never the graph token.
+            spatial_pos = batch.spatial_pos.long()
+            too_far = (spatial_pos > limit) | (spatial_pos < 0)  # [B, N, N]
+            masked = masked | F.pad(too_far, (1, 0, 1, 0), value=False)  # [B, N+1, N+1]
         attn_bias = attn_bias.to(dtype).masked_fill(
-            key_padding_mask[:, None, None, :], torch.finfo(dtype).min
+            masked[:, None], torch.finfo(dtype).min
         )  # [B, H, N+1, N+1]
         attentions = []
         for layer in self.layers:
             h, weights = layer(h, attn_bias, need_weights=return_attention)
             if return_attention:
                 attentions.append(weights)
-        return h, attentions
+        return self.final_norm(h), attentions
 
     def forward(
         self, batch: GraphormerBatch, return_attention: bool = False
@@ -197,4 +254,6 @@ class Graphormer(nn.Module):
         h, attentions = self.encode(batch, return_attention)
         graph = h[:, 0]  # [B, d], the graph token's final state
         out = self.head(self.head_norm(F.gelu(self.head_transform(graph))))  # [B, T]
+        if self.head_bias is not None:
+            out = out + self.head_bias
         return (out, attentions) if return_attention else out
