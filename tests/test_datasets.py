@@ -16,6 +16,7 @@ from graphormer.data import (
     scaffold_split,
 )
 from graphormer.data.ogb import ogb_task_info
+from graphormer.errors import DataError
 
 from molecules import nci_table
 
@@ -106,7 +107,7 @@ def test_smiles_csv_bad_input_errors(tmp_path):
         SmilesCsvSource(str(csv), targets=["y"], root=str(tmp_path)).load(None)
     with pytest.raises(ValueError, match=r"no column\(s\) \['logS'\]"):
         SmilesCsvSource(str(csv), targets=["logS"], root=str(tmp_path)).load(None)
-    with pytest.raises(FileNotFoundError, match="dataset.path"):
+    with pytest.raises(DataError, match="dataset.path"):
         SmilesCsvSource(str(tmp_path / "none.csv"), targets=["y"], root=str(tmp_path)).load(None)
     with pytest.raises(ValueError, match="task_type"):
         SmilesCsvSource(str(csv), targets=["y"], task_type="multiclass")

@@ -11,9 +11,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
+from graphormer.data import build_source
 from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import CheckpointError, load_module, masked_loss, warmup_linear_decay
+from graphormer.training.train import resolve_precision
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -78,7 +81,7 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
         if name == "smiles_csv":
             extra = [f"dataset.path={nci_csv}", "dataset.targets=[tpsa]"]
         cfg = compose_train([f"dataset={name}", f"output_dir={tmp_path}", *extra])
-        source = hydra.utils.instantiate(cfg.dataset)
+        source = build_source(OmegaConf.to_container(cfg.dataset))
         assert source.task_info().num_tasks >= 1
     for name in options("model"):
         cfg = compose_train([f"model={name}", f"output_dir={tmp_path}"])
@@ -88,7 +91,11 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
         cfg = compose_train(
             [f"trainer={name}", "trainer.accelerator=cpu", f"output_dir={tmp_path}"]
         )
-        assert isinstance(hydra.utils.instantiate(cfg.trainer), pl.Trainer)
+        precision = resolve_precision(OmegaConf.to_container(cfg.trainer))
+        trainer = hydra.utils.instantiate(cfg.trainer, precision=precision)
+        assert isinstance(trainer, pl.Trainer)
+        # CPU runs never switch to bf16 behind the user's back (trainer=ddp says auto).
+        assert str(trainer.precision) == "32-true", name
     for name in options("logger"):
         cfg = compose_train([f"logger={name}", f"output_dir={tmp_path}"])
         logger = hydra.utils.instantiate(cfg.logger)
@@ -98,7 +105,7 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
         assert cfg.optim.lr > 0
     for name in options("experiment"):
         cfg = compose_train([f"experiment={name}", f"output_dir={tmp_path}"])
-        hydra.utils.instantiate(cfg.dataset)
+        build_source(OmegaConf.to_container(cfg.dataset))
 
 
 def test_unknown_config_key_fails_with_hydras_message():
@@ -109,8 +116,6 @@ def test_unknown_config_key_fails_with_hydras_message():
 
 
 def test_model_hops_beyond_cached_hops_is_rejected(tmp_path, ogb_root):
-    from omegaconf import OmegaConf
-
     from graphormer.training import build_datamodule, build_module
 
     cfg = compose_train(

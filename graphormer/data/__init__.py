@@ -13,12 +13,19 @@ from graphormer.data.ogb import (
 )
 from graphormer.data.shortest_paths import batched_shortest_paths, shortest_paths
 from graphormer.data.smiles import SmilesCsvDataset, random_split, scaffold_split
-from graphormer.data.sources import LoadedDataset, OGBSource, SmilesCsvSource
+from graphormer.data.sources import (
+    SOURCES,
+    LoadedDataset,
+    OGBSource,
+    SmilesCsvSource,
+    build_source,
+)
 from graphormer.data.tasks import TaskEvaluator, TaskInfo
 from graphormer.data.transforms import STRUCTURAL_KEYS, StructuralFeatures, structural_features
 
 __all__ = [
     "OGB_MOLECULE_DATASETS",
+    "SOURCES",
     "STRUCTURAL_KEYS",
     "DatasetNotFoundError",
     "GraphDataModule",
@@ -35,6 +42,7 @@ __all__ = [
     "TaskEvaluator",
     "TaskInfo",
     "add_structural_features",
+    "build_source",
     "batched_shortest_paths",
     "ogb_task_info",
     "random_split",

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
 
+from graphormer.console import report
 from graphormer.data.collate import GraphormerCollator
 from graphormer.data.sources import LoadedDataset, OGBSource, SmilesCsvSource
 from graphormer.data.tasks import TaskInfo
 from graphormer.data.transforms import StructuralFeatures
+from graphormer.errors import ConfigError, DataError
 
 __all__ = ["GraphDataModule", "IndexedSubset", "SizeGroupedBatchSampler"]
 
@@ -50,6 +52,10 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         seed (int, optional): base seed; the epoch is added. (default: :obj:`0`)
         pool_batches (int, optional): batches per sorted pool; larger pools pad less but mix
             less. (default: :obj:`32`)
+        epoch_source (Callable[[], int] | None, optional): returns the epoch about to be drawn
+            (the trainer's ``current_epoch``), so that a resumed run draws the epochs it had not
+            finished rather than restarting at epoch 0. Without it, each pass over the data
+            advances an own counter (as :meth:`set_epoch` sets it). (default: :obj:`None`)
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         seed: int = 0,
         pool_batches: int = 32,
+        epoch_source: Callable[[], int] | None = None,
     ) -> None:
         self.sizes = torch.as_tensor(sizes)
         self.batch_size = batch_size
@@ -67,6 +74,7 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.pool = pool_batches * batch_size
         self.epoch = 0
+        self.epoch_source = epoch_source
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -83,8 +91,10 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         return [batches[i] for i in shuffled]
 
     def __iter__(self) -> Iterator[list[int]]:
-        # Lightning calls set_epoch on samplers but not on batch samplers: each pass over the
-        # data advances the epoch by itself.
+        # Lightning calls set_epoch on samplers but not on batch samplers: the epoch comes from
+        # the trainer (exact after a resume), or each pass over the data advances it.
+        if self.epoch_source is not None:
+            self.epoch = self.epoch_source()
         batches = self._batches()
         self.epoch += 1
         per_rank = len(self)
@@ -132,10 +142,18 @@ class GraphDataModule(pl.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"datamodule.batch_size must be >= 1, got {batch_size}")
-        if max_nodes < 1:
-            raise ValueError(f"datamodule.max_nodes must be >= 1, got {max_nodes}")
+        for key, value, least in (
+            ("batch_size", batch_size, 1),
+            ("eval_batch_size", eval_batch_size, 1),
+            ("num_workers", num_workers, 0),
+            ("max_nodes", max_nodes, 1),
+            ("max_hops", max_hops, 1),
+            ("pad_to_multiple", pad_to_multiple, 1),
+        ):
+            if value is None and key == "eval_batch_size":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ConfigError(f"datamodule.{key} must be an integer >= {least}, got {value!r}")
         self.source = source
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
@@ -156,7 +174,8 @@ class GraphDataModule(pl.LightningDataModule):
     def prepare_data(self) -> None:
         # Downloads and preprocesses once (rank 0 of each node). The loaded dataset is kept, so
         # that this process's setup() does not read it from disk a second time.
-        self.loaded = self.source.load(self.pre_transform)
+        if self.loaded is None:
+            self.loaded = self.source.load(self.pre_transform)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_index is not None:
@@ -176,6 +195,10 @@ class GraphDataModule(pl.LightningDataModule):
                 int(sizes[train].max()),
             )
         self.train_index = train[~too_big]
+        self._check_splits(len(train))
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.is_global_zero:
+            report(f"data: {self.describe()}")
         for split in ("valid", "test"):
             index = self.loaded.split[split]
             if len(index) and int(sizes[index].max()) > self.max_nodes:
@@ -185,6 +208,37 @@ class GraphDataModule(pl.LightningDataModule):
                     int((sizes[index] > self.max_nodes).sum()),
                     self.max_nodes,
                 )
+
+    def _check_splits(self, num_train: int) -> None:
+        """Every split must hold graphs: an empty one would train or score nothing, and show up
+        only later as a missing or meaningless number."""
+        sizes = self.split_sizes()
+        empty = [k for k in ("train", "valid", "test") if sizes[k] == 0]
+        if empty:
+            raise DataError(
+                f"{self.task.name}: the {' and '.join(empty)} split(s) hold no graphs (split sizes "
+                f"{_sizes_text(sizes)}). With a scaffold split of few or mostly acyclic "
+                "molecules, use dataset.split=random or other dataset.split_ratios; give "
+                "more molecules otherwise."
+            )
+        if len(self.train_index) == 0:
+            raise DataError(
+                f"{self.task.name}: all {num_train} training graphs have more than "
+                f"datamodule.max_nodes={self.max_nodes} nodes, so training would see none; "
+                "raise datamodule.max_nodes"
+            )
+
+    def split_sizes(self) -> dict[str, int]:
+        """Graphs per split (training before the ``max_nodes`` filter)."""
+        return {k: len(self.loaded.split[k]) for k in ("train", "valid", "test")}
+
+    def describe(self) -> str:
+        """One line: the dataset, its split sizes and what training skips."""
+        text = f"{self.task.name}: {_sizes_text(self.split_sizes())}"
+        skipped = self.split_sizes()["train"] - len(self.train_index)
+        if skipped:
+            text += f" ({skipped} training graphs above max_nodes={self.max_nodes} skipped)"
+        return text
 
     def _world(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
@@ -200,14 +254,27 @@ class GraphDataModule(pl.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=torch.cuda.is_available(),
+            # Each iterator draws its workers' base seed from this generator, not from torch's
+            # global one, which then feeds dropout alone: the same results with or without
+            # (persistent) workers, and after a resume.
+            generator=torch.Generator().manual_seed(self.seed),
         )
+
+    def _epoch(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return trainer.current_epoch if trainer is not None else 0
 
     def train_dataloader(self) -> DataLoader:
         index = self.train_index
         world, rank = self._world()
         if self.group_by_size:
             batches: Sampler = SizeGroupedBatchSampler(
-                self.sizes[index], self.batch_size, world, rank, seed=self.seed
+                self.sizes[index],
+                self.batch_size,
+                world,
+                rank,
+                seed=self.seed,
+                epoch_source=self._epoch if self.trainer is not None else None,
             )
         else:
             sampler = DistributedSampler(
@@ -227,6 +294,11 @@ class GraphDataModule(pl.LightningDataModule):
             # Order never changes a metric (predictions are gathered by dataset index).
             shard = shard[torch.argsort(self.sizes[index[shard]], stable=True)]
         shard = shard.tolist()
+        if not shard and len(index):
+            # More ranks than graphs: this rank scores a repeat of the first graph, so that it
+            # still joins every collective (an empty loader would skip the epoch-end hooks and
+            # leave the other ranks waiting). Predictions are de-duplicated by dataset index.
+            shard = [0]
         batches = [
             shard[i : i + self.eval_batch_size] for i in range(0, len(shard), self.eval_batch_size)
         ]
@@ -240,8 +312,8 @@ class GraphDataModule(pl.LightningDataModule):
 
     def train_targets(self) -> torch.Tensor:
         """Targets ``[num_train_graphs, T]`` of the graphs training uses (NaN = missing)."""
-        # The collated storage holds every graph's y as one [G, T] tensor.
-        y = self.loaded.dataset._data.y
+        # The dataset's stacked `y` of every graph, one [G, T] tensor.
+        y = self.loaded.dataset.y
         return y.view(y.size(0), -1)[self.train_index]
 
     def split_size(self, split: str) -> int:
@@ -251,3 +323,7 @@ class GraphDataModule(pl.LightningDataModule):
 def _num_nodes(dataset) -> torch.Tensor:
     ptr = dataset.slices["x"]
     return ptr[1:] - ptr[:-1]
+
+
+def _sizes_text(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sizes.items())

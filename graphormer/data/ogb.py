@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import os.path as osp
+import pickle
 import shutil
 import socket
+import zipfile
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -27,9 +29,10 @@ from torch_geometric.data.storage import EdgeStorage, GlobalStorage, NodeStorage
 
 from graphormer.data.tasks import TaskInfo, ogb_master_table
 from graphormer.data.transforms import STRUCTURAL_KEYS, StructuralFeatures, structural_features
-from graphormer.errors import UserFacingError
+from graphormer.errors import ConfigError, DataError, UserFacingError
 
 __all__ = [
+    "DatasetCacheError",
     "DatasetNotFoundError",
     "OGB_MOLECULE_DATASETS",
     "OGBGraphDataset",
@@ -63,6 +66,10 @@ class DatasetNotFoundError(UserFacingError, FileNotFoundError):
     """A dataset is neither on disk nor downloadable; the message says where to put it."""
 
 
+class DatasetCacheError(DataError):
+    """A processed dataset file cannot be read; the message names it and how to rebuild it."""
+
+
 def allow_pyg_classes() -> None:
     """Let ``torch.load(weights_only=True)`` read collated PyG ``Data`` objects (and nothing else
     new). Idempotent; a process-wide allow-list, as PyG itself keeps for ``Data``. (torch's
@@ -76,7 +83,7 @@ def ogb_task_info(name: str) -> TaskInfo:
     table = ogb_master_table()
     if name not in table:
         known = ", ".join(OGB_MOLECULE_DATASETS)
-        raise ValueError(f"unknown OGB dataset {name!r}; molecule datasets: {known}")
+        raise ConfigError(f"unknown OGB dataset {name!r}; molecule datasets: {known}")
     meta = table[name]
     return TaskInfo(
         name=name,
@@ -135,7 +142,16 @@ class OGBGraphDataset(PygGraphPropPredDataset):
         # Processed files live under a folder named by the preprocessing settings.
         self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
         allow_pyg_classes()
-        super().__init__(name, root, transform=transform, pre_transform=pre_transform)
+        try:
+            super().__init__(name, root, transform=transform, pre_transform=pre_transform)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile) as error:
+            cache = osp.join(self.processed_dir, self.processed_file_names)
+            if not osp.isfile(cache):
+                raise
+            # OGB's own torch.load of the cache failed: name the file and the fix.
+            from graphormer.data.smiles import _corrupt_cache
+
+            raise DatasetCacheError(_corrupt_cache(cache, error)) from error
 
     @property
     def processed_dir(self) -> str:

@@ -20,6 +20,7 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from graphormer.data.ogb import add_structural_features, allow_pyg_classes
 from graphormer.data.transforms import StructuralFeatures
+from graphormer.errors import ConfigError, DataError
 
 __all__ = ["SmilesCsvDataset", "group_split", "random_split", "scaffold_split"]
 
@@ -57,11 +58,11 @@ class SmilesCsvDataset(InMemoryDataset):
     ) -> None:
         path = resolve_path(path)
         if not osp.isfile(path):
-            raise FileNotFoundError(
+            raise DataError(
                 f"dataset.path={path!r} does not exist; give the path of a CSV file of SMILES"
             )
         if not targets:
-            raise ValueError("dataset.targets is empty: name at least one target column")
+            raise ConfigError("dataset.targets is empty: name at least one target column")
         self.csv_path = osp.abspath(path)
         self.smiles_column = smiles_column
         self.targets = [str(t) for t in targets]
@@ -76,9 +77,15 @@ class SmilesCsvDataset(InMemoryDataset):
         folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
         allow_pyg_classes()
         super().__init__(folder, pre_transform=pre_transform, log=False)
-        self.data, self.slices = torch.load(self.processed_paths[0])
-        with open(self.processed_paths[1]) as f:
-            meta = json.load(f)
+        # Not PyG's load(): when the safe load fails it unpickles the file in full, and a
+        # dataset file is data, never code. `data` is InMemoryDataset's public setter.
+        self.data, self.slices = load_cache(self.processed_paths[0])
+        try:
+            with open(self.processed_paths[1]) as f:
+                meta = json.load(f)
+            meta["skipped_rows"], meta["scaffolds"]  # noqa: B018  (both must be there)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise DataError(_corrupt_cache(self.processed_paths[1], error)) from error
         self.skipped_rows: list[int] = meta["skipped_rows"]
         # Bemis-Murcko scaffold of each kept molecule, computed once while processing.
         self.scaffolds: list[str] = meta["scaffolds"]
@@ -100,22 +107,41 @@ class SmilesCsvDataset(InMemoryDataset):
     def download(self) -> None:
         pass
 
-    def _read(self, **kwargs) -> pd.DataFrame:
-        source: str | io.StringIO = self.csv_path
+    def _read(self) -> pd.DataFrame:
+        try:
+            with open(self.csv_path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as error:
+            raise DataError(
+                f"dataset.path={self.csv_path} is not UTF-8 text (byte {error.start} cannot be "
+                "decoded; a binary, UTF-16 or Latin-1 file?): save it as a UTF-8 CSV"
+            ) from error
+        if "\x00" in text:
+            raise DataError(
+                f"dataset.path={self.csv_path} holds NUL bytes, so it is not a text CSV (a binary "
+                "or UTF-16 file?): save it as a UTF-8 CSV"
+            )
         if self.comment:
             # Whole comment lines only: pandas' own `comment` also cuts lines at the character,
             # and '#' is SMILES' triple bond.
-            with open(self.csv_path) as f:
-                kept = [line for line in f if not line.startswith(self.comment)]
-            source = io.StringIO("".join(kept))
+            text = "".join(
+                line for line in text.splitlines(True) if not line.startswith(self.comment)
+            )
         header = None if self.columns else "infer"
-        return pd.read_csv(source, header=header, names=self.columns, **kwargs)
+        try:
+            return pd.read_csv(io.StringIO(text), header=header, names=self.columns)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else "no data"
+            raise DataError(
+                f"dataset.path={self.csv_path} cannot be read as a CSV ({first}): give a "
+                "comma-separated file with a header row, or dataset.columns for one without"
+            ) from error
 
     def process(self) -> None:
         table = self._read()
         missing = [c for c in [self.smiles_column, *self.targets] if c not in table.columns]
         if missing:
-            raise ValueError(
+            raise DataError(
                 f"{self.csv_path} has no column(s) {missing}; its columns are "
                 f"{list(table.columns)}. Set dataset.smiles_column / dataset.targets."
             )
@@ -125,11 +151,23 @@ class SmilesCsvDataset(InMemoryDataset):
             bad = values.isna() & table[column].notna()
             if bad.any():
                 row = int(np.flatnonzero(bad.to_numpy())[0])
-                raise ValueError(
+                raise DataError(
                     f"target column {column!r} of {self.csv_path} holds a non-numeric value "
                     f"{table[column].iloc[row]!r} at row {row}; targets must be numbers or empty"
                 )
-            labels[:, j] = values.to_numpy(dtype=np.float32)
+            array = values.to_numpy(dtype=np.float64)
+            infinite = np.flatnonzero(np.isinf(array))
+            if len(infinite):
+                raise DataError(
+                    f"target column {column!r} of {self.csv_path} holds infinite values at rows "
+                    f"{_rows_text(infinite)}; fix or empty those cells (empty = missing label)"
+                )
+            if np.isnan(array).all():
+                raise DataError(
+                    f"target column {column!r} of {self.csv_path} has no values: every cell is "
+                    "empty; check dataset.targets"
+                )
+            labels[:, j] = array.astype(np.float32)
 
         graphs, skipped, scaffolds = [], [], []
         RDLogger.DisableLog("rdApp.*")
@@ -155,14 +193,44 @@ class SmilesCsvDataset(InMemoryDataset):
                 )
         finally:
             RDLogger.EnableLog("rdApp.*")
-        if not graphs:
-            raise ValueError(f"no valid SMILES in column {self.smiles_column!r} of {self.csv_path}")
+        if len(graphs) < 3:
+            raise DataError(
+                f"{self.csv_path} holds {len(graphs)} molecule(s) rdkit can parse in column "
+                f"{self.smiles_column!r}: training needs train, validation and test molecules; "
+                "give more molecules"
+            )
         data, slices = self.collate(graphs)
         if self.pre_transform is not None:
             add_structural_features(data, slices, self.pre_transform)
         torch.save((data, slices), self.processed_paths[0])
         with open(self.processed_paths[1], "w") as f:
             json.dump({"skipped_rows": skipped, "scaffolds": scaffolds}, f)
+
+
+def load_cache(path: str) -> tuple:
+    """A cached ``(data, slices)`` pair, read as data only (tensors, plain values and PyG's
+    allow-listed storage classes); an unreadable file is an error naming it and the fix."""
+    allow_pyg_classes()
+    try:
+        data, slices = torch.load(path, weights_only=True)
+    except Exception as error:  # truncated, corrupt, or holding objects other than data
+        raise DataError(_corrupt_cache(path, error)) from error
+    return data, slices
+
+
+def _corrupt_cache(path: str, error: Exception) -> str:
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    reason = reason.split(". ")[0][:160]
+    return (
+        f"the dataset cache {path} cannot be read ({type(error).__name__}: {reason}); it is "
+        f"truncated or corrupt. Delete the folder {osp.dirname(path)} and run again to rebuild it"
+    )
+
+
+def _rows_text(rows: Sequence[int]) -> str:
+    shown = ", ".join(str(int(r)) for r in rows[:_SHOWN_ROWS])
+    more = f" and {len(rows) - _SHOWN_ROWS} more" if len(rows) > _SHOWN_ROWS else ""
+    return f"{shown}{more} (0-based, header excluded)"
 
 
 def resolve_path(path: str) -> str:
@@ -185,7 +253,7 @@ def _skipped_message(path: str, rows: list[int]) -> str:
 
 def _check_ratios(ratios: Sequence[float]) -> tuple[float, float, float]:
     if len(ratios) != 3 or min(ratios) < 0 or abs(sum(ratios) - 1.0) > 1e-6:
-        raise ValueError(
+        raise ConfigError(
             f"dataset.split_ratios must be three non-negative fractions summing to 1, got "
             f"{list(ratios)}"
         )

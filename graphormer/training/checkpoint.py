@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import re
 import warnings
 import zipfile
 from pathlib import Path
@@ -19,6 +20,7 @@ __all__ = [
     "load_checkpoint_file",
     "load_module",
     "save_checkpoint_file",
+    "unpickling_reason",
     "weights_digest",
 ]
 
@@ -67,22 +69,41 @@ def load_checkpoint_file(path: str | Path) -> dict[str, Any]:
     try:
         # weights_only: our checkpoints hold tensors and plain containers, nothing to execute.
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, OSError) as error:
+    except pickle.UnpicklingError as error:
         raise CheckpointError(
-            f"checkpoint {path} cannot be read ({type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); it is truncated, corrupt or "
-            "not a PyTorch checkpoint. Use another checkpoint of the run (e.g. last.ckpt)."
+            f"checkpoint {path} cannot be read as data ({unpickling_reason(error)}); graphormer "
+            "never runs code from a checkpoint. Use a checkpoint written by graphormer's "
+            "train.py or convert.py."
+        ) from error
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({type(error).__name__}: {first}); it is "
+            "truncated, corrupt or not a PyTorch checkpoint. Use another checkpoint of the run "
+            "(e.g. last.ckpt)."
         ) from error
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path} is not a Lightning checkpoint (no state_dict)")
-    _verify_digest(path, checkpoint)
     hparams = checkpoint.get("hyper_parameters") or {}
     missing = [k for k in _REQUIRED_HPARAMS if k not in hparams]
     if missing:
         raise CheckpointError(
             f"{path} was not written by graphormer's train.py: its hyper_parameters lack {missing}"
         )
+    _verify_digest(path, checkpoint)
     return checkpoint
+
+
+def unpickling_reason(error: Exception) -> str:
+    """Why a ``weights_only`` load refused a file, without torch's advice to unpickle it fully."""
+    text = str(error)
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return f"it holds an object of class {found.group(1)}, not only tensors and plain values"
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    if "weights_only" in first.lower() or "weights only" in first.lower():
+        return "it holds objects other than tensors and plain values"
+    return first
 
 
 def _verify_digest(path: Path, checkpoint: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from graphormer.batch import GraphormerBatch
 from graphormer.data.tasks import TaskInfo
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.checkpoint import DIGEST_KEY, META_KEY, weights_digest
+from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
 from graphormer.training.schedule import warmup_linear_decay
 
 __all__ = ["GraphormerModule", "masked_loss"]
@@ -139,10 +140,10 @@ class GraphormerModule(pl.LightningModule):
     # -- evaluation: every graph of the split exactly once, across all ranks ----------------
 
     def _eval_step(self, batch: GraphormerBatch, stage: str) -> None:
-        raw = self.model(batch).float()
-        loss = self._loss(raw, batch.y)
-        pred = self._to_units(raw)
-        self.log(f"{stage}/loss", loss, sync_dist=True, batch_size=batch.num_graphs)
+        # Only predictions are kept here; the loss and the metric are computed once per epoch
+        # over every graph of the split, gathered from all ranks (no per-step collective, so a
+        # rank with fewer batches never leaves the others waiting).
+        pred = self._to_units(self.model(batch).float())
         self._eval_outputs.append((batch.index, pred.detach(), batch.y))
 
     def validation_step(self, batch: GraphormerBatch, batch_idx: int) -> None:
@@ -175,7 +176,10 @@ class GraphormerModule(pl.LightningModule):
             )
         result = self.evaluator.eval({"y_true": target.cpu(), "y_pred": pred.cpu()})
         value = float(result[self.task.metric])
-        # Every rank holds the same gathered value: no further sync needed.
+        raw = (pred - self.target_mean) / self.target_std
+        loss = float(self._loss(raw, target.float()))
+        # Every rank holds the same gathered values: no further sync needed.
+        self.log(f"{stage}/loss", loss, sync_dist=False)
         self.log(f"{stage}/{self.task.metric}", value, prog_bar=True, sync_dist=False)
 
     def _gather_outputs(self) -> tuple[Tensor, Tensor, Tensor]:
@@ -227,6 +231,15 @@ class GraphormerModule(pl.LightningModule):
             "precision": str(self.trainer.precision) if self._trainer is not None else None,
             DIGEST_KEY: weights_digest(checkpoint["state_dict"]),
         }
+        # The random streams (dropout, ...), so that a resumed run continues exactly where the
+        # interrupted one stopped; stored as tensors and plain values (weights_only-loadable).
+        checkpoint[RNG_KEY] = capture_rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get(RNG_KEY)
+        # Only when fit resumes; evaluating a checkpoint leaves the streams alone.
+        if state is not None and self._trainer is not None and self.trainer.state.fn == "fit":
+            restore_rng_state(state)
 
 
 def _split_size(trainer: pl.Trainer, split: str) -> int | None:

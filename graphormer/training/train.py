@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
+from graphormer.console import report
 from graphormer.data.datamodule import GraphDataModule
+from graphormer.data.sources import build_source
+from graphormer.errors import ConfigError
+from graphormer.training.callbacks import EpochSummary, RunCheckpoint
 from graphormer.training.checkpoint import load_checkpoint_file
 from graphormer.training.module import GraphormerModule
 from graphormer.training.pretrained import load_pretrained
 
-__all__ = ["build_datamodule", "build_module", "train"]
+__all__ = ["build_datamodule", "build_module", "resolve_precision", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +34,19 @@ def _container(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
-def build_datamodule(dataset_cfg: dict[str, Any], datamodule_cfg: dict[str, Any], seed: int = 0):
-    """The datamodule from plain dataset (with ``_target_``) and datamodule settings."""
-    source = hydra.utils.instantiate(dataset_cfg)
+def build_datamodule(
+    dataset_cfg: dict[str, Any], datamodule_cfg: dict[str, Any], seed: int = 0
+) -> GraphDataModule:
+    """The datamodule from plain dataset and datamodule settings. The dataset source is chosen
+    by name from graphormer's own table (:func:`~graphormer.data.build_source`): settings read
+    from a checkpoint are data, and never name code to run."""
+    source = build_source(dataset_cfg)
+    accepted = set(inspect.signature(GraphDataModule).parameters) - {"source", "seed"}
+    unknown = sorted(set(datamodule_cfg) - accepted)
+    if unknown:
+        raise ConfigError(
+            f"datamodule settings {unknown} do not exist; the settings are {sorted(accepted)}"
+        )
     return GraphDataModule(source, **datamodule_cfg, seed=seed)
 
 
@@ -41,7 +57,7 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
         model_cfg.get("edge_encoding", "multi_hop") == "multi_hop"
         and hops > cfg.datamodule.max_hops
     ):
-        raise ValueError(
+        raise ConfigError(
             f"model.multi_hop_max_dist={hops} exceeds datamodule.max_hops="
             f"{cfg.datamodule.max_hops}: the cached edge paths would be too short; raise "
             "datamodule.max_hops"
@@ -50,14 +66,18 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
         "dataset": _absolute_paths(_container(cfg.dataset)),
         "datamodule": _container(cfg.datamodule),
     }
-    return GraphormerModule(
-        model=model_cfg,
-        task=datamodule.task.to_dict(),
-        **_container(cfg.optim),
-        loss=cfg.loss,
-        normalize_targets=cfg.normalize_targets,
-        data=data,
-    )
+    try:
+        return GraphormerModule(
+            model=model_cfg,
+            task=datamodule.task.to_dict(),
+            **_container(cfg.optim),
+            loss=cfg.loss,
+            normalize_targets=cfg.normalize_targets,
+            data=data,
+        )
+    except (ValueError, TypeError) as error:
+        # The model's and the module's own checks name the key ("model.hidden_dim ...").
+        raise ConfigError(str(error)) from error
 
 
 def _absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -69,20 +89,63 @@ def _absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
     return dataset_cfg
 
 
+def resolve_precision(trainer_cfg: dict[str, Any]) -> str:
+    """The trainer's precision; ``auto`` is bf16-mixed on GPUs (16-mixed on those without
+    bfloat16) and 32-true on the CPU."""
+    precision = str(trainer_cfg.get("precision", "32-true"))
+    if precision != "auto":
+        return precision
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    if not on_gpu:
+        return "32-true"
+    bf16 = not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+    return "bf16-mixed" if bf16 else "16-mixed"
+
+
+def _check_writable(folder: Path) -> None:
+    """Fails now, not after hours of training, if checkpoints cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"cannot write checkpoints to {folder} ({error.strerror or error}); choose a "
+            "writable run folder with hydra.run.dir=DIR (or output_dir=DIR)"
+        ) from error
+
+
+def _quiet_third_parties() -> None:
+    """No adverts or known-harmless notices on every run (warnings that matter still show)."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for pattern in (
+        r".*isinstance\(treespec, LeafSpec\)",  # Lightning on torch >= 2.10
+        r".*number of training batches .* is smaller than the logging interval",
+        r".*does not have many workers which may be a bottleneck",
+        r".*litlogger|.*litmodels",
+    ):
+        warnings.filterwarnings("ignore", message=pattern)
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Trains a Graphormer as ``cfg`` says; returns what it writes to ``metrics.json``."""
+    _quiet_third_parties()
     if cfg.get("ckpt_path"):
-        load_checkpoint_file(cfg.ckpt_path)  # a missing or corrupt file fails now, clearly
-    pl.seed_everything(cfg.seed, workers=True)
+        load_checkpoint_file(cfg.ckpt_path)  # a missing, corrupt or altered file fails now
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     output_dir = Path(cfg.output_dir)
+    _check_writable(output_dir / "checkpoints")
     datamodule = build_datamodule(_container(cfg.dataset), _container(cfg.datamodule), cfg.seed)
     task = datamodule.task
     module = build_module(cfg, datamodule)
     if cfg.get("pretrained"):
         load_pretrained(module, cfg.pretrained, strict=cfg.get("pretrained_strict", True))
 
-    checkpoint = ModelCheckpoint(
+    checkpoint = RunCheckpoint(
         dirpath=output_dir / "checkpoints",
         filename="best-epoch{epoch:03d}",
         monitor=task.monitor,
@@ -91,42 +154,64 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         save_last=True,
         auto_insert_metric_name=False,
     )
-    callbacks = [checkpoint]
+    callbacks: list[pl.Callback] = [checkpoint]
+    trainer_cfg = _container(cfg.trainer)
+    precision = resolve_precision(trainer_cfg)
+    progress_bar = trainer_cfg.get("enable_progress_bar")
+    if progress_bar is None:  # a bar in a terminal, plain lines in a log file or a pipe
+        progress_bar = sys.stdout.isatty()
+    if not progress_bar:
+        callbacks.append(EpochSummary())
     loggers = []
     if cfg.get("logger"):
         loggers.append(hydra.utils.instantiate(cfg.logger))
         callbacks.append(pl.callbacks.LearningRateMonitor(logging_interval="step"))
     trainer: pl.Trainer = hydra.utils.instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers or False, default_root_dir=output_dir
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        default_root_dir=output_dir,
+        precision=precision,
+        enable_progress_bar=progress_bar,
+        enable_model_summary=False,
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    if trainer.is_global_zero:
+        report(
+            f"model: {sum(p.numel() for p in module.parameters()):,} parameters; "
+            f"precision: {trainer.precision}; devices: {trainer.world_size}"
+        )
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
 
     best = checkpoint.best_model_path
-    if not best:
-        raise RuntimeError(
-            "no checkpoint was selected: validation never ran (check trainer.max_epochs and "
-            "trainer.check_val_every_n_epoch)"
+    if not best or not Path(best).is_file():
+        raise ConfigError(
+            "no checkpoint was selected because validation never ran: trainer.max_epochs="
+            f"{trainer.max_epochs}, trainer.check_val_every_n_epoch="
+            f"{trainer.check_val_every_n_epoch}; let validation run at least once"
         )
-    test_metrics = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)
+    test_metrics = trainer.test(
+        module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True
+    )
     metric = task.metric
+    last = output_dir / "checkpoints" / "last.ckpt"
     results = {
         "dataset": task.name,
         "metric": metric,
         "valid": {metric: float(checkpoint.best_model_score)},
         "test": {metric: float(test_metrics[0][f"test/{metric}"])},
         "best_checkpoint": str(Path(best).resolve()),
-        "last_checkpoint": str(Path(checkpoint.last_model_path).resolve()),
+        "last_checkpoint": str(last.resolve()),
         "epochs": trainer.current_epoch,
         "precision": str(trainer.precision),
     }
     if trainer.is_global_zero:
         path = output_dir / "metrics.json"
         path.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"best checkpoint: {results['best_checkpoint']}")
-        print(f"metrics: {path.resolve()}")
-        print(
+        report(f"best checkpoint: {results['best_checkpoint']}")
+        report(f"metrics: {path.resolve()}")
+        report(
             f"valid {metric}: {results['valid'][metric]:.4f}  test {metric}: "
             f"{results['test'][metric]:.4f}"
         )
-        print(f"evaluate with: python scripts/eval.py ckpt={results['best_checkpoint']}")
+        report(f"evaluate with: python scripts/eval.py ckpt={results['best_checkpoint']}")
     return results

@@ -1,0 +1,56 @@
+"""A run folder holds one run: never overwritten silently, claimed before Hydra writes to it."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+__all__ = ["RUN_MARKER", "RunDirGuard", "claim_run_dir"]
+
+RUN_MARKER = ".graphormer-run"
+# What a run leaves in its folder: finding any of them means the folder is taken.
+_RECORDS = ("metrics.json", "checkpoints", "logs", "tb", ".hydra", RUN_MARKER)
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+
+
+def _is_first_process() -> bool:
+    """False in the other ranks of a distributed launch, which share the first rank's folder."""
+    return all(os.environ.get(name, "0") in ("", "0") for name in _RANK_VARIABLES)
+
+
+def claim_run_dir(run_dir: str | Path, resuming: bool) -> str | None:
+    """Claims ``run_dir`` for a new run; returns an error message if another run's records are
+    there and this run does not resume (``ckpt_path=``), else None."""
+    run_dir = Path(run_dir)
+    if not _is_first_process():
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    taken = [name for name in _RECORDS if (run_dir / name).exists()]
+    if not taken:
+        try:  # exclusive creation: of two runs that start together, exactly one gets the folder
+            (run_dir / RUN_MARKER).open("x").close()
+            return None
+        except FileExistsError:
+            taken = [RUN_MARKER]
+    if resuming:
+        (run_dir / RUN_MARKER).touch()
+        return None
+    return (
+        f"the run folder {run_dir} already holds a run ({', '.join(taken)}); it is never "
+        f"overwritten. Continue that run with ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}, "
+        "or choose another folder with hydra.run.dir=DIR (or leave it out for a new one)"
+    )
+
+
+class RunDirGuard(Callback):
+    """Hydra callback: claims the run folder before Hydra writes ``.hydra/`` into it."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        message = claim_run_dir(config.hydra.run.dir, resuming=bool(config.get("ckpt_path")))
+        if message:
+            print(f"error: {message}", file=sys.stderr)
+            sys.exit(1)
