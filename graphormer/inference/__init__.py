@@ -1,0 +1,29 @@
+"""Using a trained model: predictions on new molecules, embeddings, and attention pictures."""
+
+from graphormer.inference.attention import AttentionMaps, atom_labels, attention_rollout
+from graphormer.inference.explain import explain, write_explanation
+from graphormer.inference.featurize import FeaturizedMolecules, featurize_smiles
+from graphormer.inference.predict import predict
+from graphormer.inference.predictor import (
+    PredictionError,
+    Predictions,
+    Predictor,
+    UnpredictableMoleculeWarning,
+    task_names,
+)
+
+__all__ = [
+    "AttentionMaps",
+    "FeaturizedMolecules",
+    "PredictionError",
+    "Predictions",
+    "Predictor",
+    "UnpredictableMoleculeWarning",
+    "atom_labels",
+    "attention_rollout",
+    "explain",
+    "featurize_smiles",
+    "predict",
+    "task_names",
+    "write_explanation",
+]

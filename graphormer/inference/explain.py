@@ -1,0 +1,125 @@
+"""``explain(cfg)``: attention pictures (PNG) and raw maps (``.npy``) of molecules."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig, ListConfig
+
+from graphormer.inference.attention import AttentionMaps
+from graphormer.inference.featurize import featurize_smiles
+from graphormer.inference.pictures import draw_heads, draw_molecule, draw_molecules
+from graphormer.inference.predictor import PredictionError, Predictor
+
+__all__ = ["explain", "write_explanation"]
+
+# Molecules whose attention is computed in one batch.
+_BATCH = 16
+
+
+def explain(cfg: DictConfig) -> list[Path]:
+    """Writes, for each SMILES of ``cfg.smiles``, a folder ``cfg.output/mol_<i>`` of pictures and
+    maps (see :func:`write_explanation`); returns the folders."""
+    smiles = _smiles_list(cfg.get("smiles"))
+    if not cfg.get("output"):
+        raise PredictionError("give output=DIR, the folder to write the pictures to")
+    predictor = Predictor.from_checkpoint(
+        cfg.ckpt, device=cfg.device, precision=cfg.get("precision"), max_atoms=cfg.get("max_atoms")
+    )
+    # Every molecule is checked before anything is written.
+    featurized = featurize_smiles(smiles, predictor.max_atoms)
+    bad = [
+        f"{s!r} (item {i}): {e}"
+        for i, (s, e) in enumerate(zip(smiles, featurized.errors, strict=True))
+        if e
+    ]
+    if bad:
+        raise PredictionError(f"cannot explain {'; '.join(bad)}")
+
+    output = Path(cfg.output).expanduser()
+    width = len(str(len(smiles) - 1))
+    folders = []
+    for start in range(0, len(smiles), _BATCH):
+        for offset, maps in enumerate(predictor.attention_maps(smiles[start : start + _BATCH])):
+            folder = output / f"mol_{start + offset:0{width}d}"
+            write_explanation(maps, folder, size=cfg.size)
+            folders.append(folder)
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in maps.predictions.items())
+            print(f"{maps.smiles}: {shown}\n  pictures: {folder.resolve()}")
+    return folders
+
+
+def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> list[Path]:
+    """Writes into ``folder``:
+
+    - ``rollout.png``: the molecule (``size`` x ``size`` px) with atoms shaded by the attention the
+      graph token pays them, rolled out over all layers;
+    - ``layers.png``: the same per layer (0-based), one panel (``size // 2`` px) per layer, four
+      to a row, then the rollout;
+    - ``heads_layer<l>.png``: per-head heatmaps of layer ``l`` (rows: queries, columns: keys;
+      labels ``graph``, ``C0``, ``O1``... match the atom numbers of the drawings);
+    - ``attention.npy`` ``[L, H, n + 1, n + 1]`` and ``rollout.npy`` ``[n + 1, n + 1]`` (index 0
+      is the graph token; rows sum to 1); ``summary.json``: SMILES, labels, predictions.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(name: str, data: bytes) -> None:
+        path = folder / name
+        path.write_bytes(data)
+        written.append(path)
+
+    layers = maps.num_layers
+    rollout = maps.graph_token_attention()
+    save(
+        "rollout.png",
+        draw_molecule(
+            maps.smiles,
+            rollout,
+            size=size,
+            legend=f"graph-token attention, rolled out over {layers} layers",
+        ),
+    )
+    per_layer = [maps.graph_token_attention(layer) for layer in range(layers)]
+    save(
+        "layers.png",
+        draw_molecules(
+            maps.smiles,
+            [*per_layer, rollout],
+            legends=[*(f"layer {layer}" for layer in range(layers)), "rollout"],
+            panel=size // 2,
+        ),
+    )
+    digits = len(str(layers - 1))
+    for layer in range(layers):
+        path = folder / f"heads_layer{layer:0{digits}d}.png"
+        title = f"{maps.smiles}  layer {layer}: attention of each query row over the keys"
+        draw_heads(maps.weights[layer], maps.labels, title=title).save(path, optimize=True)
+        written.append(path)
+    for name, array in (("attention.npy", maps.weights), ("rollout.npy", maps.rollout())):
+        np.save(folder / name, array.astype(np.float32))
+        written.append(folder / name)
+    summary = {
+        "smiles": maps.smiles,
+        "labels": maps.labels,
+        "predictions": maps.predictions,
+        "layers": layers,
+        "heads": maps.num_heads,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    written.append(folder / "summary.json")
+    return written
+
+
+def _smiles_list(value: object) -> list[str]:
+    if isinstance(value, str) and value:
+        return [value]
+    if isinstance(value, ListConfig | Sequence) and not isinstance(value, str) and len(value):
+        return [str(s) for s in value]
+    raise PredictionError(
+        "give smiles=SMILES or smiles=[...], the molecules to explain; quote SMILES with "
+        "( ) = # [ ] or dots: 'smiles=\"CC(=O)Oc1ccccc1C(=O)O\"'"
+    )

@@ -1,0 +1,354 @@
+"""Predictions, embeddings and errors of scripts/predict.py and graphormer.Predictor (issue 9)."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from ogb.graphproppred import Evaluator
+from omegaconf import OmegaConf
+
+from graphormer import Predictor
+from graphormer.inference import PredictionError, featurize_smiles, predict
+from graphormer.training import build_datamodule, build_module, load_module
+from graphormer.training.checkpoint import save_checkpoint_file
+
+import test_training
+from molecules import nci_smiles
+from test_training import CONFIGS, REPO, compose_train, evaluate_run, run_script
+
+# train.py's run on OGB-layout ogbg-molhiv (tiny model, 3 epochs), as test_training uses it.
+trained_run = test_training.trained_run
+
+# OGB's own label columns of ogbg-moltox21 (its mapping/mol.csv.gz, before `smiles`, `mol_id`).
+TOX21_TASKS = [
+    "NR-AR",
+    "NR-AR-LBD",
+    "NR-AhR",
+    "NR-Aromatase",
+    "NR-ER",
+    "NR-ER-LBD",
+    "NR-PPAR-gamma",
+    "SR-ARE",
+    "SR-ATAD5",
+    "SR-HSE",
+    "SR-MMP",
+    "SR-p53",
+]
+# Rows the script must keep in place: unparsable, empty, and too large for max_atoms=60.
+INVALID = {3: "C1CC", 7: "", 8: "not_a_smiles", 12: "C" * 61}
+
+
+def compose_predict(overrides):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("predict", overrides=overrides)
+
+
+def untrained_checkpoint(path, overrides, target_mean=None, target_std=None):
+    """A checkpoint as train.py writes it (hyperparameters, weights, digest), without training:
+    the model train.py would build from ``overrides``, with chosen regression statistics."""
+    cfg = compose_train([f"output_dir={path.parent}", "model=graphormer_tiny", *overrides])
+    container = OmegaConf.to_container(cfg, resolve=True)
+    module = build_module(cfg, build_datamodule(container["dataset"], container["datamodule"]))
+    if target_mean is not None:
+        module.target_mean.copy_(torch.tensor(target_mean))
+        module.target_std.copy_(torch.tensor(target_std))
+    checkpoint = {
+        "state_dict": module.state_dict(),
+        "hyper_parameters": dict(module.hparams),
+        "graphormer": {"precision": "32-true"},
+    }
+    return save_checkpoint_file(path, checkpoint)
+
+
+def ogb_test_split(root, name="ogbg-molhiv"):
+    """The test molecules of an OGB-layout dataset: dataset indices, SMILES, labels ``[n, T]``."""
+    folder = root / "_".join(name.split("-"))
+    smiles = pd.read_csv(folder / "mapping" / "mol.csv.gz").smiles
+    with gzip.open(folder / "split" / "scaffold" / "test.csv.gz", "rt") as f:
+        index = pd.read_csv(f, header=None)[0].to_numpy()
+    with gzip.open(folder / "raw" / "graph-label.csv.gz", "rt") as f:
+        labels = pd.read_csv(f, header=None).to_numpy(dtype=float)
+    return index, smiles[index].tolist(), labels[index]
+
+
+def module_outputs_on_test_split(module):
+    """The module run in-process over its datamodule's test loader, as eval.py runs it:
+    {dataset index: (probabilities or values, graph-token final state)}."""
+    data = module.hparams["data"]
+    datamodule = build_datamodule(dict(data["dataset"]), dict(data["datamodule"]))
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    outputs = {}
+    with torch.inference_mode():
+        for batch in datamodule.test_dataloader():
+            out = module(batch)
+            if module.task.is_classification:
+                out = torch.sigmoid(out)
+            hidden, _ = module.model.encode(batch)
+            for i, index in enumerate(batch.index.tolist()):
+                outputs[index] = (out[i].numpy(), hidden[i, 0].numpy())
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def test_split_predictions(trained_run, ogb_root):
+    """predict.py on ogbg-molhiv's test molecules, as a user's CSV: an ID column with leading
+    zeros, a free-text column, and invalid rows in the middle; with embeddings."""
+    work, out, _ = trained_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    index, smiles, labels = ogb_test_split(ogb_root)
+    rows = [
+        {"id": f"{i:05d}", "smiles": s, "note": "NA"} for i, s in zip(index, smiles, strict=True)
+    ]
+    for position, bad in sorted(INVALID.items()):
+        rows.insert(position, {"id": "00000", "smiles": bad, "note": ""})
+    table = pd.DataFrame(rows)
+    table.to_csv(work / "test_molecules.csv", index=False)
+    log = run_script(
+        "predict.py",
+        [
+            f"ckpt={metrics['best_checkpoint']}",
+            f"input={work / 'test_molecules.csv'}",
+            f"output={work / 'predictions.csv'}",
+            f"embeddings={work / 'embeddings.npy'}",
+            "max_atoms=60",
+            f"hydra.run.dir={work / 'predict'}",
+        ],
+        cwd=work,
+    )
+    return {
+        "metrics": metrics,
+        "work": work,
+        "log": log,
+        "index": index,
+        "labels": labels,
+        "input": table,
+        # The input's columns as text; empty predictions and errors as NaN.
+        "output": pd.read_csv(
+            work / "predictions.csv",
+            dtype={"id": str, "smiles": str, "note": str},
+            keep_default_na=False,
+            na_values={"task_0": [""], "error": [""]},
+        ),
+        "embeddings": np.load(work / "embeddings.npy"),
+    }
+
+
+def test_predict_script_reproduces_eval_metric(test_split_predictions):
+    """OGB's Evaluator on predict.py's output gives what eval.py computed for the checkpoint."""
+    run = test_split_predictions
+    result, _ = evaluate_run(run["metrics"], run["work"])
+    output = run["output"]
+    valid = output[output.error.isna()]
+    assert len(valid) == len(run["index"]) == result["test"]["num_graphs"]
+    y_pred = valid[["task_0"]].to_numpy()
+    ours = Evaluator("ogbg-molhiv").eval({"y_true": run["labels"], "y_pred": y_pred})["rocauc"]
+    assert ours == pytest.approx(result["test"]["rocauc"], abs=1e-5)
+    assert "predicted 40 of 44 molecules" in run["log"]
+
+
+def test_predict_script_matches_the_module_on_each_test_molecule(test_split_predictions):
+    run = test_split_predictions
+    module, _ = load_module(run["metrics"]["best_checkpoint"])
+    reference = module_outputs_on_test_split(module)
+    output = run["output"]
+    valid = output[output.error.isna()]
+    assert len(reference) == len(valid)
+    for index, prob in zip(run["index"], valid.task_0, strict=True):
+        assert prob == pytest.approx(float(reference[index][0][0]), abs=1e-5)
+    # Embeddings: the graph token's final state, row-aligned with the output (NaN when invalid).
+    embeddings = run["embeddings"]
+    assert embeddings.shape == (len(output), module.config.hidden_dim)
+    assert embeddings.dtype == np.float32
+    rows = valid.index.to_numpy()
+    for index, row in zip(run["index"], rows, strict=True):
+        np.testing.assert_allclose(embeddings[row], reference[index][1], atol=1e-5)
+    assert np.isnan(embeddings[sorted(INVALID)]).all()
+
+
+def test_predict_script_keeps_every_row_in_place(test_split_predictions):
+    run = test_split_predictions
+    table, output = run["input"], run["output"]
+    assert list(output.columns) == ["id", "smiles", "note", "task_0", "error"]
+    assert len(output) == len(table)
+    # The input's own values come back as written (leading zeros, "NA", empty cells).
+    assert output.id.tolist() == table.id.tolist()
+    assert output.note.tolist() == table.note.tolist()
+    assert output.smiles.tolist() == table.smiles.tolist()
+    failed = output.error.notna()
+    assert set(np.flatnonzero(failed)) == set(INVALID)
+    assert output.task_0[failed].isna().all() and output.task_0[~failed].between(0, 1).all()
+    assert "unclosed ring" in output.error[3]
+    assert output.error[7] == "empty SMILES"
+    assert "syntax error" in output.error[8]
+    assert output.error[12] == "61 atoms, more than max_atoms=60"
+    assert "no prediction for 4 row(s) (3, 7, 8, 12;" in run["log"]
+
+
+def test_predictions_do_not_depend_on_batching_or_neighbours(trained_run):
+    """Molecules sorted by size into batches come back in input order: each row equals the
+    molecule predicted alone; invalid entries in between shift nothing."""
+    _, out, _ = trained_run
+    predictor = Predictor.from_checkpoint(out / "checkpoints" / "last.ckpt", batch_size=8)
+    smiles = list(nci_smiles()[:40])
+    mixed = smiles[:10] + ["C1CC"] + smiles[10:30] + [None, ""] + smiles[30:]
+    with pytest.warns(UserWarning, match="3 of 43 molecules have no prediction"):
+        table = predictor.predict(mixed)
+    assert table.smiles.tolist() == mixed
+    assert table.error.astype(bool).tolist() == [s in ("C1CC", None, "") for s in mixed]
+    together = table.task_0[table.error == ""].to_numpy()
+    alone = [predictor.predict([s]).task_0[0] for s in smiles]
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    assert np.ptp(together) > 1e-3  # distinct molecules, distinct predictions
+    with pytest.warns(UserWarning, match="3 of 43"):
+        embeddings = predictor.embed(mixed)
+    assert embeddings.shape == (43, predictor.hidden_dim)
+    np.testing.assert_allclose(embeddings[0], predictor.embed([smiles[0]])[0], atol=1e-5)
+    assert np.isnan(embeddings[[10, 31, 32]]).all() and not np.isnan(embeddings[11]).any()
+
+
+def test_multi_task_outputs_carry_ogbs_task_names(ogb_root, tmp_path):
+    """ogbg-moltox21 (12 tasks): one probability column per task, named after OGB's label columns
+    of mapping/mol.csv.gz when the dataset folder has them, task_i when it does not."""
+    named = tmp_path / "named"
+    (named / "ogbg_moltox21" / "mapping").mkdir(parents=True)
+    mapping = pd.DataFrame(
+        {name: [0.0] for name in TOX21_TASKS} | {"smiles": ["C"], "mol_id": ["x"]}
+    )
+    mapping.to_csv(named / "ogbg_moltox21" / "mapping" / "mol.csv.gz", index=False)
+    ckpt = untrained_checkpoint(
+        tmp_path / "tox21.ckpt", ["dataset=ogbg-moltox21", f"dataset.root={named}"]
+    )
+    predictor = Predictor.from_checkpoint(ckpt)
+    assert predictor.task_names == TOX21_TASKS
+    smiles = list(nci_smiles()[:20])
+    table = predictor.predict(smiles)
+    assert list(table.columns) == ["smiles", *TOX21_TASKS, "error"]
+    values = table[TOX21_TASKS].to_numpy()
+    assert ((values > 0) & (values < 1)).all()
+    # Column j is task j: the module's j-th output.
+    module, _ = load_module(ckpt)
+    batch = predictor.collator(featurize_smiles(smiles).graphs)
+    with torch.inference_mode():
+        expected = torch.sigmoid(module(batch)).numpy()
+    np.testing.assert_allclose(values, expected, atol=1e-5)
+    assert np.ptp(values, axis=1).max() > 1e-4  # the tasks differ
+
+    unnamed = untrained_checkpoint(
+        tmp_path / "plain.ckpt", ["dataset=ogbg-moltox21", f"dataset.root={ogb_root}"]
+    )
+    assert Predictor.from_checkpoint(unnamed).task_names == [f"task_{i}" for i in range(12)]
+
+
+def test_smiles_csv_model_predicts_in_target_units_under_target_names(tmp_path, nci_csv):
+    """A SMILES-CSV regression model: columns named after its targets (with _pred when the input
+    holds the true values under those names), values in the targets' units, and its SMILES
+    column as the default."""
+    ckpt = untrained_checkpoint(
+        tmp_path / "csv.ckpt",
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={nci_csv}",
+            "dataset.targets=[tpsa,logp]",
+            "dataset.smiles_column=SMILES",
+        ],
+        target_mean=[1000.0, -5.0],
+        target_std=[10.0, 0.1],
+    )
+    table = pd.read_csv(nci_csv).rename(columns={"smiles": "SMILES"}).iloc[:30]
+    table.to_csv(tmp_path / "in.csv", index=False)
+    cfg = compose_predict(
+        [f"ckpt={ckpt}", f"input={tmp_path / 'in.csv'}", f"output={tmp_path / 'out.csv'}"]
+    )
+    with pytest.warns(UserWarning, match="tpsa -> tpsa_pred"):
+        predict(cfg)
+    out = pd.read_csv(tmp_path / "out.csv")
+    assert list(out.columns) == [*table.columns, "tpsa_pred", "logp", "error"]
+    np.testing.assert_array_equal(out.tpsa.to_numpy(), table.tpsa.to_numpy())
+    ok = out.error.isna()
+    # De-standardised: around the training mean, spread by the training std.
+    assert out.tpsa_pred[ok].between(900, 1100).all() and out.logp[ok].between(-7, -3).all()
+    module, _ = load_module(ckpt)
+    graphs = featurize_smiles(table.SMILES.tolist()).graphs
+    batch = Predictor.from_checkpoint(ckpt).collator([g for g in graphs if g is not None])
+    with torch.inference_mode():
+        expected = module(batch).numpy()
+    np.testing.assert_allclose(out.loc[ok, ["tpsa_pred", "logp"]].to_numpy(), expected, rtol=1e-5)
+
+
+def test_smiles_on_the_command_line_print_a_table(trained_run, tmp_path):
+    _, out, _ = trained_run
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "predict.py"),
+            f"ckpt={out / 'checkpoints' / 'last.ckpt'}",
+            'smiles=["CC(=O)Oc1ccccc1C(=O)O",c1ccccc1O,"C1CC"]',
+            f"embeddings={tmp_path / 'emb.parquet'}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].split() == ["smiles", "task_0", "error"]
+    assert lines[1].startswith("CC(=O)Oc1ccccc1C(=O)O") and lines[2].startswith("c1ccccc1O")
+    assert "unclosed ring" in lines[3]
+    assert "predicted 2 of 3 molecules" in result.stderr
+    pytest.importorskip("pyarrow")
+    embeddings = pd.read_parquet(tmp_path / "emb.parquet")
+    assert embeddings.shape == (3, 32) and list(embeddings.columns)[:2] == ["emb_0", "emb_1"]
+    assert embeddings.iloc[2].isna().all() and embeddings.iloc[:2].notna().all().all()
+
+
+def test_user_errors_are_one_line_without_a_traceback(trained_run, tmp_path):
+    _, out, _ = trained_run
+    ckpt = out / "checkpoints" / "last.ckpt"
+    (tmp_path / "no_smiles.csv").write_text("name,structure\na,CCO\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "predict.py"),
+            f"ckpt={ckpt}",
+            f"input={tmp_path / 'no_smiles.csv'}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    message = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(message) == 1
+    assert "no column 'smiles'" in message[0] and "['name', 'structure']" in message[0]
+    assert "smiles_column=" in message[0]
+
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "header.csv").write_text("smiles,id\n")
+    cases = {
+        "does not exist": [f"input={tmp_path / 'missing.csv'}"],
+        "is empty": [f"input={tmp_path / 'empty.csv'}"],
+        "header but no rows": [f"input={tmp_path / 'header.csv'}"],
+        "not both": [f"input={tmp_path / 'header.csv'}", "smiles=[CCO]"],
+        "nothing to predict": [],
+        "smiles= is empty": ["smiles=[]"],
+        "a .npy or .parquet file": ["smiles=[CCO]", "embeddings=out.csv"],
+        "not a device name": ["smiles=[CCO]", "device=nonsense"],
+        "precision=": ["smiles=[CCO]", "precision=8-bit"],
+    }
+    for expected, overrides in cases.items():
+        with pytest.raises(PredictionError, match=expected):
+            predict(compose_predict([f"ckpt={ckpt}", *overrides]))
