@@ -12,9 +12,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from ogb.graphproppred import Evaluator
 from omegaconf import OmegaConf
+from PIL import Image
+from rdkit import Chem
 
 from graphormer import Predictor
-from graphormer.inference import PredictionError, featurize_smiles, predict
+from graphormer.errors import UserFacingError
+from graphormer.inference import featurize_smiles, predict
 from graphormer.training import build_datamodule, build_module, load_module
 from graphormer.training.checkpoint import save_checkpoint_file
 
@@ -350,5 +353,65 @@ def test_user_errors_are_one_line_without_a_traceback(trained_run, tmp_path):
         "precision=": ["smiles=[CCO]", "precision=8-bit"],
     }
     for expected, overrides in cases.items():
-        with pytest.raises(PredictionError, match=expected):
+        with pytest.raises(UserFacingError, match=expected):
             predict(compose_predict([f"ckpt={ckpt}", *overrides]))
+
+
+def test_explain_script_writes_pictures_and_raw_maps(trained_run, tmp_path):
+    """explain.py: per molecule, shaded drawings and per-head heatmaps (PNG, of the expected size
+    and not blank) and the raw maps, cut to the molecule (no padding), rows summing to 1."""
+    _, out, _ = trained_run
+    aspirin, nci = "CC(=O)Oc1ccccc1C(=O)O", nci_smiles()[5]
+    log = run_script(
+        "explain.py",
+        [
+            f"ckpt={out / 'checkpoints' / 'last.ckpt'}",
+            f'smiles=["{aspirin}","{nci}"]',
+            f"output={tmp_path / 'pictures'}",
+            "size=300",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+    )
+    module, _ = load_module(out / "checkpoints" / "last.ckpt")
+    layers, heads = module.config.num_layers, module.config.num_heads
+    for i, smiles in enumerate([aspirin, nci]):
+        folder = tmp_path / "pictures" / f"mol_{i}"
+        assert str(folder) in log
+        atoms = Chem.MolFromSmiles(smiles).GetNumAtoms()
+        weights = np.load(folder / "attention.npy")
+        assert weights.shape == (layers, heads, atoms + 1, atoms + 1)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+        assert (weights >= 0).all()
+        rollout = np.load(folder / "rollout.npy")
+        assert rollout.shape == (atoms + 1, atoms + 1)
+        np.testing.assert_allclose(rollout.sum(-1), 1.0, atol=1e-5)
+        summary = json.loads((folder / "summary.json").read_text())
+        assert summary["smiles"] == smiles and len(summary["labels"]) == atoms + 1
+        assert summary["labels"][:2] == [
+            "graph",
+            Chem.MolFromSmiles(smiles).GetAtomWithIdx(0).GetSymbol() + "0",
+        ]
+
+        rollout_png = picture(folder / "rollout.png")
+        assert rollout_png.size == (300, 300)
+        # 3 layers + the rollout: one row of four 150 px panels.
+        assert picture(folder / "layers.png").size == (4 * 150, 150)
+        assert shaded_pixels(rollout_png) > 200
+        for layer in range(layers):
+            heatmap = picture(folder / f"heads_layer{layer}.png")
+            assert heatmap.width > 4 * (atoms + 1) * 4 and heatmap.height > (atoms + 1) * 4
+            assert shaded_pixels(heatmap) > 4 * (atoms + 1)
+
+
+def picture(path):
+    """An RGB picture that is not blank (its pixels vary)."""
+    image = Image.open(path).convert("RGB")
+    assert np.asarray(image, dtype=float).std() > 10, f"{path} is blank"
+    return image
+
+
+def shaded_pixels(image) -> int:
+    """Pixels of the attention colour scale (warm: clearly more red than blue)."""
+    rgb = np.asarray(image, dtype=int)
+    return int(((rgb[..., 0] - rgb[..., 2]) > 60).sum())

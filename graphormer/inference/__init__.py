@@ -5,7 +5,6 @@ from graphormer.inference.explain import explain, write_explanation
 from graphormer.inference.featurize import FeaturizedMolecules, featurize_smiles
 from graphormer.inference.predict import predict
 from graphormer.inference.predictor import (
-    PredictionError,
     Predictions,
     Predictor,
     UnpredictableMoleculeWarning,
@@ -15,7 +14,6 @@ from graphormer.inference.predictor import (
 __all__ = [
     "AttentionMaps",
     "FeaturizedMolecules",
-    "PredictionError",
     "Predictions",
     "Predictor",
     "UnpredictableMoleculeWarning",

@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, ListConfig
 
+from graphormer.console import report
+from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps
 from graphormer.inference.featurize import featurize_smiles
-from graphormer.inference.pictures import draw_heads, draw_molecule, draw_molecules
-from graphormer.inference.predictor import PredictionError, Predictor
+from graphormer.inference.pictures import draw_heads, draw_molecule, draw_molecules, value_range
+from graphormer.inference.predictor import Predictor
 
 __all__ = ["explain", "write_explanation"]
 
@@ -25,7 +27,7 @@ def explain(cfg: DictConfig) -> list[Path]:
     maps (see :func:`write_explanation`); returns the folders."""
     smiles = _smiles_list(cfg.get("smiles"))
     if not cfg.get("output"):
-        raise PredictionError("give output=DIR, the folder to write the pictures to")
+        raise ConfigError("give output=DIR, the folder to write the pictures to")
     predictor = Predictor.from_checkpoint(
         cfg.ckpt, device=cfg.device, precision=cfg.get("precision"), max_atoms=cfg.get("max_atoms")
     )
@@ -37,7 +39,7 @@ def explain(cfg: DictConfig) -> list[Path]:
         if e
     ]
     if bad:
-        raise PredictionError(f"cannot explain {'; '.join(bad)}")
+        raise DataError(f"cannot explain {'; '.join(bad)}")
 
     output = Path(cfg.output).expanduser()
     width = len(str(len(smiles) - 1))
@@ -48,7 +50,7 @@ def explain(cfg: DictConfig) -> list[Path]:
             write_explanation(maps, folder, size=cfg.size)
             folders.append(folder)
             shown = ", ".join(f"{k} {v:.4g}" for k, v in maps.predictions.items())
-            print(f"{maps.smiles}: {shown}\n  pictures: {folder.resolve()}")
+            report(f"{maps.smiles}: {shown}\n  pictures: {folder.resolve()}")
     return folders
 
 
@@ -80,7 +82,7 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
             maps.smiles,
             rollout,
             size=size,
-            legend=f"graph-token attention, rolled out over {layers} layers",
+            legend=f"graph-token attention rolled out over {layers} layers ({value_range(rollout)})",
         ),
     )
     per_layer = [maps.graph_token_attention(layer) for layer in range(layers)]
@@ -89,7 +91,10 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
         draw_molecules(
             maps.smiles,
             [*per_layer, rollout],
-            legends=[*(f"layer {layer}" for layer in range(layers)), "rollout"],
+            legends=[
+                *(f"layer {i} ({value_range(v)})" for i, v in enumerate(per_layer)),
+                f"rollout ({value_range(rollout)})",
+            ],
             panel=size // 2,
         ),
     )
@@ -119,7 +124,7 @@ def _smiles_list(value: object) -> list[str]:
         return [value]
     if isinstance(value, ListConfig | Sequence) and not isinstance(value, str) and len(value):
         return [str(s) for s in value]
-    raise PredictionError(
+    raise ConfigError(
         "give smiles=SMILES or smiles=[...], the molecules to explain; quote SMILES with "
         "( ) = # [ ] or dots: 'smiles=\"CC(=O)Oc1ccccc1C(=O)O\"'"
     )

@@ -4,7 +4,6 @@ Pillow; no plotting library needed)."""
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Sequence
 
@@ -13,7 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from rdkit import Chem
 from rdkit.Chem.Draw import rdMolDraw2D
 
-__all__ = ["colormap", "draw_heads", "draw_molecule", "draw_molecules"]
+__all__ = ["colormap", "draw_heads", "draw_molecule", "draw_molecules", "value_range"]
 
 # A white-to-dark-red scale: zero attention leaves an atom (or a heatmap cell) unshaded.
 _STOPS = np.array(
@@ -37,18 +36,28 @@ def colormap(values: np.ndarray) -> np.ndarray:
     return _STOPS[low] * (1.0 - frac) + _STOPS[low + 1] * frac
 
 
-def _highlights(values: np.ndarray, vmax: float) -> tuple[dict, dict]:
-    scaled = values / vmax if vmax > 0 else np.zeros_like(values)
-    colors = {i: tuple(float(c) for c in rgb) for i, rgb in enumerate(colormap(scaled))}
-    radii = {i: 0.45 for i in range(len(values))}
+def _highlights(values: np.ndarray) -> tuple[dict, dict]:
+    # Stretched from the least- to the most-attended atom, whose difference is what a reader
+    # looks for (the range goes in the legend); kept off the darkest colours so that the element
+    # symbols and atom numbers drawn over the shading stay legible.
+    low, high = float(values.min()), float(values.max())
+    scaled = (values - low) / (high - low) if high > low else np.zeros_like(values)
+    rgb = colormap(0.06 + 0.7 * scaled)
+    colors = {i: tuple(float(c) for c in rgb[i]) for i in range(len(values))}
+    radii = {i: 0.42 for i in range(len(values))}
     return colors, radii
 
 
+def value_range(values: np.ndarray) -> str:
+    """``"0.031-0.118"``: the span a shaded drawing stretches over, for its legend."""
+    return f"{float(np.min(values)):.3f}-{float(np.max(values)):.3f}"
+
+
 def draw_molecule(smiles: str, values: np.ndarray, size: int = 600, legend: str = "") -> bytes:
-    """PNG of the molecule with atom ``i`` shaded by ``values[i]`` (darkest = the largest value)
-    and numbered with its rdkit index."""
+    """PNG of the molecule with atom ``i`` shaded by ``values[i]`` (lightest = the smallest
+    value, darkest = the largest) and numbered with its rdkit index."""
     mol = _molecule(smiles, values)
-    colors, radii = _highlights(np.asarray(values, dtype=np.float64), float(np.max(values)))
+    colors, radii = _highlights(np.asarray(values, dtype=np.float64))
     canvas = rdMolDraw2D.MolDraw2DCairo(size, size)
     options = canvas.drawOptions()
     options.addAtomIndices = True
@@ -73,7 +82,7 @@ def draw_molecules(
     panel: int = 300,
     columns: int = 4,
 ) -> bytes:
-    """PNG grid: the molecule once per entry of ``values``, each shaded on its own scale."""
+    """PNG grid: the molecule once per entry of ``values``, each shaded on its own range."""
     count = len(values)
     columns = max(1, min(columns, count))
     rows = math.ceil(count / columns)
@@ -83,7 +92,7 @@ def draw_molecules(
     options.addAtomIndices = True
     options.legendFontSize = max(12, panel // 22)
     colors, radii = zip(
-        *(_highlights(np.asarray(v, dtype=np.float64), float(np.max(v))) for v in values),
+        *(_highlights(np.asarray(v, dtype=np.float64)) for v in values),
         strict=True,
     )
     canvas.DrawMolecules(
@@ -178,9 +187,3 @@ def _molecule(smiles: str, values: np.ndarray) -> Chem.Mol:
     if mol.GetNumAtoms() != len(values):
         raise ValueError(f"{len(values)} values for the {mol.GetNumAtoms()} atoms of {smiles}")
     return mol
-
-
-def png_bytes(image: Image.Image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG", optimize=True)
-    return buffer.getvalue()

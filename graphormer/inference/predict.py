@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, ListConfig
 
+from graphormer.console import report
+from graphormer.errors import ConfigError, DataError
 from graphormer.inference.predictor import (
-    PredictionError,
     Predictions,
     Predictor,
     UnpredictableMoleculeWarning,
@@ -81,40 +82,40 @@ def read_input(
     (so that IDs such as ``007`` are written back unchanged), or a one-column table of
     ``smiles``."""
     if path and smiles is not None:
-        raise PredictionError("give either input=FILE.csv or smiles=[...], not both")
+        raise ConfigError("give either input=FILE.csv or smiles=[...], not both")
     if smiles is not None:
         if isinstance(smiles, str):
             smiles = [smiles]
         elif isinstance(smiles, ListConfig):
             smiles = list(smiles)
         if not isinstance(smiles, list | tuple) or not smiles:
-            raise PredictionError(
+            raise ConfigError(
                 "smiles= is empty: give one or more SMILES, e.g. smiles=[CCO,c1ccccc1O]; quote "
                 'SMILES with ( ) = # [ ] or dots: \'smiles=["CC(=O)O","[Na+].[Cl-]"]\''
             )
         return pd.DataFrame({"smiles": [str(s) for s in smiles]}), "smiles"
     if not path:
-        raise PredictionError(
+        raise ConfigError(
             "nothing to predict: give input=FILE.csv (with a SMILES column) or smiles=[CCO,...]"
         )
     file = Path(path).expanduser()
     if not file.is_file():
-        raise PredictionError(f"input={path} does not exist; give the path of a CSV of SMILES")
+        raise DataError(f"input={path} does not exist; give the path of a CSV of SMILES")
     sep = "\t" if file.suffix.lower() in (".tsv", ".tab") else ","
     try:
         table = pd.read_csv(file, sep=sep, dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError as error:
-        raise PredictionError(f"input={path} is empty: it needs a header row and SMILES") from error
+        raise DataError(f"input={path} is empty: it needs a header row and SMILES") from error
     except (pd.errors.ParserError, UnicodeDecodeError) as error:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise PredictionError(f"input={path} is not a readable CSV ({first})") from error
+        raise DataError(f"input={path} is not a readable CSV ({first})") from error
     if smiles_column not in table.columns:
-        raise PredictionError(
+        raise DataError(
             f"input={path} has no column {smiles_column!r}; its columns are "
             f"{list(table.columns)}. Set smiles_column= to the column holding SMILES."
         )
     if len(table) == 0:
-        raise PredictionError(f"input={path} has a header but no rows: nothing to predict")
+        raise DataError(f"input={path} has a header but no rows: nothing to predict")
     return table, smiles_column
 
 
@@ -134,14 +135,14 @@ def _embeddings_path(value: Any) -> Path | None:
     path = Path(str(value)).expanduser()
     suffix = path.suffix.lower()
     if suffix not in _EMBEDDING_FORMATS:
-        raise PredictionError(
+        raise ConfigError(
             f"embeddings={value}: write embeddings to a .npy or .parquet file, e.g. "
             "embeddings=embeddings.npy"
         )
     if suffix == ".parquet" and not any(
         importlib.util.find_spec(engine) for engine in ("pyarrow", "fastparquet")
     ):
-        raise PredictionError(
+        raise ConfigError(
             f"embeddings={value}: writing .parquet needs pyarrow (pip install pyarrow, or "
             "pip install 'graphormer[parquet]'); or write embeddings=FILE.npy"
         )
@@ -164,4 +165,4 @@ def _report(result: Predictions, rows: int, output: Path | None, embeddings: Pat
         lines.append(f"embeddings: {embeddings.resolve()}")
     # The table itself goes to stdout when there is no output file; the summary to stderr then,
     # so that `predict.py ... > table.txt` holds the table alone.
-    print("\n".join(lines), file=sys.stdout if output is not None else sys.stderr)
+    report("\n".join(lines), stream=sys.stdout if output is not None else sys.stderr)

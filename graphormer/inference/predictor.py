@@ -17,14 +17,13 @@ import torch
 from torch import Tensor
 
 from graphormer.data.collate import GraphormerCollator
-from graphormer.errors import UserFacingError
+from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, atom_labels
 from graphormer.inference.featurize import FeaturizedMolecules, featurize_smiles
 from graphormer.models.graphormer import ogb_atom_feature_dims, ogb_bond_feature_dims
 from graphormer.training.checkpoint import CheckpointError, load_module
 
 __all__ = [
-    "PredictionError",
     "Predictions",
     "Predictor",
     "UnpredictableMoleculeWarning",
@@ -53,10 +52,6 @@ _PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
     "bf16-true": (torch.bfloat16, None),
     "16-true": (torch.float16, None),
 }
-
-
-class PredictionError(UserFacingError, ValueError):
-    """An input or setting of prediction that the user can fix; the message says how."""
 
 
 class UnpredictableMoleculeWarning(UserWarning):
@@ -159,9 +154,9 @@ class Predictor:
         if len(names) != num_tasks:
             raise ValueError(f"{len(names)} task names for {num_tasks} tasks: {names}")
         if batch_size < 1:
-            raise PredictionError(f"batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if max_atoms is not None and max_atoms < 1:
-            raise PredictionError(f"max_atoms must be >= 1 (or null for no limit), got {max_atoms}")
+            raise ConfigError(f"max_atoms must be >= 1 (or null for no limit), got {max_atoms}")
         _check_molecule_features(module.config)
         self.module = module.eval()
         self.task = module.task
@@ -170,7 +165,7 @@ class Predictor:
         self.device = _device(device)
         self.precision = str(precision)
         if self.precision not in _PRECISIONS:
-            raise PredictionError(
+            raise ConfigError(
                 f"precision={precision!r} is not one of {sorted(_PRECISIONS)}; set precision=32-true"
             )
         weights_dtype, self._autocast_dtype = _PRECISIONS[self.precision]
@@ -246,7 +241,7 @@ class Predictor:
         featurized = featurize_smiles(smiles, self.max_atoms)
         for i, error in enumerate(featurized.errors):
             if error:
-                raise PredictionError(f"SMILES {smiles[i]!r} (item {i}): {error}")
+                raise DataError(f"SMILES {smiles[i]!r} (item {i}): {error}")
         batch = self.collator(featurized.graphs)
         with self._inference():
             logits, attention = self.module(batch.to(self.device), return_attention=True)
@@ -398,14 +393,14 @@ def _device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError as error:
-        raise PredictionError(
+        raise ConfigError(
             f"device={name!r} is not a device name; use device=cpu, cuda, cuda:1 or auto"
         ) from error
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise PredictionError(f"device={name} but no CUDA device is visible; use device=cpu")
+        raise ConfigError(f"device={name} but no CUDA device is visible; use device=cpu")
     if device.type == "cuda" and device.index is not None:
         if device.index >= torch.cuda.device_count():
-            raise PredictionError(
+            raise ConfigError(
                 f"device={name} but only {torch.cuda.device_count()} CUDA device(s) are visible"
             )
     return device
