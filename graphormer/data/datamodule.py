@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from graphormer.console import report
 from graphormer.data.collate import GraphormerCollator
@@ -52,10 +52,9 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         seed (int, optional): base seed; the epoch is added. (default: :obj:`0`)
         pool_batches (int, optional): batches per sorted pool; larger pools pad less but mix
             less. (default: :obj:`32`)
-        epoch_source (Callable[[], int] | None, optional): returns the epoch about to be drawn
-            (the trainer's ``current_epoch``), so that a resumed run draws the epochs it had not
-            finished rather than restarting at epoch 0. Without it, each pass over the data
-            advances an own counter (as :meth:`set_epoch` sets it). (default: :obj:`None`)
+        epoch (int, optional): the epoch of the first pass; each pass over the data advances
+            it by one (Lightning calls ``set_epoch`` on samplers, not on batch samplers).
+            (default: :obj:`0`)
     """
 
     def __init__(
@@ -66,15 +65,14 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         seed: int = 0,
         pool_batches: int = 32,
-        epoch_source: Callable[[], int] | None = None,
+        epoch: int = 0,
     ) -> None:
         self.sizes = torch.as_tensor(sizes)
         self.batch_size = batch_size
         self.num_replicas, self.rank = num_replicas, rank
         self.seed = seed
         self.pool = pool_batches * batch_size
-        self.epoch = 0
-        self.epoch_source = epoch_source
+        self.epoch = epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -91,16 +89,15 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         return [batches[i] for i in shuffled]
 
     def __iter__(self) -> Iterator[list[int]]:
-        # Lightning calls set_epoch on samplers but not on batch samplers: the epoch comes from
-        # the trainer (exact after a resume), or each pass over the data advances it.
-        if self.epoch_source is not None:
-            self.epoch = self.epoch_source()
+        # A generator: the epoch is drawn (and `epoch` advanced to the next one, which the
+        # datamodule saves in checkpoints) only when the first batch is asked for. A DataLoader
+        # with workers calls iter() twice per pass and discards the first iterator unread.
         batches = self._batches()
         self.epoch += 1
         per_rank = len(self)
         total = per_rank * self.num_replicas
         batches = (batches * (total // max(len(batches), 1) + 1))[:total]
-        return iter(batches[self.rank :: self.num_replicas])
+        yield from batches[self.rank :: self.num_replicas]
 
     def __len__(self) -> int:
         num_batches = -(-len(self.sizes) // self.batch_size)
@@ -164,6 +161,8 @@ class GraphDataModule(pl.LightningDataModule):
         self.group_by_size = group_by_size
         self.seed = seed
         self.loaded: LoadedDataset | None = None
+        self._train_sampler: SizeGroupedBatchSampler | None = None
+        self._start_epoch = 0
         self.sizes: torch.Tensor | None = None
         self.train_index: torch.Tensor | None = None
 
@@ -260,28 +259,33 @@ class GraphDataModule(pl.LightningDataModule):
             generator=torch.Generator().manual_seed(self.seed),
         )
 
-    def _epoch(self) -> int:
-        trainer = getattr(self, "trainer", None)
-        return trainer.current_epoch if trainer is not None else 0
+    def state_dict(self) -> dict[str, int]:
+        """Saved in checkpoints: the next training epoch the sampler draws."""
+        return {"next_train_epoch": self._next_train_epoch()}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self._start_epoch = int(state_dict.get("next_train_epoch", 0))
+        self._train_sampler = None
+
+    def _next_train_epoch(self) -> int:
+        sampler = self._train_sampler
+        return sampler.epoch if sampler is not None else self._start_epoch
 
     def train_dataloader(self) -> DataLoader:
         index = self.train_index
         world, rank = self._world()
-        if self.group_by_size:
-            batches: Sampler = SizeGroupedBatchSampler(
-                self.sizes[index],
-                self.batch_size,
-                world,
-                rank,
-                seed=self.seed,
-                epoch_source=self._epoch if self.trainer is not None else None,
-            )
-        else:
-            sampler = DistributedSampler(
-                range(len(index)), num_replicas=world, rank=rank, shuffle=True, seed=self.seed
-            )
-            batches = BatchSampler(sampler, self.batch_size, drop_last=False)
-        return self._loader(index, batches)
+        # Without size grouping every graph counts the same: one shuffled pool, random batches,
+        # dealt to ranks and resumed exactly as the grouped ones.
+        sizes = self.sizes[index] if self.group_by_size else torch.zeros(len(index))
+        self._train_sampler = SizeGroupedBatchSampler(
+            sizes,
+            self.batch_size,
+            world,
+            rank,
+            seed=self.seed,
+            epoch=self._next_train_epoch(),
+        )
+        return self._loader(index, self._train_sampler)
 
     def eval_dataloader(self, split: str) -> DataLoader:
         """A loader over every graph of ``split`` (``valid``/``test``), sharded across ranks."""

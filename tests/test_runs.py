@@ -1,0 +1,249 @@
+"""Runs people can trust (issue 10): exact resume after a kill, the same results with or without
+DataLoader workers, run folders that are never overwritten, checkpoints that never choose code."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphormer.training import CheckpointError, load_checkpoint_file, load_module
+
+from test_training import REPO, TINY, run_script
+
+# Dropout on, so that the random streams matter for exactness.
+NOISY = [*TINY, "model.dropout=0.1", "model.attention_dropout=0.1", "trainer.max_epochs=4"]
+
+
+def train_args(ogb_root, out, *extra):
+    return [
+        "dataset=ogbg-molhiv",
+        f"dataset.root={ogb_root}",
+        f"hydra.run.dir={out}",
+        *NOISY,
+        *extra,
+    ]
+
+
+def final_state(out: Path) -> dict:
+    return load_checkpoint_file(out / "checkpoints" / "last.ckpt")["state_dict"]
+
+
+def scores(out: Path) -> dict:
+    metrics = json.loads((out / "metrics.json").read_text())
+    return {k: metrics[k] for k in ("valid", "test", "epochs")}
+
+
+def assert_same_weights(a: dict, b: dict, tol: float = 1e-6) -> None:
+    assert a.keys() == b.keys()
+    worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a if a[k].numel())
+    assert worst <= tol, worst
+
+
+def kill_after_epoch(args, cwd: Path, out: Path, epoch: int) -> None:
+    """Starts train.py and SIGKILLs it once a complete last.ckpt of ``epoch`` (0-based) exists."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    last = out / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:
+            assert process.poll() is None, "the run ended before it could be killed"
+            if last.is_file():
+                # Checkpoints are renamed into place whole: any file there is complete.
+                if torch.load(last, weights_only=True)["epoch"] >= epoch:
+                    process.send_signal(signal.SIGKILL)
+                    process.wait(timeout=60)
+                    return
+            time.sleep(0.02)
+        raise AssertionError("no checkpoint appeared in time")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory, ogb_root):
+    """The run left alone: 4 epochs with dropout, size-grouped batches, no workers."""
+    work = tmp_path_factory.mktemp("reference")
+    run_script("train.py", train_args(ogb_root, work / "run"), cwd=work)
+    return work / "run"
+
+
+def test_killed_and_resumed_run_ends_exactly_like_the_uninterrupted_one(
+    reference_run, ogb_root, tmp_path
+):
+    out = tmp_path / "run"
+    kill_after_epoch(train_args(ogb_root, out), tmp_path, out, epoch=1)
+    assert not (out / "metrics.json").exists()  # it really died mid-run
+    killed_at = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["epoch"]
+    assert killed_at < 3
+    log = run_script(
+        "train.py",
+        train_args(ogb_root, out, f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}"),
+        cwd=tmp_path,
+    )
+    # Weights, optimiser moments, learning-rate schedule, target statistics, data order and
+    # dropout streams all continued where they stopped: the same final weights and metrics.
+    assert_same_weights(final_state(out), final_state(reference_run))
+    assert scores(out) == scores(reference_run)
+    assert "data: ogbg-molhiv: train 320, valid 40, test 40" in log
+
+
+def test_resume_into_a_new_folder_keeps_the_best_score(reference_run, ogb_root, tmp_path):
+    first = tmp_path / "first"
+    kill_after_epoch(train_args(ogb_root, first), tmp_path, first, epoch=1)
+    resumed = tmp_path / "resumed"
+    run_script(
+        "train.py",
+        train_args(ogb_root, resumed, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"),
+        cwd=tmp_path,
+    )
+    # "best" counts every epoch of the run, including those before the resume.
+    assert scores(resumed) == scores(reference_run)
+    reference_best = json.loads((reference_run / "metrics.json").read_text())["best_checkpoint"]
+    best = json.loads((resumed / "metrics.json").read_text())["best_checkpoint"]
+    assert Path(best).name == Path(reference_best).name and Path(best).is_file()
+
+
+def test_workers_do_not_change_the_results(reference_run, ogb_root, tmp_path):
+    out = tmp_path / "run"
+    run_script("train.py", train_args(ogb_root, out, "datamodule.num_workers=2"), cwd=tmp_path)
+    assert_same_weights(final_state(out), final_state(reference_run))
+    assert scores(out) == scores(reference_run)
+
+
+def test_a_used_run_folder_is_never_overwritten(reference_run, ogb_root, tmp_path):
+    before = (reference_run / "metrics.json").read_bytes()
+    config = (reference_run / ".hydra" / "config.yaml").read_bytes()
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "train.py"), *train_args(ogb_root, reference_run)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: the run folder") and "ckpt_path=" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert (reference_run / "metrics.json").read_bytes() == before
+    assert (reference_run / ".hydra" / "config.yaml").read_bytes() == config
+
+
+def test_run_folders_are_claimed_once(tmp_path):
+    from graphormer.training.rundir import claim_run_dir
+
+    assert claim_run_dir(tmp_path / "a", resuming=False) is None
+    assert "already holds a run" in claim_run_dir(tmp_path / "a", resuming=False)
+    assert claim_run_dir(tmp_path / "a", resuming=True) is None
+    # The default folder carries microseconds: runs started in the same second do not share it.
+    assert "${now:%Y-%m-%d_%H-%M-%S_%f}" in (REPO / "configs" / "train.yaml").read_text()
+
+
+def test_metrics_name_the_real_last_checkpoint_and_the_log_has_the_results(reference_run):
+    metrics = json.loads((reference_run / "metrics.json").read_text())
+    assert metrics["last_checkpoint"] == str(reference_run / "checkpoints" / "last.ckpt")
+    log = (reference_run / "train.log").read_text()
+    assert "best checkpoint:" in log and "valid rocauc:" in log and "data: ogbg-molhiv" in log
+    assert "epoch 4/4" in log  # plain per-epoch lines when the output is not a terminal
+
+
+# -- checkpoints are data, never code -------------------------------------------------------
+
+
+def tampered(reference_run: Path, tmp_path: Path, name: str, edit) -> Path:
+    checkpoint = torch.load(reference_run / "checkpoints" / "last.ckpt", weights_only=True)
+    edit(checkpoint)
+    path = tmp_path / name
+    torch.save(checkpoint, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "dataset",
+    [
+        {"_target_": "builtins.open", "_args_": ["VICTIM", "w"]},
+        {"_target_": "os.system", "_args_": ["touch VICTIM"]},
+        {"_target_": "graphormer.data.OGBSource", "_args_": ["VICTIM"], "name": "ogbg-molhiv"},
+        {"source": "builtins.open", "path": "VICTIM"},
+        {"source": "ogb", "name": "ogbg-molhiv", "root": {"_target_": "builtins.open"}},
+    ],
+)
+def test_a_checkpoint_never_chooses_code(reference_run, tmp_path, dataset):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    dataset = json.loads(json.dumps(dataset).replace("VICTIM", str(victim)))
+
+    def edit(checkpoint):
+        checkpoint["hyper_parameters"]["data"]["dataset"] = dataset
+
+    path = tampered(reference_run, tmp_path, "tampered.ckpt", edit)
+    from omegaconf import OmegaConf
+
+    from graphormer.training import evaluate
+
+    cfg = OmegaConf.create(
+        {
+            "ckpt": str(path),
+            "split": "test",
+            "dataset": {"root": None, "path": None},
+            "accelerator": "cpu",
+            "precision": None,
+            "batch_size": None,
+            "num_workers": None,
+            "output": str(tmp_path / "out.json"),
+            "output_dir": str(tmp_path),
+        }
+    )
+    with pytest.raises(CheckpointError, match="unusable data settings"):
+        evaluate(cfg)
+    assert victim.read_text() == "precious"
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_pickled_objects_are_refused_without_unpickling_advice(tmp_path):
+    import argparse
+
+    path = tmp_path / "pickled.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": argparse.Namespace(model=1)}, path)
+    with pytest.raises(CheckpointError) as error:
+        load_module(path)
+    message = str(error.value)
+    assert "argparse.Namespace" in message and "never runs code" in message
+    assert "weights_only" not in message and "False" not in message
+
+
+def test_altered_weights_are_detected(reference_run, tmp_path):
+    import zipfile
+
+    source = reference_run / "checkpoints" / "last.ckpt"
+    data = bytearray(source.read_bytes())
+    with zipfile.ZipFile(source) as archive:
+        # The largest tensor record: flip 600 of its bytes, as a damaged copy would.
+        records = [i for i in archive.infolist() if "/data/" in i.filename]
+        info = max(records, key=lambda i: i.file_size)
+    assert info.file_size >= 2400
+    # The record's bytes follow its local header (30 bytes, the name, the extra field).
+    header = 30 + len(info.filename.encode()) + len(info.extra)
+    start = info.header_offset + header + info.file_size // 4
+    for i in range(600):
+        data[start + i] ^= 0x5A
+    damaged = tmp_path / "damaged.ckpt"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="do not match the digest"):
+        load_module(damaged)
+    load_module(source)  # the original still loads
