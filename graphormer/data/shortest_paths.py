@@ -11,6 +11,15 @@ edge ``s -> u`` with ``dist(u, t) = dist(s, t) - 1``, i.e. the first edge of a s
 to ``t``; ``u`` was reached one level earlier, so its own path to ``t`` is already complete, and the
 path of ``(s, t)`` is that edge followed by the first ``max_hops - 1`` edges of ``u``'s path: one
 row copy per pair. Graphs are processed in chunks whose pair arrays stay in cache.
+
+Which path, when several are shortest: the one Floyd-Warshall (Microsoft's and Hugging Face's
+``algos.floyd_warshall`` + ``gen_edge_input``) reconstructs, so that a converted model sees the same
+edges. Floyd-Warshall's ``path[i][j]`` is the first intermediate node ``k`` (in index order) through
+which ``i -> j`` reaches its final distance, and the path is rebuilt recursively through it; that is
+the shortest path whose set of intermediate nodes, read as a bit mask (bit ``v`` for node ``v``), is
+the smallest number. The choice is suffix-consistent (the rest of the path after ``s -> u`` is ``u``'s
+own), so the BFS keeps each pair's mask and, where several edges reach a pair on the same level,
+takes the one whose ``mask(u, t) | bit(u)`` is smallest.
 """
 
 from __future__ import annotations
@@ -156,15 +165,29 @@ def _bfs_chunk(
     path_head = buffer[:, 0]
     copy_to = _row_view(buffer, 1, hops)
     copy_from = _row_view(buffer, 0, hops)
+    # Masks of intermediate nodes: one uint64 array per 64 nodes of the chunk's largest graph
+    # (bit v of word w is node 64 * w + v); node_bits[w][n] is node n's own mask.
+    words = max(1, -(-int(num_nodes.max(initial=1)) // 64))
+    bit = np.left_shift(np.uint64(1), (layout.col % 64).astype(np.uint64))
+    node_bits = [np.where(layout.col // 64 == w, bit, np.uint64(0)) for w in range(words)]
+    unset = np.iinfo(np.uint64).max
+    lowest = np.full(len(dist), unset, dtype=np.uint64)  # scratch, one entry per pair
+    contested = np.zeros(len(dist), dtype=bool)  # scratch, one entry per pair
 
-    # Frontier entries: (column of target t, node u reached from t, pair (u, t)). Level 0: u = t.
+    # Frontier entries: (column of target t, node u reached from t, pair (u, t), mask of the
+    # intermediate nodes of u's path). Level 0: u = t, no intermediate node.
     col = layout.col
     reached = np.arange(total_nodes)
     reached_pair = layout.row_base + col
+    reached_masks = [np.zeros(total_nodes, dtype=np.uint64) for _ in range(words)]
     dist[reached_pair] = 0
     level = 0
     while len(reached):
         level += 1
+        # The mask of s -> u -> ... -> t for every source s: u's own, plus u unless u = t.
+        through = reached_masks
+        if level > 1:
+            through = [m | bits[reached] for m, bits in zip(reached_masks, node_bits, strict=True)]
         candidates = np.take(in_edges, reached, axis=0).reshape(-1)  # [F * width], -1 padded
         valid = np.flatnonzero(candidates >= 0)
         edge, owner = candidates[valid], valid // width
@@ -174,15 +197,32 @@ def _bfs_chunk(
         dist[pair] = level
         local = edge_local[edge]
         path_head[pair] = local
-        # Several edges may reach the same pair at this level; whichever write won is the first
-        # edge of a valid shortest path, and keeping only the winner de-duplicates the frontier.
-        winner = np.flatnonzero(path_head[pair] == local)
+        # Several edges may reach the same pair at this level (rings): whichever write won is
+        # the first edge of a valid shortest path, and keeping only the winner de-duplicates the
+        # frontier. Where there was a choice, keep instead the candidate of smallest mask (most
+        # significant word first): Floyd-Warshall's (see the module docstring).
+        won = path_head[pair] == local
+        if not won.all():
+            contested[pair[~won]] = True
+            keep = np.flatnonzero(contested[pair])  # every candidate of a contested pair
+            contested[pair[keep]] = False
+            won[keep] = False
+            for mask in reversed(through):
+                at, value = pair[keep], mask[owner[keep]]
+                np.minimum.at(lowest, at, value)
+                keep = keep[value == lowest[at]]
+                lowest[at] = unset
+            # Equal masks (parallel edges) remain: whichever write wins.
+            path_head[pair[keep]] = local[keep]
+            won[keep] = path_head[pair[keep]] == local[keep]
+        winner = np.flatnonzero(won)
         pair, owner, edge = pair[winner], owner[winner], edge[winner]
         if hops:
             # s -> u is followed by u's own path to t, complete since the previous level.
             copy_to[pair] = copy_from[reached_pair[owner]]
         col = col[owner]
         reached, reached_pair = src[edge], pair
+        reached_masks = [m[owner] for m in through]
 
 
 def shortest_paths(edge_index: Tensor, num_nodes: int, max_hops: int) -> tuple[Tensor, Tensor]:
