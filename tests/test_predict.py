@@ -52,7 +52,7 @@ def compose_predict(overrides):
         return compose("predict", overrides=overrides)
 
 
-def untrained_checkpoint(path, overrides, target_mean=None, target_std=None):
+def untrained_checkpoint(path, overrides, target_mean=None, target_std=None, precision="32-true"):
     """A checkpoint as train.py writes it (hyperparameters, weights, digest), without training:
     the model train.py would build from ``overrides``, with chosen regression statistics."""
     cfg = compose_train([f"output_dir={path.parent}", "model=graphormer_tiny", *overrides])
@@ -64,7 +64,7 @@ def untrained_checkpoint(path, overrides, target_mean=None, target_std=None):
     checkpoint = {
         "state_dict": module.state_dict(),
         "hyper_parameters": dict(module.hparams),
-        "graphormer": {"precision": "32-true"},
+        "graphormer": {"precision": precision},
     }
     return save_checkpoint_file(path, checkpoint)
 
@@ -283,6 +283,24 @@ def test_smiles_csv_model_predicts_in_target_units_under_target_names(tmp_path, 
     with torch.inference_mode():
         expected = module(batch).numpy()
     np.testing.assert_allclose(out.loc[ok, ["tpsa_pred", "logp"]].to_numpy(), expected, rtol=1e-5)
+
+
+def test_predictions_run_in_the_training_runs_precision(ogb_root, tmp_path):
+    ckpt = untrained_checkpoint(
+        tmp_path / "bf16.ckpt",
+        ["dataset=ogbg-molesol", f"dataset.root={ogb_root}"],
+        target_mean=[0.0],
+        target_std=[100.0],
+        precision="bf16-mixed",
+    )
+    smiles = list(nci_smiles()[:30])
+    mixed = Predictor.from_checkpoint(ckpt)
+    assert mixed.precision == "bf16-mixed"
+    full = Predictor.from_checkpoint(ckpt, precision="32-true")
+    ours, reference = mixed.predict(smiles).task_0, full.predict(smiles).task_0
+    # bfloat16 keeps 8 bits of mantissa: close to float32, and not equal to it.
+    np.testing.assert_allclose(ours, reference, atol=0.05 * np.abs(reference).max())
+    assert not np.allclose(ours, reference, rtol=0, atol=1e-4)
 
 
 def test_smiles_on_the_command_line_print_a_table(trained_run, tmp_path):

@@ -221,6 +221,7 @@ class Predictor:
         """One row per SMILES, in order: ``smiles``, one column per task (probabilities for
         binary tasks, original units for regression; empty where there is no prediction) and
         ``error`` (empty, or why that molecule has no prediction)."""
+        smiles = _smiles_list(smiles)
         result = self.run(smiles, progress=progress)
         # object dtype: the SMILES come back exactly as given (None stays None).
         inputs = pd.DataFrame({"smiles": pd.Series(list(smiles), dtype=object)})
@@ -233,11 +234,14 @@ class Predictor:
 
     def attention(self, smiles: str) -> AttentionMaps:
         """Every layer's per-head attention over one molecule's atoms and the graph token."""
+        if not isinstance(smiles, str):
+            raise TypeError("attention takes one SMILES string; attention_maps takes a list")
         return self.attention_maps([smiles])[0]
 
     def attention_maps(self, smiles: Sequence[str]) -> list[AttentionMaps]:
         """:meth:`attention` for several molecules, computed in one padded batch; each map is
         cut to its own molecule (no padding)."""
+        smiles = _smiles_list(smiles)
         featurized = featurize_smiles(smiles, self.max_atoms)
         for i, error in enumerate(featurized.errors):
             if error:
@@ -268,6 +272,7 @@ class Predictor:
         self, smiles: Sequence[str], embeddings: bool = False, progress: bool = False
     ) -> Predictions:
         """Predictions (and embeddings) of every SMILES, in input order."""
+        smiles = _smiles_list(smiles)
         n = len(smiles)
         values = np.full((n, self.task.num_tasks), np.nan, dtype=np.float32)
         vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
@@ -281,7 +286,8 @@ class Predictor:
                 errors[start : start + len(featurized.errors)] = featurized.errors
                 bar.update(len(featurized.errors) - len(featurized.valid))
                 for rows in self._batches(featurized):
-                    out, graph_states = self._predict_batch([featurized.graphs[i] for i in rows])
+                    graphs = [featurized.graphs[i] for i in rows]
+                    out, graph_states = self._predict_batch(graphs, vectors is not None)
                     values[start + rows.numpy()] = out
                     if vectors is not None:
                         vectors[start + rows.numpy()] = graph_states
@@ -347,22 +353,28 @@ class Predictor:
                 start = end
         yield order[start:]
 
-    def _predict_batch(self, graphs: list) -> tuple[np.ndarray, np.ndarray | None]:
+    def _predict_batch(
+        self, graphs: list, embeddings: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         begin = time.perf_counter()
         batch = self.collator(graphs)
         middle = time.perf_counter()
         captured: list[Tensor] = []
-        # The graph token's final state is the input of the head's first layer.
-        hook = self.module.model.head_transform.register_forward_pre_hook(
-            lambda _, args: captured.append(args[0])
-        )
+        hook = None
+        if embeddings:
+            # The graph token's final state is what the head's first layer reads: captured there,
+            # so that predictions and embeddings come from one forward pass.
+            hook = self.module.model.head_transform.register_forward_pre_hook(
+                lambda _, args: captured.append(args[0])
+            )
         try:
             with self._inference():
                 out = self.module(batch.to(self.device, non_blocking=True))
                 values = self._outputs(out)
-                states = captured[0].float().cpu().numpy() if captured else None
+                states = captured[0].float().cpu().numpy() if embeddings else None
         finally:
-            hook.remove()
+            if hook is not None:
+                hook.remove()
         end = time.perf_counter()
         self.timings["featurize_s"] += middle - begin
         self.timings["model_s"] += end - middle
@@ -384,6 +396,13 @@ class Predictor:
         )
         with torch.inference_mode(), autocast:
             yield
+
+
+def _smiles_list(smiles: Sequence[str]) -> list:
+    if isinstance(smiles, str):
+        # A string is a sequence of characters: never read "CCO" as three molecules.
+        raise TypeError(f"pass a list of SMILES, e.g. [{smiles!r}], not a single string")
+    return list(smiles)
 
 
 def _device(name: str) -> torch.device:
