@@ -47,17 +47,29 @@ class EpochSummary(Callback):
 
     def __init__(self) -> None:
         self._start = time.perf_counter()
+        self._loss_sum, self._steps = 0.0, 0
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = time.perf_counter()
+        self._loss_sum, self._steps = 0.0, 0
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch, batch_idx
+    ) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self._loss_sum += float(loss.detach())
+            self._steps += 1
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
         metrics = trainer.callback_metrics
         parts = [f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"]
+        if self._steps:  # this rank's mean over the epoch, not the last step's loss
+            parts.append(f"train/loss {self._loss_sum / self._steps:.4f}")
         for key in sorted(metrics):
-            if key.startswith(("train/", "val/")) and not key.endswith("_step"):
-                parts.append(f"{key.removesuffix('_epoch')} {float(metrics[key]):.4f}")
+            if key.startswith("val/"):
+                parts.append(f"{key} {float(metrics[key]):.4f}")
         parts.append(f"({time.perf_counter() - self._start:.1f} s)")
         report("  ".join(parts))
