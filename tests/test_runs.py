@@ -247,3 +247,21 @@ def test_altered_weights_are_detected(reference_run, tmp_path):
     with pytest.raises(CheckpointError, match="do not match the digest"):
         load_module(damaged)
     load_module(source)  # the original still loads
+
+
+def test_an_unwritable_run_folder_fails_before_training(tmp_path, ogb_root):
+    from graphormer.errors import ConfigError
+    from graphormer.training import train
+
+    from test_training import compose_train
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "checkpoints").write_text("a file where the checkpoint folder should be")
+    cfg = compose_train(
+        ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", f"output_dir={out}", *TINY]
+    )
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=f"cannot write checkpoints to {out / 'checkpoints'}"):
+        train(cfg)
+    assert time.perf_counter() - started < 10  # before any data is loaded or any epoch runs
