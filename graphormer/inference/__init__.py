@@ -8,7 +8,7 @@ from graphormer.inference.predictor import (
     Predictions,
     Predictor,
     UnpredictableMoleculeWarning,
-    task_names,
+    read_task_names,
 )
 
 __all__ = [
@@ -22,6 +22,6 @@ __all__ = [
     "explain",
     "featurize_smiles",
     "predict",
-    "task_names",
+    "read_task_names",
     "write_explanation",
 ]

@@ -31,7 +31,10 @@ def predict(cfg: DictConfig) -> pd.DataFrame:
     """Predicts ``cfg.input`` (a CSV) or ``cfg.smiles`` (a list) with ``cfg.ckpt``; writes
     ``cfg.output`` (a CSV) or prints the table, and ``cfg.embeddings`` (``.npy``/``.parquet``)."""
     embeddings = _embeddings_path(cfg.get("embeddings"))
-    output = Path(cfg.output) if cfg.get("output") else None
+    output = Path(str(cfg.output)).expanduser() if cfg.get("output") else None
+    for key, path in (("output", output), ("embeddings", embeddings)):
+        if path is not None and path.is_dir():
+            raise ConfigError(f"{key}={path} is a folder; give a file name, e.g. {path}/out.csv")
     predictor = Predictor.from_checkpoint(
         cfg.ckpt,
         device=cfg.device,
@@ -49,13 +52,16 @@ def predict(cfg: DictConfig) -> pd.DataFrame:
             table[column].tolist(), embeddings=embeddings is not None, progress=cfg.progress
         )
     out = predictor.table(table, result)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        out.to_csv(output, index=False)
-    else:
-        print(format_table(out))
-    if embeddings is not None:
-        write_embeddings(embeddings, result.embeddings)
+    try:
+        if output is not None:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            out.to_csv(output, index=False)
+        else:
+            print(format_table(out))
+        if embeddings is not None:
+            write_embeddings(embeddings, result.embeddings)
+    except OSError as error:
+        raise DataError(f"cannot write {error.filename or output}: {error.strerror}") from error
     _report(result, len(out), output, embeddings)
     return out
 
@@ -84,11 +90,11 @@ def read_input(
     if path and smiles is not None:
         raise ConfigError("give either input=FILE.csv or smiles=[...], not both")
     if smiles is not None:
-        if isinstance(smiles, str):
-            smiles = [smiles]
-        elif isinstance(smiles, ListConfig):
+        if isinstance(smiles, ListConfig | list | tuple):
             smiles = list(smiles)
-        if not isinstance(smiles, list | tuple) or not smiles:
+        else:
+            smiles = [smiles]  # one SMILES (Hydra reads a bare `smiles=C` as a string)
+        if not smiles:
             raise ConfigError(
                 "smiles= is empty: give one or more SMILES, e.g. smiles=[CCO,c1ccccc1O]; quote "
                 'SMILES with ( ) = # [ ] or dots: \'smiles=["CC(=O)O","[Na+].[Cl-]"]\''
@@ -100,7 +106,8 @@ def read_input(
         )
     file = Path(path).expanduser()
     if not file.is_file():
-        raise DataError(f"input={path} does not exist; give the path of a CSV of SMILES")
+        what = "is a folder" if file.is_dir() else "does not exist"
+        raise DataError(f"input={path} {what}; give the path of a CSV of SMILES")
     sep = "\t" if file.suffix.lower() in (".tsv", ".tab") else ","
     try:
         table = pd.read_csv(file, sep=sep, dtype=str, keep_default_na=False)
@@ -112,7 +119,8 @@ def read_input(
     if smiles_column not in table.columns:
         raise DataError(
             f"input={path} has no column {smiles_column!r}; its columns are "
-            f"{list(table.columns)}. Set smiles_column= to the column holding SMILES."
+            f"{list(table.columns)}. Set smiles_column= to the column holding SMILES (a file "
+            "without a header row needs one)."
         )
     if len(table) == 0:
         raise DataError(f"input={path} has a header but no rows: nothing to predict")

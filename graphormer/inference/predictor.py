@@ -27,7 +27,7 @@ __all__ = [
     "Predictions",
     "Predictor",
     "UnpredictableMoleculeWarning",
-    "task_names",
+    "read_task_names",
 ]
 
 # Molecules featurised, sorted and predicted at a time: bounds memory on long inputs while
@@ -75,7 +75,7 @@ class Predictions:
     embeddings: np.ndarray | None = None
 
 
-def task_names(module: Any) -> list[str]:
+def read_task_names(module: Any) -> list[str]:
     """The names of a checkpoint's tasks: a SMILES-CSV model's target columns; an OGB model's
     label columns in ``mapping/mol.csv.gz`` of its dataset folder (every column but ``smiles``
     and ``mol_id``); ``task_i`` when neither can be found."""
@@ -116,8 +116,8 @@ class Predictor:
     Args:
         module (GraphormerModule): a trained module (see :func:`graphormer.training.load_module`).
         task_names (Sequence[str] | None, optional): one name per task; default ``task_i``.
-        max_hops (int | None, optional): path edges per pair in the batches; default the
-            checkpoint's ``datamodule.max_hops``, else the model's ``multi_hop_max_dist``.
+        max_hops (int | None, optional): path edges per pair in the batches (training's
+            ``datamodule.max_hops``); None for the model's ``multi_hop_max_dist``.
         pad_to_multiple (int, optional): batch padding, as in training. (default: :obj:`8`)
         device (str, optional): ``auto`` (a GPU if one is visible), ``cpu``, ``cuda``,
             ``cuda:1``... (default: :obj:`"auto"`)
@@ -126,6 +126,10 @@ class Predictor:
         batch_size (int, optional): molecules per batch. (default: :obj:`128`)
         max_atoms (int | None, optional): larger molecules get an error instead of a prediction;
             None for no limit. (default: :obj:`1000`)
+        training_smiles_column (str | None, optional): the SMILES column of the training CSV,
+            the default column of ``scripts/predict.py``. (default: :obj:`None`)
+
+    The module is put in eval mode and moved to ``device`` (and to the precision's dtype).
 
     Example::
 
@@ -201,7 +205,7 @@ class Predictor:
         trained_precision = meta.get("precision") if isinstance(meta, dict) else None
         return cls(
             module,
-            task_names(module),
+            read_task_names(module),
             max_hops=datamodule.get("max_hops"),
             pad_to_multiple=int(datamodule.get("pad_to_multiple") or 1),
             device=device,
@@ -248,8 +252,8 @@ class Predictor:
                 raise DataError(f"SMILES {smiles[i]!r} (item {i}): {error}")
         batch = self.collator(featurized.graphs)
         with self._inference():
-            logits, attention = self.module(batch.to(self.device), return_attention=True)
-        values = self._outputs(logits)
+            out, attention = self.module(batch.to(self.device), return_attention=True)
+        values = self._outputs(out)
         stacked = torch.stack([a.float() for a in attention], dim=1).cpu()  # [B, L, H, N+1, N+1]
         node_mask = batch.node_mask
         maps = []
