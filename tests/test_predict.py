@@ -18,11 +18,11 @@ from rdkit import Chem
 from graphormer import Predictor
 from graphormer.errors import UserFacingError
 from graphormer.inference import featurize_smiles, predict
-from graphormer.training import build_datamodule, build_module, load_module
+from graphormer.training import GraphormerModule, build_datamodule, build_module, load_module
 from graphormer.training.checkpoint import save_checkpoint_file
 
 import test_training
-from molecules import nci_smiles
+from molecules import model_preset, nci_smiles
 from test_training import CONFIGS, REPO, compose_train, evaluate_run, run_script
 
 # train.py's run on OGB-layout ogbg-molhiv (tiny model, 3 epochs), as test_training uses it.
@@ -301,6 +301,23 @@ def test_predictions_run_in_the_training_runs_precision(ogb_root, tmp_path):
     # bfloat16 keeps 8 bits of mantissa: close to float32, and not equal to it.
     np.testing.assert_allclose(ours, reference, atol=0.05 * np.abs(reference).max())
     assert not np.allclose(ours, reference, rtol=0, atol=1e-4)
+
+
+def test_a_checkpoint_without_data_settings_still_predicts(tmp_path):
+    """A converted or hand-made checkpoint records no dataset: tasks are task_i, the structural
+    settings the model's own."""
+    task = {"name": "x", "task_type": "regression", "num_tasks": 2, "metric": "rmse"}
+    module = GraphormerModule(model=model_preset("graphormer_tiny"), task=task, data=None)
+    ckpt = save_checkpoint_file(
+        tmp_path / "bare.ckpt",
+        {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)},
+    )
+    predictor = Predictor.from_checkpoint(ckpt)
+    assert predictor.task_names == ["task_0", "task_1"] and predictor.precision == "32-true"
+    assert predictor.collator.max_hops == module.config.multi_hop_max_dist
+    table = predictor.predict(["CCO", "c1ccccc1O"])
+    assert list(table.columns) == ["smiles", "task_0", "task_1", "error"]
+    assert table[["task_0", "task_1"]].notna().all().all()
 
 
 def test_smiles_on_the_command_line_print_a_table(trained_run, tmp_path):

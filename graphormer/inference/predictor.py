@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os.path as osp
+import sys
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -454,6 +455,7 @@ def _progress_bar(total: int, enabled: bool):
         total=total,
         unit="mol",
         desc="predicting",
-        disable=not enabled or total < _PROGRESS_MIN,
+        # Off a terminal (a log file, a pipe) a redrawn bar is noise.
+        disable=not enabled or total < _PROGRESS_MIN or not sys.stderr.isatty(),
         leave=False,
     )
