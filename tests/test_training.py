@@ -429,3 +429,12 @@ def test_resume_from_a_missing_checkpoint_is_a_clear_error(tmp_path):
     cfg = compose_train([f"output_dir={tmp_path}", f"ckpt_path={tmp_path / 'gone.ckpt'}"])
     with pytest.raises(CheckpointError, match="does not exist"):
         train(cfg)
+
+
+def test_the_default_loss_follows_the_metric():
+    from graphormer.data import TaskInfo
+    from graphormer.training.module import auto_loss
+
+    assert auto_loss(TaskInfo("a", "binary classification", 2, "rocauc")) == "bce"
+    assert auto_loss(TaskInfo("b", "regression", 1, "rmse")) == "mse"
+    assert auto_loss(TaskInfo("c", "regression", 1, "mae")) == "l1"

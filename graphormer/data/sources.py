@@ -60,7 +60,7 @@ class SmilesCsvSource:
     Args:
         path (str): the CSV file.
         targets (Sequence[str]): target columns.
-        task_type (str): ``"binary"`` (0/1 targets, BCE, ROC-AUC) or ``"regression"`` (L1, RMSE).
+        task_type (str): ``"binary"`` (0/1 targets, BCE, ROC-AUC) or ``"regression"`` (MSE, RMSE).
         smiles_column (str, optional): (default: :obj:`"smiles"`)
         split (str, optional): ``"scaffold"`` or ``"random"``. (default: :obj:`"scaffold"`)
         split_ratios (Sequence[float], optional): train/valid/test fractions.

@@ -17,7 +17,7 @@ from graphormer.training.checkpoint import DIGEST_KEY, META_KEY, weights_digest
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
 from graphormer.training.schedule import warmup_linear_decay
 
-__all__ = ["GraphormerModule", "masked_loss"]
+__all__ = ["GraphormerModule", "auto_loss", "masked_loss"]
 
 _LOSSES = ("bce", "l1", "mse")
 
@@ -39,6 +39,14 @@ def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
     return F.mse_loss(pred, target)
 
 
+def auto_loss(task: TaskInfo) -> str:
+    """The loss that optimises what the task is scored by: BCE for classification, L1 for MAE,
+    MSE for RMSE (and L1 for any other regression metric)."""
+    if task.is_classification:
+        return "bce"
+    return "mse" if task.metric == "rmse" else "l1"
+
+
 class GraphormerModule(pl.LightningModule):
     """Trains and evaluates :class:`~graphormer.models.Graphormer` on a graph-property task.
 
@@ -57,8 +65,9 @@ class GraphormerModule(pl.LightningModule):
             steps. (default: :obj:`None`)
         warmup_ratio (float, optional): warm-up fraction when ``warmup_steps`` is None.
             (default: :obj:`0.06`)
-        loss (str, optional): ``auto`` (BCE for classification, L1 for regression), ``bce``,
-            ``l1`` or ``mse``. (default: :obj:`"auto"`)
+        loss (str, optional): ``auto`` follows the metric (BCE for classification, L1 for
+            MAE-scored and MSE for RMSE-scored regression), or ``bce``, ``l1``, ``mse``.
+            (default: :obj:`"auto"`)
         normalize_targets (bool, optional): for regression, train on targets standardised with
             the training split's mean and standard deviation (kept as buffers in the checkpoint);
             predictions and metrics are always in the original units. (default: :obj:`True`)
@@ -85,7 +94,7 @@ class GraphormerModule(pl.LightningModule):
         self.save_hyperparameters()
         self.task = TaskInfo(**task)
         if loss == "auto":
-            loss = "bce" if self.task.is_classification else "l1"
+            loss = auto_loss(self.task)
         if loss not in _LOSSES:
             raise ValueError(f"loss must be one of auto, {', '.join(_LOSSES)}; got {loss!r}")
         if loss == "bce" and not self.task.is_classification:
