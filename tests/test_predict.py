@@ -320,29 +320,23 @@ def test_a_checkpoint_without_data_settings_still_predicts(tmp_path):
     assert table[["task_0", "task_1"]].notna().all().all()
 
 
-def test_smiles_on_the_command_line_print_a_table(trained_run, tmp_path):
+def test_smiles_on_the_command_line_print_a_table(trained_run, tmp_path, capsys):
+    """smiles=[...] as a shell passes it (Hydra's own override parsing), printed as a table."""
     _, out, _ = trained_run
-    result = subprocess.run(
+    cfg = compose_predict(
         [
-            sys.executable,
-            str(REPO / "scripts" / "predict.py"),
             f"ckpt={out / 'checkpoints' / 'last.ckpt'}",
             'smiles=["CC(=O)Oc1ccccc1C(=O)O",c1ccccc1O,"C1CC"]',
             f"embeddings={tmp_path / 'emb.parquet'}",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
+        ]
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
+    predict(cfg)
+    result = capsys.readouterr()
+    lines = result.out.strip().splitlines()
     assert lines[0].split() == ["smiles", "task_0", "error"]
     assert lines[1].startswith("CC(=O)Oc1ccccc1C(=O)O") and lines[2].startswith("c1ccccc1O")
     assert "unclosed ring" in lines[3]
-    assert "predicted 2 of 3 molecules" in result.stderr
+    assert "predicted 2 of 3 molecules" in result.err
     pytest.importorskip("pyarrow")
     embeddings = pd.read_parquet(tmp_path / "emb.parquet")
     assert embeddings.shape == (3, 32) and list(embeddings.columns)[:2] == ["emb_0", "emb_1"]
