@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from ogb.utils import smiles2graph
@@ -35,7 +36,7 @@ class FeaturizedMolecules:
     errors: list[str]
     num_atoms: torch.Tensor
 
-    @property
+    @cached_property
     def valid(self) -> torch.Tensor:
         """Positions of the inputs that have a graph, ascending."""
         return torch.tensor(
