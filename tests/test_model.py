@@ -168,3 +168,80 @@ def test_bf16_autocast_masks_padding_and_stays_close():
     torch.testing.assert_close(out.float(), reference, atol=5e-2, rtol=5e-2)
     pad_keys = torch.nn.functional.pad(~batch.node_mask, (1, 0), value=False)
     assert attention[0].float().masked_select(pad_keys[:, None, None, :]).abs().max() == 0
+
+
+# -- options that make the model Microsoft's (issue 7 and 8) ----------------------------------
+
+
+def test_default_options_build_the_same_network():
+    """The new options default to today's model: same tensors, same initial values."""
+    model = tiny()
+    names = [n for n, _ in model.named_parameters()]
+    assert "head.bias" in names and "head_bias" not in names
+    assert not any(n.startswith("final_norm") for n in names)
+    assert isinstance(model.final_norm, torch.nn.Identity)
+    assert isinstance(model.input_norm, torch.nn.LayerNorm)  # follows pre_layernorm
+    assert isinstance(tiny(pre_layernorm=False).input_norm, torch.nn.Identity)
+    assert model.attn_bias.spatial.num_embeddings == 20 + 3
+
+
+@pytest.mark.parametrize("pre_layernorm", [True, False])
+def test_embedding_layernorm_is_independent_of_the_layer_type(pre_layernorm):
+    on = tiny(pre_layernorm=pre_layernorm, embedding_layernorm=True)
+    off = tiny(pre_layernorm=pre_layernorm, embedding_layernorm=False)
+    assert isinstance(on.input_norm, torch.nn.LayerNorm)
+    assert isinstance(off.input_norm, torch.nn.Identity)
+    with torch.no_grad():
+        on.input_norm.weight.normal_()
+    batch = batch_of(molecules(range(4)), pad=8)
+    assert not torch.allclose(on(batch), off(batch))
+
+
+def test_final_layernorm_normalises_the_last_layer_output():
+    model = tiny(final_layernorm=True)
+    with torch.no_grad():
+        model.final_norm.weight.normal_()
+        model.final_norm.bias.normal_()
+    batch = batch_of(molecules(range(3)))
+    h, _ = model.encode(batch)
+    norm, model.final_norm = model.final_norm, torch.nn.Identity()
+    raw, _ = model.encode(batch)
+    torch.testing.assert_close(h, norm(raw))
+    assert not torch.allclose(h, raw)
+
+
+def test_shared_head_bias_is_one_scalar_added_to_every_output():
+    model = tiny(head_bias="shared")
+    assert model.head.bias is None and model.head_bias.shape == (1,)
+    batch = batch_of(molecules(range(3)))
+    before = model(batch)
+    with torch.no_grad():
+        model.head_bias.fill_(0.75)
+    torch.testing.assert_close(model(batch), before + 0.75)
+    with pytest.raises(ValueError, match="head_bias"):
+        GraphormerConfig(head_bias="per_head")
+
+
+def test_unreachable_as_far_shares_the_far_entry():
+    model = tiny(max_distance=2, unreachable_as_far=True)
+    assert model.attn_bias.spatial.num_embeddings == 4  # distances 0..2, then "far"
+    index = model.attn_bias.spatial_index(torch.tensor([0, 2, 3, 9, -1]))
+    assert index.tolist() == [0, 2, 3, 3, 3]
+
+
+def test_attention_max_distance_stops_far_pairs_attending():
+    model = tiny(attention_max_distance=2)
+    graphs = molecules([11, 57])
+    batch = batch_of(graphs, pad=8)
+    _, attention = model(batch, return_attention=True)
+    spatial = torch.nn.functional.pad(batch.spatial_pos.long(), (1, 0, 1, 0), value=0)
+    far = (spatial > 2) | (spatial < 0)  # unreachable and padding too; never the graph token
+    far[:, 0, :] = far[:, :, 0] = False
+    for weights in attention:
+        assert weights.masked_select(far[:, None]).abs().max() == 0
+        near = weights.masked_select(~far[:, None] & batch.node_mask.any(-1)[:, None, None, None])
+        assert near.sum() > 0
+    # Each graph alone gives the same outputs (the mask does not depend on padding).
+    together = model(batch)
+    for i, g in enumerate(graphs):
+        torch.testing.assert_close(model(batch_of([g]))[0], together[i], atol=1e-5, rtol=0)

@@ -1,36 +1,302 @@
-"""Fine-tuning: initialise a new run's network from another checkpoint's weights."""
+"""Pre-trained weights: published Graphormer checkpoints converted into ours, and fine-tuning a new
+run from a checkpoint without ever loading it silently wrong."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from graphormer.training.checkpoint import load_checkpoint_file
+import lightning
+import torch
+
+import graphormer
+from graphormer.models.convert import convert_source, read_source
+from graphormer.models.graphormer import GraphormerConfig
+from graphormer.training.checkpoint import (
+    META_KEY,
+    CheckpointError,
+    load_checkpoint_file,
+    save_checkpoint_file,
+)
 from graphormer.training.module import GraphormerModule
 
-__all__ = ["load_pretrained"]
+__all__ = ["PretrainedReport", "convert_checkpoint", "load_pretrained"]
 
 log = logging.getLogger(__name__)
 
+# Settings that change what the same tensors compute, or which tensors exist: a checkpoint trained
+# with other values does not fit, even where names and shapes happen to agree (pre- vs post-LN).
+_STRUCTURE = (
+    "num_layers",
+    "hidden_dim",
+    "ffn_dim",
+    "num_heads",
+    "pre_layernorm",
+    "uses_embedding_layernorm",
+    "final_layernorm",
+    "atom_feature_dims",
+    "bond_feature_dims",
+    "feature_stride",
+    "max_degree",
+    "max_distance",
+    "unreachable_as_far",
+    "edge_encoding",
+    "multi_hop_max_dist",
+    "attention_max_distance",
+)
 
-def load_pretrained(module: GraphormerModule, path: str, strict: bool = True) -> None:
-    """Initialises ``module`` from another run's checkpoint for fine-tuning.
 
-    Every network weight whose name and shape match is copied except the final output layer,
-    which is re-initialised as Microsoft's Graphormer does when fine-tuning; the target
-    standardisation belongs to the new task and is not copied either.
+def _is_output_layer(name: str) -> bool:
+    return name.startswith("model.head.") or name == "model.head_bias"
+
+
+@dataclass
+class PretrainedReport:
+    """What :func:`load_pretrained` copied, re-initialised and found not to fit.
+
+    Attributes:
+        path: the checkpoint.
+        copied: our tensors initialised from it.
+        num_parameters: the number of values in ``copied``.
+        output_layer: the output layer's tensors, re-initialised for the new task.
+        not_in_checkpoint: our tensors the checkpoint lacks (they keep their fresh initialisation).
+        not_in_model: the checkpoint's network tensors this model has no place for.
+        shape_mismatches: ``"name [checkpoint shape] vs [our shape]"`` for tensors not copied.
+        setting_differences: ``"key: checkpoint value vs ours"`` for settings that change what the
+            network computes.
     """
-    state = load_checkpoint_file(path)["state_dict"]
+
+    path: str
+    copied: list[str] = field(default_factory=list)
+    num_parameters: int = 0
+    output_layer: list[str] = field(default_factory=list)
+    not_in_checkpoint: list[str] = field(default_factory=list)
+    not_in_model: list[str] = field(default_factory=list)
+    shape_mismatches: list[str] = field(default_factory=list)
+    setting_differences: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        """True when every network tensor but the output layer was copied, with equal settings."""
+        return not (
+            self.not_in_checkpoint
+            or self.not_in_model
+            or self.shape_mismatches
+            or self.setting_differences
+        )
+
+    def problems(self) -> str:
+        parts = []
+        if self.setting_differences:
+            parts.append("settings differ: " + _listing(self.setting_differences))
+        if self.shape_mismatches:
+            parts.append("shapes differ: " + _listing(self.shape_mismatches))
+        if self.not_in_model:
+            parts.append("not in this model: " + _listing(self.not_in_model))
+        if self.not_in_checkpoint:
+            parts.append("not in the checkpoint: " + _listing(self.not_in_checkpoint))
+        return "; ".join(parts)
+
+    def summary(self) -> str:
+        text = (
+            f"pretrained={self.path}: copied {len(self.copied)} tensors "
+            f"({self.num_parameters:,} parameters); re-initialised for the new task: "
+            f"{', '.join(self.output_layer)}"
+        )
+        if self.not_in_checkpoint:
+            text += f"; re-initialised (not in the checkpoint): {_listing(self.not_in_checkpoint)}"
+        return text
+
+
+def _listing(items: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def load_pretrained(module: GraphormerModule, path: str, strict: bool = True) -> PretrainedReport:
+    """Initialises ``module``'s network from a checkpoint of ours (trained or converted) to
+    fine-tune it.
+
+    Every network tensor is copied except the output layer, which is re-initialised for the new
+    task as Microsoft's Graphormer does when fine-tuning; the target standardisation belongs to the
+    new task and is not copied either. The checkpoint must fit: the same structural settings and,
+    tensor for tensor, the same names and shapes.
+
+    Args:
+        module (GraphormerModule): the new run's module.
+        path (str): a checkpoint written by ``train.py`` or ``scripts/convert.py``.
+        strict (bool, optional): a checkpoint that does not fit is an error (the config key
+            ``pretrained_strict``); if False, the tensors that fit are copied and a WARNING lists
+            the rest. A checkpoint with no tensor in common is an error either way.
+            (default: :obj:`True`)
+
+    Returns:
+        A :class:`PretrainedReport`, also logged.
+
+    Raises:
+        CheckpointError: the file is missing or unreadable, shares no tensor with the model, or
+            (``strict``) does not fit it.
+    """
+    if not Path(path).is_file():
+        raise CheckpointError(
+            f"pretrained={path} does not exist; give a checkpoint written by train.py or "
+            "scripts/convert.py"
+        )
+    checkpoint = load_checkpoint_file(path)
+    state = checkpoint["state_dict"]
     own = module.state_dict()
-    matched = {
-        k: v
-        for k, v in state.items()
-        if k.startswith("model.")
-        and not k.startswith("model.head.")
-        and k in own
-        and own[k].shape == v.shape
-    }
+    report = PretrainedReport(str(path))
+    report.setting_differences = _setting_differences(
+        checkpoint["hyper_parameters"].get("model") or {}, module.config, path
+    )
+    theirs = {k: v for k, v in state.items() if k.startswith("model.") and not _is_output_layer(k)}
+    mine = {k: v for k, v in own.items() if k.startswith("model.")}
+    report.output_layer = sorted(k for k in mine if _is_output_layer(k))
+    matched = {}
+    for name, tensor in mine.items():
+        if _is_output_layer(name):
+            continue
+        if name not in theirs:
+            report.not_in_checkpoint.append(name)
+        elif theirs[name].shape != tensor.shape:
+            report.shape_mismatches.append(
+                f"{name} {list(theirs[name].shape)} vs {list(tensor.shape)}"
+            )
+        else:
+            matched[name] = theirs[name]
+    report.not_in_model = sorted(k for k in theirs if k not in mine)
+    report.copied = sorted(matched)
+    report.num_parameters = sum(t.numel() for t in matched.values())
     if not matched:
-        raise ValueError(f"pretrained={path} shares no weights with this model configuration")
+        raise CheckpointError(
+            f"pretrained={path} shares no tensor with this model (name and shape): "
+            f"{report.problems()}. Use a checkpoint of this architecture"
+        )
+    if not report.fits:
+        if strict:
+            raise CheckpointError(
+                f"pretrained={path} does not fit this model: {report.problems()}. Set the model "
+                "options the checkpoint was trained with (its hyper_parameters.model), or "
+                "pretrained_strict=false to copy only the tensors that fit"
+            )
+        log.warning("%s; copied only the tensors that fit: %s", report.summary(), report.problems())
     module.load_state_dict(matched, strict=False)
-    fresh = sorted(k for k in own if k not in matched)
-    log.info("initialised %d tensors from %s; newly initialised: %s", len(matched), path, fresh)
+    log.info(report.summary())
+    return report
+
+
+def _setting_differences(
+    stored: Mapping[str, Any], config: GraphormerConfig, path: str
+) -> list[str]:
+    try:
+        theirs = GraphormerConfig.from_dict({**stored, "num_tasks": config.num_tasks})
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(
+            f"pretrained={path} describes a model this version cannot build ({error})"
+        ) from error
+    differences = []
+    for key in _STRUCTURE:
+        a, b = getattr(theirs, key), getattr(config, key)
+        if a != b:
+            name = "embedding_layernorm" if key == "uses_embedding_layernorm" else key
+            differences.append(f"model.{name} {a!r} vs {b!r}")
+    return differences
+
+
+# -- published checkpoints ------------------------------------------------------------------
+
+
+def convert_checkpoint(
+    source: str | Path,
+    output: str | Path,
+    *,
+    trust_source: bool = False,
+    convention: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    atom_feature_dims: list[int] | None = None,
+    bond_feature_dims: list[int] | None = None,
+    num_tasks: int | None = None,
+    task: Mapping[str, Any] | None = None,
+) -> tuple[Path, GraphormerConfig]:
+    """Converts Microsoft's or Hugging Face's Graphormer weights into a checkpoint of ours, which
+    ``pretrained=``, ``eval.py`` and the prediction tools read.
+
+    Args:
+        source (str | Path): a Microsoft fairseq checkpoint (``.pt``), a Hugging Face model folder
+            (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``), or a bare state dict
+            in either layout.
+        output (str | Path): the checkpoint to write.
+        trust_source (bool, optional): unpickle the whole source file (it can run code).
+        convention (str | None, optional): ``microsoft`` or ``huggingface``: the data pipeline
+            the weights were trained with; None for the source's own.
+        settings (Mapping[str, Any] | None, optional): architecture settings the tensors cannot
+            show, in the source's names (``multi_hop_max_dist``, ``spatial_pos_max``, ``dropout``,
+            ``attention_dropout``, ``act_dropout``...); None values are ignored.
+        atom_feature_dims, bond_feature_dims (list[int] | None, optional): vocabularies; None for
+            OGB's molecule featurisation.
+        num_tasks (int | None, optional): outputs of a new head when the source has none.
+        task (Mapping[str, Any] | None, optional): ``name``, ``task_type``, ``metric`` of the
+            model's task (defaults: the source's dataset name, regression for one output and
+            binary classification for several, ``rmse`` / ``rocauc``).
+
+    Returns:
+        ``(path, config)``: the written checkpoint and the converted model's settings.
+    """
+    read = read_source(source, trust_source=trust_source)
+    overrides = {k: v for k, v in (settings or {}).items() if v is not None}
+    config, state = convert_source(
+        read,
+        convention=convention,
+        settings=overrides,
+        atom_feature_dims=atom_feature_dims,
+        bond_feature_dims=bond_feature_dims,
+        num_tasks=num_tasks,
+    )
+    task_info = _task(read.settings, config.num_tasks, dict(task or {}))
+    state_dict = {f"model.{k}": v for k, v in state.items()}
+    state_dict["target_mean"] = torch.zeros(config.num_tasks)
+    state_dict["target_std"] = torch.ones(config.num_tasks)
+    hyper_parameters = {
+        "model": config.to_dict(),
+        "task": task_info,
+        # A converted model has no training data of ours: eval.py needs a dataset given to it.
+        "data": None,
+        "normalize_targets": False,
+    }
+    # The module the checkpoint describes must accept these weights exactly.
+    module = GraphormerModule(**hyper_parameters)
+    module.load_state_dict(state_dict)
+    checkpoint = {
+        "state_dict": state_dict,
+        "hyper_parameters": hyper_parameters,
+        "pytorch-lightning_version": lightning.__version__,
+        META_KEY: {
+            "version": graphormer.__version__,
+            "precision": None,
+            "converted_from": {
+                "source": str(read.path.resolve()),
+                "layout": read.layout,
+                "convention": convention or read.layout,
+            },
+        },
+    }
+    path = save_checkpoint_file(output, checkpoint)
+    return path, config
+
+
+def _task(settings: Mapping[str, Any], num_tasks: int, given: dict[str, Any]) -> dict[str, Any]:
+    criterion = str(settings.get("criterion") or "")
+    task_type = given.get("task_type")
+    if task_type is None:
+        classify = "binary" in criterion or (num_tasks > 1 and "l1" not in criterion)
+        task_type = "binary classification" if classify else "regression"
+    if task_type not in ("binary classification", "regression"):
+        raise CheckpointError(
+            f"task.task_type={task_type!r}: give 'regression' or 'binary classification'"
+        )
+    metric = given.get("metric") or ("rocauc" if task_type == "binary classification" else "rmse")
+    name = given.get("name") or settings.get("dataset_name") or "converted"
+    return {"name": str(name), "task_type": task_type, "num_tasks": num_tasks, "metric": metric}
