@@ -26,9 +26,11 @@ __all__ = [
     "nci_graphs",
     "nci_ogb_dataset",
     "nci_smiles",
+    "nci_pcqm4mv2",
     "nci_table",
     "to_data",
     "write_ogb_layout",
+    "write_pcqm4mv2_layout",
 ]
 
 # The repository's configs/ folder (an editable install, as the README sets up).
@@ -154,3 +156,37 @@ def model_preset(name: str) -> dict:
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[f"model={name}", "output_dir=."])
     return OmegaConf.to_container(cfg.model, resolve=True)
+
+
+def write_pcqm4mv2_layout(
+    root: Path, smiles: list[str], gaps: np.ndarray, sizes: dict[str, int]
+) -> Path:
+    """Writes molecules in OGB-LSC's PCQM4Mv2 layout under ``root`` (``pcqm4m-v2/raw/data.csv.gz``
+    with ``idx,smiles,homolumogap``, ``split_dict.pt`` of numpy index arrays as OGB ships it,
+    ``RELEASE_v1.txt``), splits in the order train, valid, test-dev, test-challenge; the test
+    splits' gaps are left empty, as in OGB's file."""
+    folder = Path(root) / "pcqm4m-v2"
+    (folder / "raw").mkdir(parents=True, exist_ok=True)
+    n = len(smiles)
+    assert sum(sizes.values()) == n, (sizes, n)
+    bounds = np.cumsum([0, *sizes.values()])
+    split = {k: np.arange(bounds[i], bounds[i + 1]) for i, k in enumerate(sizes)}
+    gaps = np.asarray(gaps, dtype=float).copy()
+    for name in ("test-dev", "test-challenge"):
+        gaps[split.get(name, [])] = np.nan
+    table = pd.DataFrame({"idx": np.arange(n), "smiles": list(smiles), "homolumogap": gaps})
+    table.to_csv(folder / "raw" / "data.csv.gz", index=False, compression="gzip")
+    torch.save(split, folder / "split_dict.pt")
+    (folder / "RELEASE_v1.txt").write_text("")
+    return folder
+
+
+def nci_pcqm4mv2(root: Path, limit: int = 300) -> Path:
+    """A PCQM4Mv2-layout dataset of NCI molecules whose "gap" is a real computed property (TPSA,
+    scaled to eV-like values), split 70/10/10/10."""
+    table = nci_table().iloc[:limit]
+    n = len(table)
+    sizes = {"train": n - 3 * (n // 10), "valid": n // 10, "test-dev": n // 10}
+    sizes["test-challenge"] = n // 10
+    gaps = 3.0 + table.tpsa.to_numpy() / 40.0
+    return write_pcqm4mv2_layout(root, table.smiles.tolist(), gaps, sizes)

@@ -198,7 +198,7 @@ class GraphDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if trainer is None or trainer.is_global_zero:
             report(f"data: {self.describe()}")
-        for split in ("valid", "test"):
+        for split in (k for k in self.loaded.split if k != "train"):
             index = self.loaded.split[split]
             if len(index) and int(sizes[index].max()) > self.max_nodes:
                 log.info(
@@ -212,7 +212,10 @@ class GraphDataModule(pl.LightningDataModule):
         """Every split must hold graphs: an empty one would train or score nothing, and show up
         only later as a missing or meaningless number."""
         sizes = self.split_sizes()
-        empty = [k for k in ("train", "valid", "test") if sizes[k] == 0]
+        missing = [k for k in ("train", "valid") if k not in sizes]
+        if missing:
+            raise DataError(f"{self.task.name} has no {' and no '.join(missing)} split")
+        empty = [k for k, size in sizes.items() if size == 0]
         if empty:
             raise DataError(
                 f"{self.task.name}: the {' and '.join(empty)} split(s) hold no graphs (split sizes "
@@ -229,7 +232,11 @@ class GraphDataModule(pl.LightningDataModule):
 
     def split_sizes(self) -> dict[str, int]:
         """Graphs per split (training before the ``max_nodes`` filter)."""
-        return {k: len(self.loaded.split[k]) for k in ("train", "valid", "test")}
+        return {k: len(index) for k, index in self.loaded.split.items()}
+
+    def is_labelled(self, split: str) -> bool:
+        """Whether ``split`` exists and has labels (PCQM4Mv2's test splits have none)."""
+        return split in self.loaded.split and split in self.loaded.labelled
 
     def describe(self) -> str:
         """One line: the dataset, its split sizes and what training skips."""
@@ -316,7 +323,7 @@ class GraphDataModule(pl.LightningDataModule):
 
     def train_targets(self) -> torch.Tensor:
         """Targets ``[num_train_graphs, T]`` of the graphs training uses (NaN = missing)."""
-        # The dataset's stacked `y` of every graph, one [G, T] tensor.
+        # The dataset's stacked `y` of every graph, one [G, T] tensor (public on PyG datasets).
         y = self.loaded.dataset.y
         return y.view(y.size(0), -1)[self.train_index]
 
@@ -325,6 +332,8 @@ class GraphDataModule(pl.LightningDataModule):
 
 
 def _num_nodes(dataset) -> torch.Tensor:
+    if hasattr(dataset, "node_counts"):  # PCQM4Mv2's compact graphs
+        return dataset.node_counts
     ptr = dataset.slices["x"]
     return ptr[1:] - ptr[:-1]
 

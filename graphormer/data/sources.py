@@ -14,22 +14,32 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch_geometric.data import InMemoryDataset
+from torch.utils.data import Dataset
 
 from graphormer.data.ogb import OGBGraphDataset, ogb_task_info
+from graphormer.data.pcqm4mv2 import PCQM4Mv2Source
 from graphormer.data.smiles import SmilesCsvDataset, group_split, random_split
 from graphormer.data.tasks import TaskInfo
 from graphormer.data.transforms import StructuralFeatures
 from graphormer.errors import ConfigError, DataError
 
-__all__ = ["SOURCES", "LoadedDataset", "OGBSource", "SmilesCsvSource", "build_source"]
+__all__ = [
+    "SOURCES",
+    "LoadedDataset",
+    "OGBSource",
+    "PCQM4Mv2Source",
+    "SmilesCsvSource",
+    "build_source",
+]
 
 
 @dataclass
 class LoadedDataset:
-    dataset: InMemoryDataset
-    split: dict[str, torch.Tensor]  # "train" / "valid" / "test" -> dataset indices
+    dataset: Dataset  # a PyG InMemoryDataset, or PCQM4Mv2's compact graphs
+    split: dict[str, torch.Tensor]  # "train" / "valid" / "test" (or PCQM4Mv2's) -> indices
     task: TaskInfo
+    # The splits with labels (metrics); the others (PCQM4Mv2's test-dev) only get predictions.
+    labelled: tuple[str, ...] = ("train", "valid", "test")
 
 
 class OGBSource:
@@ -154,7 +164,11 @@ def _check_binary_labels(dataset: SmilesCsvDataset, targets: list[str], path: st
 
 
 # The dataset sources a config or a checkpoint may name (``dataset.source``).
-SOURCES: dict[str, type] = {"ogb": OGBSource, "smiles_csv": SmilesCsvSource}
+SOURCES: dict[str, type] = {
+    "ogb": OGBSource,
+    "smiles_csv": SmilesCsvSource,
+    "pcqm4mv2": PCQM4Mv2Source,
+}
 
 # Class paths that checkpoints of graphormer 0.1 stored as ``_target_``: read as the names above.
 _LEGACY_TARGETS = {

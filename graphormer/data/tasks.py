@@ -8,9 +8,10 @@ from functools import lru_cache
 from typing import Any
 
 import pandas as pd
+import torch
 from ogb.graphproppred import Evaluator
 
-__all__ = ["TaskInfo", "TaskEvaluator", "ogb_master_table"]
+__all__ = ["MAEEvaluator", "TaskEvaluator", "TaskInfo", "ogb_master_table"]
 
 # Metrics whose larger value is better; OGB's rmse (and anything else) is minimised.
 _MAXIMISED = {"rocauc", "ap", "acc", "F1"}
@@ -57,6 +58,8 @@ class TaskInfo:
 
     def evaluator(self) -> Evaluator:
         """OGB's own ``Evaluator`` for OGB datasets, the same code set up for this task otherwise."""
+        if self.metric == "mae":
+            return MAEEvaluator(self)
         if self.name in ogb_master_table():
             evaluator = Evaluator(self.name)
             if (evaluator.num_tasks, evaluator.eval_metric) == (self.num_tasks, self.metric):
@@ -72,6 +75,32 @@ class TaskEvaluator(Evaluator):
         self.name = task.name
         self.num_tasks = task.num_tasks
         self.eval_metric = task.metric
+
+
+class MAEEvaluator:
+    """Mean absolute error, computed by OGB-LSC's own ``PCQM4Mv2Evaluator`` (PCQM4Mv2's metric;
+    ZINC's too). Missing labels (NaN) are skipped; several tasks are averaged."""
+
+    def __init__(self, task: TaskInfo) -> None:
+        from ogb.lsc import PCQM4Mv2Evaluator
+
+        self.name = task.name
+        self.num_tasks = task.num_tasks
+        self.eval_metric = "mae"
+        self._lsc = PCQM4Mv2Evaluator()
+
+    def eval(self, input_dict: dict[str, Any]) -> dict[str, float]:
+        y_true = torch.as_tensor(input_dict["y_true"]).float().view(-1, self.num_tasks)
+        y_pred = torch.as_tensor(input_dict["y_pred"]).float().view(-1, self.num_tasks)
+        scores = []
+        for t in range(self.num_tasks):
+            labelled = ~torch.isnan(y_true[:, t])
+            if labelled.any():
+                pair = {"y_pred": y_pred[labelled, t], "y_true": y_true[labelled, t]}
+                scores.append(self._lsc.eval(pair)["mae"])
+        if not scores:
+            raise RuntimeError("no labelled target to compute MAE over")
+        return {"mae": sum(scores) / len(scores)}
 
 
 @lru_cache(maxsize=1)

@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
+import torch
 from omegaconf import DictConfig
 
 from graphormer.console import report
@@ -17,8 +19,6 @@ from graphormer.training.train import _absolute_paths, _quiet_third_parties, bui
 
 __all__ = ["evaluate", "format_table"]
 
-_SPLITS = {"valid": ["valid"], "test": ["test"], "all": ["valid", "test"]}
-
 
 def format_table(results: dict[str, Any], splits: list[str], metric: str) -> str:
     rows = [f"{'split':<8}{metric:>10}"]
@@ -26,11 +26,70 @@ def format_table(results: dict[str, Any], splits: list[str], metric: str) -> str
     return "\n".join(rows)
 
 
+def _chosen_splits(split: str, datamodule) -> list[str]:
+    """The splits ``split=`` names: one split, or ``all`` the labelled evaluation splits."""
+    available = list(datamodule.loaded.split)
+    if split == "all":
+        return [k for k in ("valid", "test") if datamodule.is_labelled(k)]
+    if split == "train" or split not in available:
+        choices = [k for k in available if k != "train"]
+        raise ConfigError(
+            f"split={split!r} is not an evaluation split of {datamodule.task.name}; choose one of "
+            f"{[*choices, 'all']}"
+        )
+    return [split]
+
+
+def predict_split(trainer: pl.Trainer, module, datamodule, split: str) -> torch.Tensor:
+    """Predictions ``[n, T]`` for every graph of ``split``, in the split's order."""
+    # A plain loop in the trainer's device and precision (Lightning's predict loop would try to
+    # rebuild our fixed list of batches as a sampler class).
+    device = trainer.strategy.root_device
+    module = module.to(device).eval()
+    indices, preds = [], []
+    with torch.inference_mode(), trainer.precision_plugin.forward_context():
+        for batch in datamodule.eval_dataloader(split):
+            index, pred = module.predict_step(batch.to(device), 0)
+            indices.append(index.cpu())
+            preds.append(pred.float().cpu())
+    index, pred = torch.cat(indices), torch.cat(preds)
+    order = torch.argsort(index)
+    index, pred = index[order], pred[order]
+    expected = datamodule.loaded.split[split]
+    if not torch.equal(index, expected.sort().values):
+        raise RuntimeError(f"{split} predictions cover {len(index)} graphs, not the split's")
+    # Back to the split's own order (the order OGB's files list the molecules in).
+    position = torch.searchsorted(index, expected)
+    return pred[position]
+
+
+def write_submission(task_name: str, split: str, y_pred: torch.Tensor, folder: Path) -> Path:
+    """PCQM4Mv2's leaderboard file for ``split`` (``y_pred_pcqm4m-v2_<split>.npz``), written by
+    ``ogb.lsc.PCQM4Mv2Evaluator.save_test_submission`` when the split has the official size."""
+    from ogb.lsc import PCQM4Mv2Evaluator
+
+    from graphormer.data.pcqm4mv2 import OFFICIAL_SIZES
+
+    y_pred = y_pred.view(-1).cpu().numpy().astype(np.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"y_pred_pcqm4m-v2_{split}.npz"
+    if len(y_pred) == OFFICIAL_SIZES[split]:
+        PCQM4Mv2Evaluator().save_test_submission({"y_pred": y_pred}, str(folder), split)
+        report(f"submission: {path.resolve()} ({len(y_pred):,} predictions, {task_name})")
+    else:
+        # OGB's writer asserts the official size; a subset gets the same file format, flagged.
+        np.savez_compressed(path, y_pred=y_pred)
+        report(
+            f"submission: {path.resolve()} ({len(y_pred):,} predictions; the official {split} "
+            f"split has {OFFICIAL_SIZES[split]:,}, so this is NOT a valid leaderboard submission)"
+        )
+    return path
+
+
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
-    """Evaluates ``cfg.ckpt`` on ``cfg.split`` (valid, test or all); writes and returns the JSON."""
+    """Evaluates ``cfg.ckpt`` on ``cfg.split`` (valid, test or all; PCQM4Mv2's unlabelled
+    test-dev and test-challenge get a submission file); writes and returns the JSON."""
     _quiet_third_parties()
-    if cfg.split not in _SPLITS:
-        raise ConfigError(f"split must be one of {list(_SPLITS)}, got {cfg.split!r}")
     module, checkpoint = load_module(cfg.ckpt)
     data = module.hparams["data"] or {}
     if not isinstance(data.get("dataset"), dict) or not isinstance(data.get("datamodule"), dict):
@@ -74,14 +133,25 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     )
     report(f"checkpoint: {Path(cfg.ckpt).resolve()}; precision: {trainer.precision}")
     metric = module.task.metric
-    splits = _SPLITS[cfg.split]
+    datamodule.prepare_data()
+    datamodule.setup("validate")
+    splits = _chosen_splits(str(cfg.split), datamodule)
     results: dict[str, Any] = {
         "checkpoint": str(Path(cfg.ckpt).resolve()),
         "dataset": module.task.name,
         "metric": metric,
         "precision": str(trainer.precision),
     }
+    output = Path(cfg.output) if cfg.get("output") else Path(cfg.output_dir) / "eval_metrics.json"
+    scored = []
     for split in splits:
+        if not datamodule.is_labelled(split):
+            if module.task.name != "pcqm4mv2" and data["dataset"].get("source") != "pcqm4mv2":
+                raise ConfigError(f"split={split} has no labels, so no {metric} can be computed")
+            pred = predict_split(trainer, module, datamodule, split)
+            path = write_submission(module.task.name, split, pred, output.parent)
+            results[split] = {"submission": str(path.resolve()), "num_graphs": len(pred)}
+            continue
         if split == "valid":
             scores = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
             results[split] = {metric: float(scores[f"val/{metric}"])}
@@ -89,10 +159,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
             scores = trainer.test(module, datamodule=datamodule, verbose=False)[0]
             results[split] = {metric: float(scores[f"test/{metric}"])}
         results[split]["num_graphs"] = datamodule.split_size(split)
+        scored.append(split)
 
-    output = Path(cfg.output) if cfg.get("output") else Path(cfg.output_dir) / "eval_metrics.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2) + "\n")
-    report(format_table(results, splits, metric))
+    if scored:
+        report(format_table(results, scored, metric))
     report(f"results: {output.resolve()}")
     return results

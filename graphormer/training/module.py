@@ -161,6 +161,10 @@ class GraphormerModule(pl.LightningModule):
     def test_step(self, batch: GraphormerBatch, batch_idx: int) -> None:
         self._eval_step(batch, "test")
 
+    def predict_step(self, batch: GraphormerBatch, batch_idx: int) -> tuple[Tensor, Tensor]:
+        """Dataset indices and predictions in the targets' units (logits for classification)."""
+        return batch.index, self._to_units(self.model(batch).float())
+
     def on_validation_epoch_start(self) -> None:
         self._eval_outputs = []
 

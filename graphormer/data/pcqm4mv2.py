@@ -1,0 +1,305 @@
+"""PCQM4Mv2 (OGB-LSC): 3,746,620 molecules and their HOMO-LUMO gaps, read through ``ogb.lsc``'s own
+loader and held compactly.
+
+``ogb.lsc.PygPCQM4Mv2Dataset`` builds one int64 ``Data`` per SMILES in a Python loop and collates
+all 3.7M in memory (several GB). Here ``ogb.lsc.PCQM4Mv2Dataset(only_smiles=True)`` reads OGB's raw
+CSV and split, the SMILES are featurised by OGB's own ``smiles2graph`` in several processes, and
+the graphs are stored once as flat arrays of small integers (``uint8`` atom and bond features and
+local node ids), memory-mapped when read: DataLoader workers share the pages instead of copying
+them. Structural features are not cached for this dataset (3.7M molecules would need ~15 GB of
+pair features); the collator computes them per batch, inside the DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import os.path as osp
+import shutil
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from torch_geometric.data import Data
+
+from graphormer.data.ogb import DatasetNotFoundError, _check_release, _socket_timeout
+from graphormer.data.tasks import TaskInfo
+from graphormer.errors import ConfigError, DataError
+
+__all__ = [
+    "OFFICIAL_SIZES",
+    "PCQM4MV2_SPLITS",
+    "PCQM4Mv2Graphs",
+    "PCQM4Mv2Source",
+    "allow_numpy_arrays",
+    "featurise_smiles",
+    "write_compact",
+]
+
+PCQM4MV2_SPLITS = ("train", "valid", "test-dev", "test-challenge")
+LABELLED_SPLITS = ("train", "valid")
+# The official split sizes, which the leaderboard's submission files must match.
+OFFICIAL_SIZES = {
+    "train": 3_378_606,
+    "valid": 73_545,
+    "test-dev": 147_037,
+    "test-challenge": 147_432,
+}
+# Bump when the stored layout changes, so that an old cache is rebuilt rather than misread.
+FORMAT = "compact_v1"
+_ARRAYS = ("x", "edge_index", "edge_attr", "node_ptr", "edge_ptr", "y")
+
+
+def allow_numpy_arrays() -> None:
+    """Let ``torch.load(weights_only=True)`` read numpy arrays (OGB's ``split_dict.pt`` holds
+    them): numpy's array reconstruction and dtypes only, which run no other code."""
+    core = getattr(np, "_core", None) or np.core
+    dtypes = [type(np.dtype(t)) for t in (np.int64, np.int32, np.float64, np.float32, np.bool_)]
+    torch.serialization.add_safe_globals(
+        [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
+    )
+
+
+def featurise_smiles(smiles: Sequence[str]) -> dict[str, np.ndarray]:
+    """OGB featurisation (``ogb.utils.smiles2graph``) of many SMILES, as flat compact arrays.
+
+    Returns ``x`` ``[N, 9]`` uint8, ``edge_index`` ``[2, E]`` int16 local node ids (each bond in
+    both directions, as OGB lists them), ``edge_attr`` ``[E, 3]`` uint8, ``num_nodes`` and
+    ``num_edges`` ``[G]`` int32, and ``failed`` (positions whose SMILES rdkit cannot parse; they
+    are kept as graphs without atoms, so that indices stay OGB's).
+    """
+    from ogb.utils import smiles2graph
+    from rdkit import RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+    xs, edges, attrs, nodes, edge_counts, failed = [], [], [], [], [], []
+    for position, text in enumerate(smiles):
+        try:
+            graph = smiles2graph(text)
+        except Exception:  # rdkit returns None for a SMILES it cannot parse; OGB then fails
+            failed.append(position)
+            nodes.append(0)
+            edge_counts.append(0)
+            continue
+        xs.append(graph["node_feat"])
+        edges.append(graph["edge_index"])
+        attrs.append(graph["edge_feat"])
+        nodes.append(graph["num_nodes"])
+        edge_counts.append(graph["edge_index"].shape[1])
+    return {
+        "x": _stack(xs, (0, 9), np.uint8, axis=0),
+        "edge_index": _stack(edges, (2, 0), np.int16, axis=1),
+        "edge_attr": _stack(attrs, (0, 3), np.uint8, axis=0),
+        "num_nodes": np.asarray(nodes, dtype=np.int32),
+        "num_edges": np.asarray(edge_counts, dtype=np.int32),
+        "failed": np.asarray(failed, dtype=np.int64),
+    }
+
+
+def _stack(parts: list[np.ndarray], empty: tuple[int, int], dtype, axis: int) -> np.ndarray:
+    if not parts:
+        return np.zeros(empty, dtype=dtype)
+    out = np.concatenate(parts, axis=axis)
+    if out.size and (out.min() < np.iinfo(dtype).min or out.max() > np.iinfo(dtype).max):
+        raise DataError(f"a feature value does not fit {np.dtype(dtype).name}; widen the storage")
+    return out.astype(dtype)
+
+
+def write_compact(
+    smiles: Sequence[str],
+    labels: np.ndarray,
+    split: dict[str, np.ndarray],
+    folder: str,
+    processes: int = 1,
+    chunk: int = 20_000,
+) -> dict[str, float]:
+    """Featurises ``smiles`` with ``processes`` processes and writes the compact dataset to
+    ``folder`` (written under a temporary name and renamed into place when complete, so that no
+    reader ever sees half of it). Returns what it cost: seconds, graphs, failures, bytes."""
+    start = time.perf_counter()
+    chunks = [smiles[i : i + chunk] for i in range(0, len(smiles), chunk)]
+    if processes > 1 and len(chunks) > 1:
+        context = multiprocessing.get_context("spawn" if os.name != "posix" else "fork")
+        with context.Pool(processes) as pool:
+            parts = pool.map(featurise_smiles, chunks, chunksize=1)
+    else:
+        parts = [featurise_smiles(c) for c in chunks]
+    num_nodes = np.concatenate([p["num_nodes"] for p in parts])
+    num_edges = np.concatenate([p["num_edges"] for p in parts])
+    offsets = np.cumsum([0] + [len(c) for c in chunks[:-1]])
+    failed = np.concatenate([p["failed"] + o for p, o in zip(parts, offsets, strict=True)])
+    arrays = {
+        "x": np.concatenate([p.pop("x") for p in parts]),
+        "edge_index": np.concatenate([p.pop("edge_index") for p in parts], axis=1),
+        "edge_attr": np.concatenate([p.pop("edge_attr") for p in parts]),
+        "node_ptr": np.concatenate([[0], np.cumsum(num_nodes, dtype=np.int64)]),
+        "edge_ptr": np.concatenate([[0], np.cumsum(num_edges, dtype=np.int64)]),
+        "y": np.asarray(labels, dtype=np.float32).reshape(-1),
+    }
+    del parts
+    partial = f"{folder}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    for name, array in arrays.items():
+        np.save(osp.join(partial, f"{name}.npy"), np.ascontiguousarray(array))
+    np.savez(
+        osp.join(partial, "split.npz"), **{k: np.asarray(v, np.int64) for k, v in split.items()}
+    )
+    meta = {"format": FORMAT, "num_graphs": len(smiles), "failed": failed.tolist()}
+    with open(osp.join(partial, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    if osp.isdir(folder):  # another process finished first: keep its copy
+        shutil.rmtree(partial)
+    else:
+        os.replace(partial, folder)
+    size = sum(osp.getsize(osp.join(folder, f)) for f in os.listdir(folder))
+    return {
+        "seconds": time.perf_counter() - start,
+        "graphs": len(smiles),
+        "failed": len(failed),
+        "bytes": size,
+    }
+
+
+class PCQM4Mv2Graphs(Dataset):
+    """The compact, memory-mapped graphs of :func:`write_compact`; items are PyG ``Data``.
+
+    Args:
+        folder (str): the folder :func:`write_compact` wrote.
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        try:
+            with open(osp.join(folder, "meta.json")) as f:
+                self.meta = json.load(f)
+            arrays = {k: np.load(osp.join(folder, f"{k}.npy"), mmap_mode="r") for k in _ARRAYS}
+            with np.load(osp.join(folder, "split.npz"), allow_pickle=False) as split:
+                self.split = {k: torch.from_numpy(split[k].copy()) for k in split.files}
+        except (OSError, ValueError, KeyError) as error:
+            raise DataError(
+                f"the dataset cache {folder} cannot be read ({type(error).__name__}: {error}); "
+                f"delete the folder {folder} and run again to rebuild it"
+            ) from error
+        if self.meta.get("format") != FORMAT:
+            raise DataError(f"{folder} holds another format; delete it to rebuild it")
+        self.x, self.edge_index, self.edge_attr = (
+            arrays["x"],
+            arrays["edge_index"],
+            arrays["edge_attr"],
+        )
+        self.node_ptr = np.asarray(arrays["node_ptr"])
+        self.edge_ptr = np.asarray(arrays["edge_ptr"])
+        self._y = torch.from_numpy(np.array(arrays["y"])).view(-1, 1)
+
+    def __len__(self) -> int:
+        return len(self.node_ptr) - 1
+
+    @property
+    def node_counts(self) -> torch.Tensor:
+        """``[G]`` atoms per molecule."""
+        return torch.from_numpy(np.diff(self.node_ptr))
+
+    @property
+    def y(self) -> torch.Tensor:
+        """``[G, 1]`` HOMO-LUMO gaps in eV (NaN in the unlabelled test splits)."""
+        return self._y
+
+    @property
+    def failed(self) -> list[int]:
+        return self.meta["failed"]
+
+    def __getitem__(self, index: int) -> Data:
+        a, b = self.node_ptr[index], self.node_ptr[index + 1]
+        c, d = self.edge_ptr[index], self.edge_ptr[index + 1]
+        return Data(
+            x=torch.from_numpy(np.array(self.x[a:b])),
+            edge_index=torch.from_numpy(np.array(self.edge_index[:, c:d], dtype=np.int64)),
+            edge_attr=torch.from_numpy(np.array(self.edge_attr[c:d])),
+            y=self._y[index].view(1, 1),
+            num_nodes=int(b - a),
+        )
+
+
+class PCQM4Mv2Source:
+    """OGB-LSC's PCQM4Mv2: HOMO-LUMO gap regression scored by MAE
+    (``ogb.lsc.PCQM4Mv2Evaluator``), with the official split. ``valid`` is the labelled
+    evaluation split; ``test-dev`` and ``test-challenge`` have no labels (``scripts/eval.py
+    split=test-dev`` writes a leaderboard submission file for them).
+
+    Args:
+        root (str, optional): the folder holding ``pcqm4m-v2/`` (OGB's ``root``).
+            (default: :obj:`"data"`)
+        name (str, optional): label used in outputs. (default: :obj:`"pcqm4mv2"`)
+        processes (int | None, optional): processes that featurise the SMILES once; None uses
+            every core. (default: :obj:`None`)
+    """
+
+    def __init__(self, root: str = "data", name: str = "pcqm4mv2", processes: int | None = None):
+        if processes is not None and (isinstance(processes, bool) or processes < 1):
+            raise ConfigError(f"dataset.processes must be >= 1 or null, got {processes!r}")
+        self.root = root
+        self.name = name
+        self.processes = processes
+        self._task = TaskInfo(name, "regression", 1, "mae")
+
+    def task_info(self) -> TaskInfo:
+        return self._task
+
+    @property
+    def folder(self) -> str:
+        return osp.join(self.root, "pcqm4m-v2")
+
+    @property
+    def processed(self) -> str:
+        return osp.join(self.folder, "processed", FORMAT)
+
+    def load(self, pre_transform=None):  # noqa: ARG002  (never cached here: see the module doc)
+        from graphormer.data.sources import LoadedDataset
+
+        if not osp.isdir(self.processed):
+            self.prepare()
+        dataset = PCQM4Mv2Graphs(self.processed)
+        return LoadedDataset(dataset, dataset.split, self._task, labelled=LABELLED_SPLITS)
+
+    def prepare(self) -> dict[str, float]:
+        """Reads OGB's raw CSV and split with ``ogb.lsc`` and writes the compact cache."""
+        from ogb.lsc import PCQM4Mv2Dataset
+
+        _check_release("PCQM4Mv2", self.folder, "RELEASE_v1.txt")
+        allow_numpy_arrays()
+        try:
+            with _socket_timeout(60):
+                raw = PCQM4Mv2Dataset(root=self.root, only_smiles=True)
+        except (OSError, SystemExit, ValueError) as error:  # no network; OGB exits on refusal
+            _remove_empty(self.folder)
+            url = "https://dgl-data.s3-accelerate.amazonaws.com/dataset/OGB-LSC/pcqm4m-v2.zip"
+            raise DatasetNotFoundError(
+                f"PCQM4Mv2 is not in {osp.abspath(self.folder)} and could not be downloaded "
+                f"from {url} ({type(error).__name__}: {error}).\nFix: download {url} on a "
+                f"machine with network access, unzip it into {osp.abspath(self.root)} (giving "
+                f"{osp.abspath(self.folder)}/raw/data.csv.gz and split_dict.pt), or point "
+                "dataset.root= at the folder that holds pcqm4m-v2/."
+            ) from error
+        split = {k: np.asarray(v, dtype=np.int64) for k, v in raw.get_idx_split().items()}
+        missing = [k for k in PCQM4MV2_SPLITS if k not in split]
+        if missing:
+            raise DataError(f"{self.folder}/split_dict.pt lacks the split(s) {missing}")
+        labels = np.asarray(raw.labels, dtype=np.float64)
+        for name in LABELLED_SPLITS:
+            unlabelled = np.flatnonzero(np.isnan(labels[split[name]]))
+            if len(unlabelled):
+                raise DataError(
+                    f"{len(unlabelled)} molecules of PCQM4Mv2's {name} split have no "
+                    f"homolumogap in {self.folder}/raw/data.csv.gz; the file is damaged"
+                )
+        processes = self.processes or os.cpu_count() or 1
+        return write_compact(raw.graphs, labels, split, self.processed, processes=processes)
+
+
+def _remove_empty(folder: str) -> None:
+    if osp.isdir(folder) and not any(files for _, _, files in os.walk(folder)):
+        shutil.rmtree(folder)
