@@ -247,7 +247,14 @@ def test_convert_script_writes_a_checkpoint_that_loads_exactly(tmp_path):
     again = GraphormerModule.load_from_checkpoint(output, map_location="cpu").eval()
     batch = batch_of(molecules([1, 2, 3]))
     with torch.no_grad():
-        torch.testing.assert_close(again(batch), model(batch), atol=0, rtol=0)
+        expected = model(batch)
+        torch.testing.assert_close(again(batch), expected, atol=0, rtol=0)
+    # The prediction tools read it as well (from SMILES, with no dataset of ours).
+    from graphormer import Predictor
+
+    table = Predictor.from_checkpoint(output, device="cpu").predict(list(nci_smiles()[1:4]))
+    got = torch.tensor(table["task_0"].to_numpy(), dtype=torch.float32)
+    torch.testing.assert_close(got, expected[:, 0], atol=1e-5, rtol=0)
 
 
 def test_untrusted_pickles_are_refused_in_one_clear_line(tmp_path):
