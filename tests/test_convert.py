@@ -103,6 +103,16 @@ def test_microsoft_round_trip_is_identical(overrides):
     assert same_state(back, model.state_dict()) == []
 
 
+def test_float16_checkpoints_convert_to_float32():
+    config = microsoft_config()
+    model = random_model(config)
+    settings, theirs = to_microsoft(config, model.state_dict())
+    _, back = from_microsoft({k: v.half() for k, v in theirs.items()}, settings)
+    assert {v.dtype for v in back.values()} == {torch.float32}
+    expected = model.state_dict()["layers.0.fc1.weight"].half().float()
+    assert torch.equal(back["layers.0.fc1.weight"], expected)
+
+
 def test_microsoft_index_conventions_known_answer():
     """Rows of a Microsoft-layout table that hold their own row number land where Microsoft's
     pipeline reads them: atoms value + 512 * column + 2, path edges + 3, degrees and distances + 1,
@@ -176,6 +186,16 @@ def test_settings_that_contradict_the_tensors_are_an_error():
     theirs[ENC + "layers.0.layer_scale1"] = torch.ones(32)
     with pytest.raises(ConversionError, match="no place for: .*layer_scale1"):
         from_microsoft(theirs, settings)
+
+
+def test_a_nonzero_edge_padding_row_is_reported(caplog):
+    """Microsoft's model adds edge_encoder row 0 to every pair without an edge; ours adds zero."""
+    config = microsoft_config()
+    settings, theirs = to_microsoft(config, random_model(config).state_dict())
+    theirs[ENC + "graph_attn_bias.edge_encoder.weight"][0] = 1.0
+    with caplog.at_level(logging.WARNING, logger="graphormer.models.convert"):
+        from_microsoft(theirs, settings)
+    assert "row 0 (padding) of edge_encoder is not zero" in caplog.text
 
 
 def test_unused_microsoft_tensors_are_dropped_and_the_bare_encoder_gets_a_new_head():

@@ -167,7 +167,12 @@ def from_microsoft(
         (:class:`Graphormer`'s keys).
     """
     rules = _convention(convention)
-    state = {k: v.detach().cpu() for k, v in state_dict.items() if isinstance(v, Tensor)}
+    # Microsoft trained with --fp16, so its checkpoints may hold float16 weights: ours are float32.
+    state = {
+        k: v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu()
+        for k, v in state_dict.items()
+        if isinstance(v, Tensor)
+    }
     arch = _architecture(state, dict(settings or {}), source)
     config = GraphormerConfig(
         num_layers=arch["encoder_layers"],
@@ -193,7 +198,7 @@ def from_microsoft(
         head_bias="shared",
         num_tasks=_num_tasks(arch, "encoder.embed_out.weight" in state, num_tasks, source),
     )
-    ours = _to_ours(state, arch, config, rules, source)
+    ours = _to_ours(state, config, rules, source)
     return config, ours
 
 
@@ -223,8 +228,11 @@ def _architecture(state: dict[str, Tensor], given: dict[str, Any], source: str) 
     """The source's architecture in Microsoft's names: from the shapes, checked against ``given``."""
     required = [
         _ENCODER + "graph_node_feature.atom_encoder.weight",
+        _ENCODER + "graph_node_feature.in_degree_encoder.weight",
+        _ENCODER + "graph_node_feature.out_degree_encoder.weight",
         _ENCODER + "graph_attn_bias.spatial_pos_encoder.weight",
         _ENCODER + "graph_attn_bias.edge_encoder.weight",
+        _ENCODER + "layers.0.fc1.weight",
     ]
     missing = [k for k in required if k not in state]
     if missing:
@@ -267,17 +275,16 @@ def _architecture(state: dict[str, Tensor], given: dict[str, Any], source: str) 
     ]
     if conflicts:
         raise ConversionError(
-            f"{source}: its settings contradict its tensors: {'; '.join(conflicts)}. Remove these "
-            "overrides, or convert the checkpoint these settings belong to"
+            f"{source}: its settings (the file's own and any overrides) contradict its tensors: "
+            f"{'; '.join(conflicts)}. Correct or drop these settings"
         )
     arch = {**_DEFAULTS, **{k: v for k, v in given.items() if v is not None}, **shapes}
     if str(arch["activation_fn"]).lower() != "gelu":
         raise ConversionError(
             f"{source} uses activation_fn={arch['activation_fn']!r}; graphormer's layers use GELU"
         )
-    for name in ("embed_scale",):
-        if given.get(name) is not None:
-            raise ConversionError(f"{source} sets {name}={given[name]!r}, which graphormer lacks")
+    if given.get("embed_scale") is not None:
+        raise ConversionError(f"{source} scales its embeddings (embed_scale); graphormer does not")
     if given.get("share_encoder_input_output_embed") or given.get("share_input_output_embed"):
         raise ConversionError(f"{source} shares input and output embeddings; graphormer does not")
     if arch["num_in_degree"] != arch["num_out_degree"]:
@@ -304,12 +311,16 @@ def _attention_max_distance(spatial_pos_max: int, rules: IndexConvention) -> int
     """Our ``attention_max_distance`` for a source's ``spatial_pos_max`` collator setting: pairs
     with ``distance + shift >= spatial_pos_max`` do not attend, unreachable pairs being at 510."""
     limit = int(spatial_pos_max) - 1 - rules.spatial_pos_max_shift
+    if limit < 0:
+        raise ConversionError(
+            f"spatial_pos_max={spatial_pos_max} stops even a node attending to itself; give the "
+            "value the model was trained with (settings.spatial_pos_max)"
+        )
     return limit if limit < rules.unreachable_distance else None
 
 
 def _to_ours(
     state: dict[str, Tensor],
-    arch: dict[str, Any],
     config: GraphormerConfig,
     rules: IndexConvention,
     source: str,
@@ -338,9 +349,9 @@ def _to_ours(
     if edge_table[0].abs().max() > 0:
         # The source adds its padding row to every pair without an edge; ours adds nothing.
         log.warning(
-            "%s: row 0 (padding) of edge_encoder is not zero, so the source model adds it to every "
-            "pair without an edge (it was initialised without apply_graphormer_init); the "
-            "converted model adds zero there and its outputs will differ from the source's",
+            "%s: row 0 (padding) of edge_encoder is not zero (left at its random initialisation "
+            "when apply_graphormer_init is off), so the source model adds it to every pair "
+            "without an edge; the converted model adds zero there, and its outputs differ",
             source,
         )
     mapped["attn_bias.edge.embedding.weight"] = _gather_rows(
@@ -369,6 +380,14 @@ def _to_ours(
         heads = config.num_heads
         hop_weight = take(bias + "edge_dis_encoder.weight").reshape(-1, heads, heads)
         mapped["attn_bias.hop_weight"] = hop_weight[: config.multi_hop_max_dist]  # [K, H, H]
+        if hop_weight.size(0) > config.multi_hop_max_dist:
+            log.info(
+                "%s: edge_dis_encoder holds %d hop matrices; its model uses the first %d "
+                "(multi_hop_max_dist), which are kept",
+                source,
+                hop_weight.size(0),
+                config.multi_hop_max_dist,
+            )
     mapped["graph_token"] = take(node + "graph_token.weight").reshape(1, 1, -1)
     if config.uses_embedding_layernorm:
         for part in ("weight", "bias"):
@@ -755,6 +774,11 @@ def _torch_load(path: Path, trust_source: bool) -> Any:
     if trust_source:
         try:
             return torch.load(path, map_location="cpu", weights_only=False)
+        except ImportError as error:
+            raise ConversionError(
+                f"source={path} holds objects of a package that is not installed ({error}); "
+                "install it to unpickle the file"
+            ) from error
         except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile) as error:
             raise _unreadable(path, error) from error
     try:
