@@ -186,8 +186,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if not best or not Path(best).is_file():
         raise ConfigError(
             "no checkpoint was selected because validation never ran: trainer.max_epochs="
-            f"{trainer.max_epochs}, trainer.check_val_every_n_epoch="
-            f"{trainer.check_val_every_n_epoch}; let validation run at least once"
+            f"{trainer.max_epochs}, trainer.max_steps={trainer.max_steps}, "
+            f"trainer.check_val_every_n_epoch={trainer.check_val_every_n_epoch}, "
+            f"trainer.val_check_interval={trainer.val_check_interval}; let validation run at "
+            "least once (with max_steps, set trainer.val_check_interval=N steps)"
         )
     metric = task.metric
     test = None  # PCQM4Mv2's test splits have no labels: the leaderboard scores them
