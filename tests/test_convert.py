@@ -444,7 +444,8 @@ def test_a_checkpoint_that_does_not_fit_is_an_error_unless_not_strict(converted,
     path, config, _ = converted
     # Same names and shapes, different function: pre-LN layers.
     with pytest.raises(
-        CheckpointError, match=r"settings differ: model.pre_layernorm False vs True"
+        CheckpointError,
+        match=r"settings differ \(checkpoint vs this model\): model.pre_layernorm False vs True",
     ):
         load_pretrained(new_module(config, pre_layernorm=True), str(path))
     module = new_module(config, max_distance=20, unreachable_as_far=False, num_layers=3)

@@ -91,9 +91,13 @@ class PretrainedReport:
     def problems(self) -> str:
         parts = []
         if self.setting_differences:
-            parts.append("settings differ: " + _listing(self.setting_differences))
+            parts.append(
+                "settings differ (checkpoint vs this model): " + _listing(self.setting_differences)
+            )
         if self.shape_mismatches:
-            parts.append("shapes differ: " + _listing(self.shape_mismatches))
+            parts.append(
+                "shapes differ (checkpoint vs this model): " + _listing(self.shape_mismatches)
+            )
         if self.not_in_model:
             parts.append("not in this model: " + _listing(self.not_in_model))
         if self.not_in_checkpoint:
