@@ -210,3 +210,30 @@ def test_ddp_with_fewer_validation_graphs_than_ranks_does_not_hang(tmp_path):
     assert "data: smiles_csv: train 18, valid 1, test 1" in stdout
     assert "precision: 32-true; devices: 2" in stdout  # no silent bf16 on the CPU
     assert (out / "metrics.json").is_file()
+
+
+class _Payload:
+    """Unpickling this runs code (writes a file): what a tampered cache file could hold."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_a_tampered_cache_marker_is_never_unpickled(tmp_path, ogb_root):
+    import torch
+
+    from graphormer.data.ogb import DatasetCacheError
+
+    root = tmp_path / "ogb"
+    shutil.copytree(ogb_root / "ogbg_molesol", root / "ogbg_molesol")
+    OGBGraphDataset("ogbg-molesol", str(root), pre_transform=StructuralFeatures(5))
+    processed = root / "ogbg_molesol" / "processed" / "structural_v1_hops5"
+    victim = tmp_path / "victim.txt"
+    # PyG itself would read this file with weights_only=False, running the payload.
+    torch.save(_Payload(str(victim)), processed / "pre_transform.pt")
+    with pytest.raises(DatasetCacheError, match="holds more than data"):
+        OGBGraphDataset("ogbg-molesol", str(root), pre_transform=StructuralFeatures(5))
+    assert not victim.exists()

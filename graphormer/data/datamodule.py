@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 
 import lightning.pytorch as pl
@@ -11,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from graphormer.console import report
 from graphormer.data.collate import GraphormerCollator
+from graphormer.data.locks import exclusive_lock
 from graphormer.data.sources import LoadedDataset, OGBSource, SmilesCsvSource
 from graphormer.data.tasks import TaskInfo
 from graphormer.data.transforms import StructuralFeatures
@@ -172,9 +174,12 @@ class GraphDataModule(pl.LightningDataModule):
 
     def prepare_data(self) -> None:
         # Downloads and preprocesses once (rank 0 of each node). The loaded dataset is kept, so
-        # that this process's setup() does not read it from disk a second time.
+        # that this process's setup() does not read it from disk a second time. The lock makes
+        # the nodes of a multi-node run that share a file system take turns: the first one
+        # processes, the others find the finished cache (never a half-written one).
         if self.loaded is None:
-            self.loaded = self.source.load(self.pre_transform)
+            with exclusive_lock(os.path.join(str(self.source.root), ".graphormer-prepare.lock")):
+                self.loaded = self.source.load(self.pre_transform)
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_index is not None:

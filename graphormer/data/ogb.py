@@ -39,6 +39,7 @@ __all__ = [
     "add_structural_features",
     "ogb_task_info",
     "allow_pyg_classes",
+    "check_pyg_markers",
 ]
 
 OGB_MOLECULE_DATASETS = (
@@ -76,6 +77,23 @@ def allow_pyg_classes() -> None:
     ``safe_globals`` context manager is not used: on exit it removes its classes even when they
     were allow-listed before, which breaks PyG's own list when contexts nest.)"""
     torch.serialization.add_safe_globals(_PYG_CLASSES)
+
+
+def check_pyg_markers(processed_dir: str) -> None:
+    """PyG reads ``pre_transform.pt`` and ``pre_filter.pt`` of a processed folder with
+    ``torch.load(weights_only=False)``, i.e. it unpickles them in full. It writes plain strings
+    there, so anything a safe load refuses was put there by someone else: refuse it first."""
+    for name in ("pre_transform.pt", "pre_filter.pt"):
+        path = osp.join(processed_dir, name)
+        if not osp.isfile(path):
+            continue
+        try:
+            torch.load(path, weights_only=True)
+        except Exception as error:
+            raise DatasetCacheError(
+                f"the dataset cache file {path} holds more than data ({type(error).__name__}), "
+                f"so it is not read. Delete the folder {processed_dir} and run again to rebuild it"
+            ) from error
 
 
 def ogb_task_info(name: str) -> TaskInfo:
@@ -142,6 +160,7 @@ class OGBGraphDataset(PygGraphPropPredDataset):
         # Processed files live under a folder named by the preprocessing settings.
         self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
         allow_pyg_classes()
+        check_pyg_markers(osp.join(folder, "processed", self.cache_key))
         try:
             super().__init__(name, root, transform=transform, pre_transform=pre_transform)
         except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile) as error:

@@ -18,7 +18,7 @@ from rdkit import Chem, RDLogger
 from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import Data, InMemoryDataset
 
-from graphormer.data.ogb import add_structural_features, allow_pyg_classes
+from graphormer.data.ogb import add_structural_features, allow_pyg_classes, check_pyg_markers
 from graphormer.data.transforms import StructuralFeatures
 from graphormer.errors import ConfigError, DataError
 
@@ -76,6 +76,7 @@ class SmilesCsvDataset(InMemoryDataset):
         stem = osp.splitext(osp.basename(path))[0]
         folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
         allow_pyg_classes()
+        check_pyg_markers(osp.join(folder, "processed", self.cache_key))
         super().__init__(folder, pre_transform=pre_transform, log=False)
         # Not PyG's load(): when the safe load fails it unpickles the file in full, and a
         # dataset file is data, never code. `data` is InMemoryDataset's public setter.

@@ -130,8 +130,14 @@ def _quiet_third_parties() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
-    """Trains a Graphormer as ``cfg`` says; returns what it writes to ``metrics.json``."""
+def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[str, Any]:
+    """Trains a Graphormer as ``cfg`` says; returns what it writes to ``metrics.json``.
+
+    Args:
+        cfg (DictConfig): the composed ``configs/train.yaml``.
+        callbacks (list[Callback] | None, optional): extra Lightning callbacks, for code that
+            embeds training (the scripts pass none). (default: :obj:`None`)
+    """
     _quiet_third_parties()
     if cfg.get("ckpt_path"):
         load_checkpoint_file(cfg.ckpt_path)  # a missing, corrupt or altered file fails now
@@ -154,7 +160,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         save_last=True,
         auto_insert_metric_name=False,
     )
-    callbacks: list[pl.Callback] = [checkpoint]
+    callbacks = [checkpoint, *(callbacks or [])]
     trainer_cfg = _container(cfg.trainer)
     precision = resolve_precision(trainer_cfg)
     progress_bar = trainer_cfg.get("enable_progress_bar")
