@@ -244,7 +244,8 @@ def convert_checkpoint(
         num_tasks (int | None, optional): outputs of a new head when the source has none.
         task (Mapping[str, Any] | None, optional): ``name``, ``task_type``, ``metric`` of the
             model's task (defaults: the source's dataset name, regression for one output and
-            binary classification for several, ``rmse`` / ``rocauc``).
+            binary classification for several, ``mae`` for a source trained with an L1 loss
+            (Microsoft's PCQM4M runs), else ``rmse`` / ``rocauc``).
 
     Returns:
         ``(path, config)``: the written checkpoint and the converted model's settings.
@@ -301,6 +302,10 @@ def _task(settings: Mapping[str, Any], num_tasks: int, given: dict[str, Any]) ->
         raise CheckpointError(
             f"task.task_type={task_type!r}: give 'regression' or 'binary classification'"
         )
-    metric = given.get("metric") or ("rocauc" if task_type == "binary classification" else "rmse")
+    # Microsoft's PCQM4M runs train with l1_loss and are scored by MAE, the other regressions RMSE.
+    regression_metric = "mae" if "l1" in criterion else "rmse"
+    metric = given.get("metric") or (
+        "rocauc" if task_type == "binary classification" else regression_metric
+    )
     name = given.get("name") or settings.get("dataset_name") or "converted"
     return {"name": str(name), "task_type": task_type, "num_tasks": num_tasks, "metric": metric}
