@@ -107,7 +107,7 @@ def test_corrupt_caches_name_the_file_and_the_fix(tmp_path, ogb_root):
     shutil.copytree(ogb_root / "ogbg_molesol", root / "ogbg_molesol")
     OGBGraphDataset("ogbg-molesol", str(root), pre_transform=StructuralFeatures(5))
     cache = (
-        root / "ogbg_molesol" / "processed" / "structural_v1_hops5" / "geometric_data_processed.pt"
+        root / "ogbg_molesol" / "processed" / "structural_v2_hops5" / "geometric_data_processed.pt"
     )
     cache.write_bytes(b"not a cache")
     with pytest.raises(DataError, match="cannot be read .* run again to rebuild it"):
@@ -230,7 +230,7 @@ def test_a_tampered_cache_marker_is_never_unpickled(tmp_path, ogb_root):
     root = tmp_path / "ogb"
     shutil.copytree(ogb_root / "ogbg_molesol", root / "ogbg_molesol")
     OGBGraphDataset("ogbg-molesol", str(root), pre_transform=StructuralFeatures(5))
-    processed = root / "ogbg_molesol" / "processed" / "structural_v1_hops5"
+    processed = root / "ogbg_molesol" / "processed" / "structural_v2_hops5"
     victim = tmp_path / "victim.txt"
     # PyG itself would read this file with weights_only=False, running the payload.
     torch.save(_Payload(str(victim)), processed / "pre_transform.pt")

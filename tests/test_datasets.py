@@ -51,7 +51,7 @@ def test_cache_is_keyed_by_preprocessing_settings(ogb_root):
     b = OGBGraphDataset("ogbg-molesol", str(ogb_root), pre_transform=StructuralFeatures(4))
     assert a[0].edge_path.size(-1) == 2 and b[0].edge_path.size(-1) == 4
     folder = ogb_root / "ogbg_molesol" / "processed"
-    assert {"structural_v1_hops2", "structural_v1_hops4"} <= {p.name for p in folder.iterdir()}
+    assert {"structural_v2_hops2", "structural_v2_hops4"} <= {p.name for p in folder.iterdir()}
     plain = OGBGraphDataset("ogbg-molesol", str(ogb_root), pre_transform=None)
     assert "spatial_pos" not in plain[0]
 

@@ -89,6 +89,7 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
         "graphormer_slim": 502_297,
         "graphormer_small": 12_687_937,
         "graphormer_base": 47_550_785,
+        "graphormer_base_microsoft": 47_549_185,
     }
     assert set(options("model")) == set(counts)
     for name in options("model"):
@@ -234,7 +235,7 @@ def test_eval_reads_the_dataset_from_a_new_root(trained_run, ogb_root, tmp_path)
         ogb_root / "ogbg_molhiv", moved / "ogbg_molhiv", ignore=shutil.ignore_patterns("processed")
     )
     result, _ = evaluate_run(metrics, tmp_path, f"dataset.root={moved}")
-    assert (moved / "ogbg_molhiv" / "processed" / "structural_v1_hops5").is_dir()
+    assert (moved / "ogbg_molhiv" / "processed" / "structural_v2_hops5").is_dir()
     assert result["test"]["rocauc"] == pytest.approx(metrics["test"]["rocauc"], abs=1e-6)
 
 
@@ -407,7 +408,7 @@ def test_prepare_script_caches_the_dataset(tmp_path, ogb_root):
         cwd=tmp_path,
     )
     assert "ogbg-molesol: 300 graphs (train 240, valid 30, test 30)" in log
-    assert (root / "ogbg_molesol" / "processed" / "structural_v1_hops3").is_dir()
+    assert (root / "ogbg_molesol" / "processed" / "structural_v2_hops3").is_dir()
 
 
 def test_checkpoints_store_absolute_dataset_paths(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from graphormer.data.shortest_paths import batched_shortest_paths
 __all__ = ["STRUCTURAL_KEYS", "StructuralFeatures", "structural_features"]
 
 # Bump when the stored layout changes, so that old caches are rebuilt rather than misread.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: shortest paths chosen as Floyd–Warshall chooses them (Microsoft, HF)
 
 STRUCTURAL_KEYS = ("in_degree", "out_degree", "spatial_pos", "edge_path")
 

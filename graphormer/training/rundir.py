@@ -9,7 +9,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-__all__ = ["RUN_MARKER", "RunDirGuard", "claim_run_dir"]
+__all__ = ["RUN_MARKER", "RunDirGuard", "claim_run_dir", "is_first_process"]
 
 RUN_MARKER = ".graphormer-run"
 # What a run leaves in its folder: finding any of them means the folder is taken.
@@ -17,7 +17,7 @@ _RECORDS = ("metrics.json", "checkpoints", "logs", "tb", ".hydra", RUN_MARKER)
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 
 
-def _is_first_process() -> bool:
+def is_first_process() -> bool:
     """False in the other ranks of a distributed launch, which share the first rank's folder."""
     return all(os.environ.get(name, "0") in ("", "0") for name in _RANK_VARIABLES)
 
@@ -26,7 +26,7 @@ def claim_run_dir(run_dir: str | Path, resuming: bool) -> str | None:
     """Claims ``run_dir`` for a new run; returns an error message if another run's records are
     there and this run does not resume (``ckpt_path=``), else None."""
     run_dir = Path(run_dir)
-    if not _is_first_process():
+    if not is_first_process():
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
     taken = [name for name in _RECORDS if (run_dir / name).exists()]

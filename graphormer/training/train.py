@@ -24,6 +24,7 @@ from graphormer.training.callbacks import EpochSummary, RunCheckpoint
 from graphormer.training.checkpoint import load_checkpoint_file
 from graphormer.training.module import GraphormerModule
 from graphormer.training.pretrained import load_pretrained
+from graphormer.training.rundir import is_first_process
 
 __all__ = ["build_datamodule", "build_module", "resolve_precision", "train"]
 
@@ -149,7 +150,9 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
     task = datamodule.task
     module = build_module(cfg, datamodule)
     if cfg.get("pretrained"):
-        load_pretrained(module, cfg.pretrained, strict=cfg.get("pretrained_strict", True))
+        loaded = load_pretrained(module, cfg.pretrained, strict=cfg.get("pretrained_strict", True))
+        if is_first_process():
+            report(loaded.summary())
 
     checkpoint = RunCheckpoint(
         dirpath=output_dir / "checkpoints",
