@@ -212,11 +212,20 @@ class Graphormer(nn.Module):
             nn.init.zeros_(self.head_bias)
 
     def encode(
-        self, batch: GraphormerBatch, return_attention: bool = False
+        self,
+        batch: GraphormerBatch,
+        return_attention: bool = False,
+        perturb: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
-        """Final hidden states ``[B, N + 1, d]`` (graph token first) and the attention maps."""
+        """Final hidden states ``[B, N + 1, d]`` (graph token first) and the attention maps.
+
+        ``perturb`` ``[B, N, d]`` is added to the node input embeddings (FLAG's adversarial
+        perturbation; Kong et al., 2020), at real nodes only; the graph token is never perturbed.
+        """
         node_mask = batch.node_mask
         h = self.node_encoder(batch.x, batch.in_degree, batch.out_degree, node_mask)  # [B, N, d]
+        if perturb is not None:
+            h = h + perturb.to(h.dtype) * node_mask.unsqueeze(-1).to(h.dtype)
         token = self.graph_token.expand(h.size(0), -1, -1).to(h.dtype)
         h = torch.cat([token, h], dim=1)  # [B, N+1, d]
         h = self.input_dropout(self.input_norm(h))
@@ -249,9 +258,12 @@ class Graphormer(nn.Module):
         return self.final_norm(h), attentions
 
     def forward(
-        self, batch: GraphormerBatch, return_attention: bool = False
+        self,
+        batch: GraphormerBatch,
+        return_attention: bool = False,
+        perturb: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        h, attentions = self.encode(batch, return_attention)
+        h, attentions = self.encode(batch, return_attention, perturb)
         graph = h[:, 0]  # [B, d], the graph token's final state
         out = self.head(self.head_norm(F.gelu(self.head_transform(graph))))  # [B, T]
         if self.head_bias is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -17,7 +19,7 @@ from graphormer.training.checkpoint import DIGEST_KEY, META_KEY, weights_digest
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
 from graphormer.training.schedule import warmup_linear_decay
 
-__all__ = ["GraphormerModule", "auto_loss", "masked_loss"]
+__all__ = ["FlagConfig", "GraphormerModule", "auto_loss", "masked_loss"]
 
 _LOSSES = ("bce", "l1", "mse")
 
@@ -37,6 +39,34 @@ def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
     if loss == "l1":
         return F.l1_loss(pred, target)
     return F.mse_loss(pred, target)
+
+
+@dataclass(frozen=True)
+class FlagConfig:
+    """FLAG's settings (``flag.*`` in the config).
+
+    Attributes:
+        m: ascent steps per optimiser step; 0 turns FLAG off.
+        step_size: the ascent step on the perturbation (and the range of its random start).
+        mag: if > 0, the largest norm a node's perturbation may reach (and the radius of its
+            random start); 0 leaves it unbounded.
+    """
+
+    m: int = 0
+    step_size: float = 1e-3
+    mag: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.m, bool) or not isinstance(self.m, int) or self.m < 0:
+            raise ValueError(f"flag.m must be an integer >= 0 (0 = off), got {self.m!r}")
+        if self.step_size <= 0 or self.mag < 0:
+            raise ValueError(
+                f"flag.step_size must be > 0 and flag.mag >= 0, got {self.step_size}, {self.mag}"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.m > 0
 
 
 def auto_loss(task: TaskInfo) -> str:
@@ -73,6 +103,9 @@ class GraphormerModule(pl.LightningModule):
             predictions and metrics are always in the original units. (default: :obj:`True`)
         data (dict | None, optional): the dataset and datamodule settings, stored so that
             ``scripts/eval.py`` can rebuild the data from the checkpoint alone.
+        flag (dict | None, optional): FLAG adversarial augmentation (Kong et al., 2020), as
+            :class:`FlagConfig` fields ``m``, ``step_size``, ``mag``; off when ``m`` is 0.
+            (default: :obj:`None`)
     """
 
     def __init__(
@@ -89,9 +122,15 @@ class GraphormerModule(pl.LightningModule):
         loss: str = "auto",
         normalize_targets: bool = True,
         data: dict[str, Any] | None = None,
+        flag: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.flag = FlagConfig(**(flag or {}))
+        # FLAG takes several backward passes per optimiser step: manual optimisation, with the
+        # clipping the trainer would have done (``gradient_clip_val``, set by train()).
+        self.automatic_optimization = not self.flag.enabled
+        self.gradient_clip_val: float | None = None
         self.task = TaskInfo(**task)
         if loss == "auto":
             loss = auto_loss(self.task)
@@ -142,9 +181,53 @@ class GraphormerModule(pl.LightningModule):
         return masked_loss(raw, (target - self.target_mean) / self.target_std, self.loss_name)
 
     def training_step(self, batch: GraphormerBatch, batch_idx: int) -> Tensor:
-        loss = self._loss(self.model(batch).float(), batch.y)
+        if self.flag.enabled:
+            loss = self._flag_step(batch)
+        else:
+            loss = self._loss(self.model(batch).float(), batch.y)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
         return loss
+
+    def initial_perturbation(self, shape: tuple[int, int, int]) -> Tensor:
+        """FLAG's random start ``[B, N, d]``: uniform in ``[-step_size, step_size]``, or, with
+        ``mag`` > 0, inside each node's ball of radius ``mag``."""
+        if self.flag.mag > 0:
+            start = torch.empty(shape, device=self.device).uniform_(-1, 1)
+            return start * self.flag.mag / math.sqrt(shape[-1])
+        step = self.flag.step_size
+        return torch.empty(shape, device=self.device).uniform_(-step, step)
+
+    def _flag_step(self, batch: GraphormerBatch) -> Tensor:
+        """One optimiser step of FLAG: ``m`` ascent steps on a perturbation of the node input
+        embeddings, the parameters' gradients of the ``m`` losses accumulated (each scaled by
+        ``1/m``), as Microsoft's ``graph_prediction_with_flag`` task does."""
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        m, step, mag = self.flag.m, self.flag.step_size, self.flag.mag
+        b, n = batch.x.shape[:2]
+        perturb = self.initial_perturbation((b, n, self.config.hidden_dim)).requires_grad_()
+        optimizer.zero_grad()
+        total = 0.0
+        for ascent in range(m):
+            loss = self._loss(self.model(batch, perturb=perturb).float(), batch.y) / m
+            self.manual_backward(loss)
+            total = total + loss.detach()
+            if ascent == m - 1:
+                break
+            # Gradient ascent on the perturbation (its sign), projected back into the ball.
+            grad = perturb.grad.detach()
+            data = perturb.detach() + step * torch.sign(grad)
+            if mag > 0:
+                norm = data.norm(dim=-1, keepdim=True)
+                data = torch.where(norm > mag, data * (mag / norm), data)
+            perturb = data.requires_grad_()
+        if self.gradient_clip_val:
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.gradient_clip_val, gradient_clip_algorithm="norm"
+            )
+        optimizer.step()
+        scheduler.step()
+        return total
 
     # -- evaluation: every graph of the split exactly once, across all ranks ----------------
 

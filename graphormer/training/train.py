@@ -75,6 +75,7 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
             loss=cfg.loss,
             normalize_targets=cfg.normalize_targets,
             data=data,
+            flag=_container(cfg.flag) if cfg.get("flag") else None,
         )
     except (ValueError, TypeError) as error:
         # The model's and the module's own checks name the key ("model.hidden_dim ...").
@@ -175,8 +176,15 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
     if cfg.get("logger"):
         loggers.append(hydra.utils.instantiate(cfg.logger))
         callbacks.append(pl.callbacks.LearningRateMonitor(logging_interval="step"))
+    overrides = {}
+    if module.flag.enabled:
+        # FLAG optimises manually (several backward passes per update), and Lightning refuses
+        # its own clipping then: the module clips with the same value instead.
+        module.gradient_clip_val = trainer_cfg.get("gradient_clip_val")
+        overrides["gradient_clip_val"] = None
     trainer: pl.Trainer = hydra.utils.instantiate(
         cfg.trainer,
+        **overrides,
         callbacks=callbacks,
         logger=loggers or False,
         default_root_dir=output_dir,
