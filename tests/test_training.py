@@ -439,3 +439,22 @@ def test_the_default_loss_follows_the_metric():
     assert auto_loss(TaskInfo("a", "binary classification", 2, "rocauc")) == "bce"
     assert auto_loss(TaskInfo("b", "regression", 1, "rmse")) == "mse"
     assert auto_loss(TaskInfo("c", "regression", 1, "mae")) == "l1"
+
+
+def test_fine_tuning_recipes_need_a_pretrained_checkpoint(tmp_path):
+    from graphormer.errors import ConfigError
+    from graphormer.training import train
+
+    for recipe in ("molhiv_finetune", "molpcba_finetune"):
+        cfg = compose_train([f"experiment={recipe}", f"output_dir={tmp_path}"])
+        assert cfg.flag.m > 0 and cfg.model.pre_layernorm is False
+        assert cfg.optim.total_steps > cfg.optim.warmup_steps > 0
+        with pytest.raises(ConfigError, match="pass pretrained=FILE.ckpt"):
+            train(cfg)
+    cfg = compose_train(["experiment=pcqm4mv2_base", f"output_dir={tmp_path}"])
+    assert (cfg.trainer.max_steps, cfg.optim.total_steps, cfg.optim.warmup_steps) == (
+        1_000_000,
+        1_000_000,
+        60_000,
+    )
+    assert cfg.dataset.source == "pcqm4mv2" and cfg.loss == "l1"

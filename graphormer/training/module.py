@@ -95,6 +95,9 @@ class GraphormerModule(pl.LightningModule):
             steps. (default: :obj:`None`)
         warmup_ratio (float, optional): warm-up fraction when ``warmup_steps`` is None.
             (default: :obj:`0.06`)
+        total_steps (int | None, optional): the optimiser update at which the learning rate
+            reaches ``end_lr`` (the paper's recipes count updates); None uses every update the
+            trainer will make. (default: :obj:`None`)
         loss (str, optional): ``auto`` follows the metric (BCE for classification, L1 for
             MAE-scored and MSE for RMSE-scored regression), or ``bce``, ``l1``, ``mse``.
             (default: :obj:`"auto"`)
@@ -119,6 +122,7 @@ class GraphormerModule(pl.LightningModule):
         eps: float = 1e-8,
         warmup_steps: int | None = None,
         warmup_ratio: float = 0.06,
+        total_steps: int | None = None,
         loss: str = "auto",
         normalize_targets: bool = True,
         data: dict[str, Any] | None = None,
@@ -308,7 +312,8 @@ class GraphormerModule(pl.LightningModule):
             eps=hp.eps,
             weight_decay=hp.weight_decay,
         )
-        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        total = hp.get("total_steps") or self.trainer.estimated_stepping_batches
+        total = max(int(total), 1)
         warmup = hp.warmup_steps if hp.warmup_steps is not None else int(hp.warmup_ratio * total)
         warmup = max(int(warmup), 1)
 

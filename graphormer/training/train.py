@@ -63,6 +63,7 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
             f"{cfg.datamodule.max_hops}: the cached edge paths would be too short; raise "
             "datamodule.max_hops"
         )
+    _dataset_feature_dims(model_cfg, datamodule)
     data = {
         "dataset": _absolute_paths(_container(cfg.dataset)),
         "datamodule": _container(cfg.datamodule),
@@ -80,6 +81,32 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
     except (ValueError, TypeError) as error:
         # The model's and the module's own checks name the key ("model.hidden_dim ...").
         raise ConfigError(str(error)) from error
+
+
+def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule) -> None:
+    """Sizes the model's embedding tables by the dataset's own vocabularies (ZINC's atom and bond
+    types), where the config leaves them null; the filled values are saved with the checkpoint's
+    model settings, so eval.py and fine-tuning rebuild the same tables. Sources featurised like
+    OGB (no ``feature_dims``, or None) keep the model's default, OGB's featurisation."""
+    feature_dims = getattr(datamodule.source, "feature_dims", None)
+    dims = feature_dims() if feature_dims is not None else None
+    if dims is None:
+        return
+    for key, needed, kind in zip(
+        ("atom_feature_dims", "bond_feature_dims"), dims, ("node", "edge"), strict=True
+    ):
+        given = model_cfg.get(key)
+        if given is None:
+            model_cfg[key] = [int(d) for d in needed]
+        elif len(given) != len(needed) or any(
+            int(g) < n for g, n in zip(given, needed, strict=True)
+        ):
+            raise ConfigError(
+                f"model.{key}={list(given)} cannot hold the {kind} features of "
+                f"{datamodule.task.name}: {len(needed)} column(s) with vocabularies "
+                f"{list(needed)}; set model.{key}=null to follow the dataset (or give "
+                f"{len(needed)} size(s) at least that large)"
+            )
 
 
 def _absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +168,20 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
             embeds training (the scripts pass none). (default: :obj:`None`)
     """
     _quiet_third_parties()
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        # OmegaConf's get() would read a missing value (???) as None and carry on.
+        raise ConfigError(
+            f"{', '.join(missing)} must be given (this configuration has no default for "
+            f"{'them' if len(missing) > 1 else 'it'}): pass "
+            + " ".join(f"{key}=..." for key in missing)
+        )
+    if cfg.get("require_pretrained") and not cfg.get("pretrained"):
+        raise ConfigError(
+            "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
+            "pre-training run's checkpoint, or published weights converted with "
+            "scripts/convert.py; see README 'Reproducing the paper')"
+        )
     if cfg.get("ckpt_path"):
         load_checkpoint_file(cfg.ckpt_path)  # a missing, corrupt or altered file fails now
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
