@@ -17,12 +17,10 @@ def prepare(cfg: DictConfig) -> None:
     )
     datamodule.prepare_data()
     datamodule.setup("fit")
-    split = datamodule.loaded.split
+    task = datamodule.task
     print(
-        f"{datamodule.task.name}: {len(datamodule.loaded.dataset)} graphs "
-        f"(train {len(split['train'])}, valid {len(split['valid'])}, test {len(split['test'])}), "
-        f"task {datamodule.task.task_type}, {datamodule.task.num_tasks} task(s), "
-        f"metric {datamodule.task.metric}; cached under {cfg.dataset.root}"
+        f"{datamodule.describe()}; task {task.task_type}, {task.num_tasks} task(s), metric "
+        f"{task.metric}; cached under {cfg.dataset.root}"
     )
 
 

@@ -407,7 +407,7 @@ def test_prepare_script_caches_the_dataset(tmp_path, ogb_root):
         ],
         cwd=tmp_path,
     )
-    assert "ogbg-molesol: 300 graphs (train 240, valid 30, test 30)" in log
+    assert "ogbg-molesol: train 240, valid 30, test 30; task regression, 1 task(s)" in log
     assert (root / "ogbg_molesol" / "processed" / "structural_v2_hops3").is_dir()
 
 
