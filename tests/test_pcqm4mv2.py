@@ -15,7 +15,7 @@ from graphormer.data.ogb import DatasetNotFoundError
 from graphormer.data.pcqm4mv2 import featurise_smiles, write_compact
 from graphormer.testing import nci_pcqm4mv2, nci_table
 
-from test_training import TINY, evaluate_run, run_script
+from test_training import TINY, evaluate_run, run_failing, run_script
 
 
 @pytest.fixture(scope="module")
@@ -169,27 +169,10 @@ def _root_of(metrics):
 
 
 def test_a_metric_for_an_unlabelled_split_is_a_clear_error(pcqm_run, tmp_path):
-    import subprocess
-    import sys
-
-    from test_training import REPO
-
     _, out, _ = pcqm_run
     metrics = json.loads((out / "metrics.json").read_text())
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "eval.py"),
-            f"ckpt={metrics['best_checkpoint']}",
-            "split=test",
-            f"hydra.run.dir={tmp_path / 'eval'}",
-        ],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
-    )
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    args = [f"ckpt={metrics['best_checkpoint']}", "split=test", f"hydra.run.dir={tmp_path / 'e'}"]
+    result = run_failing("eval.py", args, tmp_path)
     assert "split='test' is not an evaluation split of pcqm4mv2" in result.stderr
     assert "test-dev" in result.stderr
 

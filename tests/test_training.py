@@ -46,6 +46,22 @@ def run_script(script, args, cwd, timeout=600):
     return result.stdout + result.stderr
 
 
+def run_failing(script, args, cwd, timeout=300) -> subprocess.CompletedProcess:
+    """Runs a script that must stop on a user error: exit status 1 and no traceback."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / script), *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "Traceback" not in result.stderr, result.stderr[-5000:]
+    return result
+
+
 def evaluate_run(metrics: dict, work: Path, *overrides: str) -> tuple[dict, str]:
     """scripts/eval.py on a run's best checkpoint, all splits: the JSON it wrote, and its output."""
     result_path = work / "eval.json"
@@ -353,22 +369,12 @@ def test_offline_demo_learns(tmp_path):
 
 
 def test_scripts_report_user_errors_without_a_traceback(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "eval.py"),
-            f"ckpt={tmp_path / 'missing.ckpt'}",
-            f"hydra.run.dir={tmp_path / 'eval'}",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=300,
+    result = run_failing(
+        "eval.py",
+        [f"ckpt={tmp_path / 'missing.ckpt'}", f"hydra.run.dir={tmp_path / 'eval'}"],
+        tmp_path,
     )
-    assert result.returncode == 1
     assert "error: checkpoint" in result.stderr and "does not exist" in result.stderr
-    assert "Traceback" not in result.stderr
 
 
 def test_pretrained_weights_initialise_all_but_the_output_layer(trained_run):
