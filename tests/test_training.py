@@ -418,16 +418,16 @@ def test_prepare_script_caches_the_dataset(tmp_path, ogb_root):
 
 
 def test_checkpoints_store_absolute_dataset_paths(tmp_path, monkeypatch):
-    from graphormer.training.train import _absolute_paths
+    from graphormer.training.train import absolute_paths
 
     monkeypatch.chdir(tmp_path)
-    stored = _absolute_paths({"root": "data", "path": "mols.csv", "name": "x"})
+    stored = absolute_paths({"root": "data", "path": "mols.csv", "name": "x"})
     assert stored == {
         "root": str(tmp_path / "data"),
         "path": str(tmp_path / "mols.csv"),
         "name": "x",
     }
-    assert _absolute_paths({"path": "rdkit:NCI/first_5k.tpsa.csv"})["path"].startswith("rdkit:")
+    assert absolute_paths({"path": "rdkit:NCI/first_5k.tpsa.csv"})["path"].startswith("rdkit:")
 
 
 def test_resume_from_a_missing_checkpoint_is_a_clear_error(tmp_path):

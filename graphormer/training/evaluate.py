@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from graphormer.console import report
 from graphormer.errors import ConfigError
 from graphormer.training.checkpoint import CheckpointError, load_module
-from graphormer.training.train import _absolute_paths, _quiet_third_parties, build_datamodule
+from graphormer.training.train import absolute_paths, build_datamodule, quiet_third_parties
 
 __all__ = ["evaluate", "format_table"]
 
@@ -89,7 +89,7 @@ def write_submission(task_name: str, split: str, y_pred: torch.Tensor, folder: P
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Evaluates ``cfg.ckpt`` on ``cfg.split`` (valid, test or all; PCQM4Mv2's unlabelled
     test-dev and test-challenge get a submission file); writes and returns the JSON."""
-    _quiet_third_parties()
+    quiet_third_parties()
     module, checkpoint = load_module(cfg.ckpt)
     data = module.hparams["data"] or {}
     if not isinstance(data.get("dataset"), dict) or not isinstance(data.get("datamodule"), dict):
@@ -100,7 +100,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     dataset_cfg = dict(data["dataset"])
     # Where the data lives now, if it moved since training (the task must stay the same).
     moved = {key: str(cfg.dataset[key]) for key in ("root", "path") if cfg.dataset.get(key)}
-    dataset_cfg.update(_absolute_paths(moved))
+    dataset_cfg.update(absolute_paths(moved))
     datamodule_cfg = dict(data["datamodule"])
     if cfg.get("batch_size"):
         datamodule_cfg["eval_batch_size"] = cfg.batch_size

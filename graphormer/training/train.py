@@ -26,7 +26,14 @@ from graphormer.training.module import GraphormerModule
 from graphormer.training.pretrained import load_pretrained
 from graphormer.training.rundir import is_first_process
 
-__all__ = ["build_datamodule", "build_module", "resolve_precision", "train"]
+__all__ = [
+    "absolute_paths",
+    "build_datamodule",
+    "build_module",
+    "quiet_third_parties",
+    "resolve_precision",
+    "train",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +72,7 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
         )
     _dataset_feature_dims(model_cfg, datamodule)
     data = {
-        "dataset": _absolute_paths(_container(cfg.dataset)),
+        "dataset": absolute_paths(_container(cfg.dataset)),
         "datamodule": _container(cfg.datamodule),
     }
     try:
@@ -109,7 +116,7 @@ def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule
             )
 
 
-def _absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
+def absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
     """The dataset settings with absolute paths, so that eval.py finds the data from any folder."""
     for key in ("root", "path"):
         value = dataset_cfg.get(key)
@@ -146,7 +153,7 @@ def _check_writable(folder: Path) -> None:
         ) from error
 
 
-def _quiet_third_parties() -> None:
+def quiet_third_parties() -> None:
     """No adverts or known-harmless notices on every run (warnings that matter still show)."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -167,7 +174,7 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
         callbacks (list[Callback] | None, optional): extra Lightning callbacks, for code that
             embeds training (the scripts pass none). (default: :obj:`None`)
     """
-    _quiet_third_parties()
+    quiet_third_parties()
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         # OmegaConf's get() would read a missing value (???) as None and carry on.
