@@ -22,11 +22,14 @@ from graphormer.data.sources import (
 )
 from graphormer.data.tasks import TaskEvaluator, TaskInfo
 from graphormer.data.transforms import STRUCTURAL_KEYS, StructuralFeatures, structural_features
+from graphormer.data.zinc import ZINC_ATOM_TYPES, ZINC_BOND_TYPES, ZINCDataset, ZINCSource
 
 __all__ = [
     "OGB_MOLECULE_DATASETS",
     "SOURCES",
     "STRUCTURAL_KEYS",
+    "ZINC_ATOM_TYPES",
+    "ZINC_BOND_TYPES",
     "DatasetNotFoundError",
     "GraphDataModule",
     "GraphormerBatch",
@@ -41,6 +44,8 @@ __all__ = [
     "StructuralFeatures",
     "TaskEvaluator",
     "TaskInfo",
+    "ZINCDataset",
+    "ZINCSource",
     "add_structural_features",
     "build_source",
     "batched_shortest_paths",

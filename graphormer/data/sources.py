@@ -21,6 +21,7 @@ from graphormer.data.pcqm4mv2 import PCQM4Mv2Source
 from graphormer.data.smiles import SmilesCsvDataset, group_split, random_split
 from graphormer.data.tasks import TaskInfo
 from graphormer.data.transforms import StructuralFeatures
+from graphormer.data.zinc import ZINCSource
 from graphormer.errors import ConfigError, DataError
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "OGBSource",
     "PCQM4Mv2Source",
     "SmilesCsvSource",
+    "ZINCSource",
     "build_source",
 ]
 
@@ -168,6 +170,7 @@ SOURCES: dict[str, type] = {
     "ogb": OGBSource,
     "smiles_csv": SmilesCsvSource,
     "pcqm4mv2": PCQM4Mv2Source,
+    "zinc": ZINCSource,
 }
 
 # Class paths that checkpoints of graphormer 0.1 stored as ``_target_``: read as the names above.
