@@ -202,6 +202,13 @@ class Predictor:
         data = module.hparams.get("data") or {}
         datamodule = dict(data.get("datamodule") or {})
         dataset = dict(data.get("dataset") or {})
+        if dataset.get("source") == "zinc":
+            raise CheckpointError(
+                f"checkpoint {path} was trained on ZINC ({dataset.get('name')}), whose graphs "
+                "carry ZINC's own atom-type and bond-type vocabularies; prediction featurises "
+                "SMILES the OGB way (smiles2graph), which this model cannot read: score it on "
+                "ZINC with scripts/eval.py instead"
+            )
         meta = checkpoint.get("graphormer") or {}
         trained_precision = meta.get("precision") if isinstance(meta, dict) else None
         return cls(
