@@ -8,6 +8,7 @@ writes them in OGB's on-disk layout, so that tests run the real OGB loading code
 from __future__ import annotations
 
 import gzip
+import pickle
 from functools import lru_cache
 from pathlib import Path
 
@@ -28,9 +29,14 @@ __all__ = [
     "nci_smiles",
     "nci_pcqm4mv2",
     "nci_table",
+    "nci_zinc",
+    "nci_zinc_molecules",
+    "nci_zinc_splits",
     "to_data",
     "write_ogb_layout",
     "write_pcqm4mv2_layout",
+    "write_zinc_layout",
+    "zinc_molecule",
 ]
 
 # The repository's configs/ folder (an editable install, as the README sets up).
@@ -190,3 +196,109 @@ def nci_pcqm4mv2(root: Path, limit: int = 300) -> Path:
     sizes["test-challenge"] = n // 10
     gaps = 3.0 + table.tpsa.to_numpy() / 40.0
     return write_pcqm4mv2_layout(root, table.smiles.tolist(), gaps, sizes)
+
+
+def zinc_molecule(smiles: str) -> dict | None:
+    """One molecule as ZINC's raw pickles hold it (``atom_type`` ``[N]`` long, the dense
+    ``bond_type`` ``[N, N]`` long adjacency of kekulised bond types 1/2/3, ``num_atom``), or None
+    when an atom has no type in ZINC's 28-type vocabulary or the molecule is in pieces. The
+    target is left to :func:`nci_zinc_molecules`."""
+    from graphormer.data.zinc import ZINC_ATOM_TYPES
+
+    vocabulary = {token: i for i, token in enumerate(ZINC_ATOM_TYPES)}
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None or mol.GetNumAtoms() == 0 or len(Chem.GetMolFrags(mol)) > 1:
+        return None
+    Chem.Kekulize(mol, clearAromaticFlags=True)
+    types = []
+    for atom in mol.GetAtoms():
+        # ZINC writes an atom as SMILES brackets it: hydrogens and charge for charged or
+        # chiral atoms ("C H1" is a stereocentre's [C@H]), the bare element otherwise.
+        token = atom.GetSymbol()
+        charge = atom.GetFormalCharge()
+        if charge or atom.GetChiralTag() != Chem.ChiralType.CHI_UNSPECIFIED:
+            hydrogens = atom.GetTotalNumHs()
+            token += f" H{hydrogens}" if hydrogens else ""
+            token += {0: "", 1: " +", -1: " -"}.get(charge, " ?")
+        if token not in vocabulary:
+            return None
+        types.append(vocabulary[token])
+    n = len(types)
+    bonds = torch.zeros(n, n, dtype=torch.long)
+    orders = {Chem.BondType.SINGLE: 1, Chem.BondType.DOUBLE: 2, Chem.BondType.TRIPLE: 3}
+    for bond in mol.GetBonds():
+        if bond.GetBondType() not in orders:
+            return None
+        i, j = bond.GetBeginAtomIdx(), bond.GetEndAtomIdx()
+        bonds[i, j] = bonds[j, i] = orders[bond.GetBondType()]
+    return {"atom_type": torch.tensor(types, dtype=torch.long), "bond_type": bonds, "num_atom": n}
+
+
+@lru_cache(maxsize=2)
+def nci_zinc_molecules(limit: int) -> tuple[dict, ...]:
+    """The first ``limit`` NCI molecules that fit ZINC's vocabulary, in ZINC's raw format, with a
+    real computed target in ``logP_SA_cycle_normalized``: Crippen logP minus the ring count (as
+    ZINC's penalised logP subtracts cycles), standardised over these molecules."""
+    from rdkit.Chem import Crippen, rdMolDescriptors
+
+    RDLogger.DisableLog("rdApp.*")
+    molecules, values = [], []
+    for smiles in nci_table().smiles:
+        molecule = zinc_molecule(smiles)
+        if molecule is None:
+            continue
+        mol = Chem.MolFromSmiles(smiles)
+        values.append(Crippen.MolLogP(mol) - rdMolDescriptors.CalcNumRings(mol))
+        molecules.append(molecule)
+        if len(molecules) == limit:
+            break
+    if len(molecules) < limit:
+        raise ValueError(f"only {len(molecules)} NCI molecules fit ZINC's vocabulary")
+    values = np.asarray(values)
+    values = (values - values.mean()) / values.std()
+    for molecule, value in zip(molecules, values, strict=True):
+        molecule["logP_SA_cycle_normalized"] = torch.tensor([value], dtype=torch.float32)
+    return tuple(molecules)
+
+
+def nci_zinc_splits(
+    sizes: tuple[int, int, int] = (300, 60, 60),
+    subset_sizes: tuple[int, int, int] = (200, 40, 40),
+    seed: int = 0,
+) -> tuple[dict[str, list[dict]], dict[str, list[int]]]:
+    """ZINC's ``train``/``val``/``test`` molecules (consecutive NCI molecules) and the subset's
+    index lists (positions drawn without replacement, in random order, as index files list them)."""
+    molecules = nci_zinc_molecules(sum(sizes))
+    bounds = np.cumsum([0, *sizes])
+    rng = np.random.default_rng(seed)
+    splits, index = {}, {}
+    for i, name in enumerate(("train", "val", "test")):
+        splits[name] = list(molecules[bounds[i] : bounds[i + 1]])
+        index[name] = rng.permutation(sizes[i])[: subset_sizes[i]].tolist()
+    return splits, index
+
+
+def write_zinc_layout(
+    root: Path, splits: dict[str, list[dict]], index: dict[str, list[int]] | None = None
+) -> Path:
+    """Writes molecules in PyG's raw ZINC layout and returns ``root/ZINC``: ``raw/<split>.pickle``
+    (a pickled list of molecule dicts, as ZINC's download holds them) and, for the subset,
+    ``raw/<split>.index`` (one line of comma-separated positions)."""
+    raw = Path(root) / "ZINC" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for name, molecules in splits.items():
+        with open(raw / f"{name}.pickle", "wb") as f:
+            pickle.dump(list(molecules), f)
+    for name, positions in (index or {}).items():
+        (raw / f"{name}.index").write_text(",".join(str(int(i)) for i in positions) + "\n")
+    return raw.parent
+
+
+def nci_zinc(
+    root: Path,
+    sizes: tuple[int, int, int] = (300, 60, 60),
+    subset_sizes: tuple[int, int, int] = (200, 40, 40),
+) -> Path:
+    """A ZINC-layout dataset of real NCI molecules (see :func:`nci_zinc_splits`) under ``root``."""
+    splits, index = nci_zinc_splits(sizes, subset_sizes)
+    return write_zinc_layout(root, splits, index)
