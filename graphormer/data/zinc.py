@@ -152,7 +152,10 @@ def _as_tensor(molecule: dict, key: str, where: str) -> torch.Tensor:
     value = molecule[key]
     if not isinstance(value, torch.Tensor | list | tuple | int | float | np.generic):
         raise DataError(f"{where}: {key!r} is a {type(value).__name__}, not a tensor")
-    return torch.as_tensor(value)
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise DataError(f"{where}: {key!r} is not numeric ({error})") from error
 
 
 def _graphs(molecules: list[dict], index: list[int], path: str) -> dict[str, list[torch.Tensor]]:
@@ -196,7 +199,7 @@ class ZINCDataset(ZINC):
     preprocessing settings.
 
     Items are PyG ``Data`` with ``x`` ``[N, 1]`` (atom type, 0..27), ``edge_index`` ``[2, E]`` (each
-    bond in both directions), ``edge_attr`` ``[E]`` (bond type, 1..3) and ``y`` ``[1, 1]``
+    bond in both directions), ``edge_attr`` ``[E]`` (bond type, 1..3; both uint8) and ``y`` ``[1, 1]``
     (constrained solubility), plus the structural features of ``pre_transform``. The graphs are
     ordered train, then val, then test (each in its file's or index file's order); :attr:`split`
     gives their positions.
