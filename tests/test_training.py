@@ -464,3 +464,17 @@ def test_fine_tuning_recipes_need_a_pretrained_checkpoint(tmp_path):
         60_000,
     )
     assert cfg.dataset.source == "pcqm4mv2" and cfg.loss == "l1"
+
+
+def test_the_zinc_recipe_is_microsofts_slim(tmp_path):
+    cfg = compose_train(["experiment=zinc_slim", f"output_dir={tmp_path}"])
+    model = cfg.model
+    assert (model.num_layers, model.hidden_dim, model.ffn_dim, model.num_heads) == (12, 80, 80, 8)
+    assert (model.pre_layernorm, model.embedding_layernorm) == (False, True)
+    assert (model.dropout, model.attention_dropout, model.activation_dropout) == (0.0, 0.1, 0.1)
+    assert (cfg.optim.warmup_steps, cfg.optim.total_steps, cfg.trainer.max_steps) == (
+        60_000,
+        400_000,
+        400_000,
+    )
+    assert cfg.dataset.source == "zinc" and cfg.dataset.subset is True
