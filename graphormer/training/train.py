@@ -162,6 +162,10 @@ def quiet_third_parties() -> None:
         r".*number of training batches .* is smaller than the logging interval",
         r".*does not have many workers which may be a bottleneck",
         r".*litlogger|.*litmodels",
+        # Our epoch-level metrics are computed from predictions gathered on every rank, so
+        # each rank logs the same value: Lightning's advice to sync them does not apply.
+        r".*when logging on epoch level in distributed setting",
+        r".*torch.distributed.nn.functional.all_gather is deprecated",  # Lightning, torch >= 2.10
     ):
         warnings.filterwarnings("ignore", message=pattern)
 
