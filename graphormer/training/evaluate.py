@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,12 @@ from omegaconf import DictConfig
 from graphormer.console import report
 from graphormer.errors import ConfigError
 from graphormer.training.checkpoint import CheckpointError, load_module
-from graphormer.training.train import absolute_paths, build_datamodule, quiet_third_parties
+from graphormer.training.train import (
+    absolute_paths,
+    build_datamodule,
+    is_terminal,
+    quiet_third_parties,
+)
 
 __all__ = ["evaluate", "format_table"]
 
@@ -128,7 +132,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=sys.stdout.isatty(),
+        enable_progress_bar=is_terminal(),
         use_distributed_sampler=False,
     )
     report(f"checkpoint: {Path(cfg.ckpt).resolve()}; precision: {trainer.precision}")

@@ -6,6 +6,7 @@ import inspect
 import json
 import logging
 import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -139,6 +140,12 @@ def resolve_precision(trainer_cfg: dict[str, Any]) -> str:
     return "bf16-mixed" if bf16 else "16-mixed"
 
 
+def is_terminal() -> bool:
+    """Whether stdout is a terminal a progress bar can be drawn in (some report 0 columns:
+    tqdm then draws nothing, so those get the plain per-epoch lines)."""
+    return sys.stdout.isatty() and shutil.get_terminal_size(fallback=(0, 0)).columns > 0
+
+
 def _check_writable(folder: Path) -> None:
     """Fails now, not after hours of training, if checkpoints cannot be written."""
     try:
@@ -221,7 +228,7 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
     precision = resolve_precision(trainer_cfg)
     progress_bar = trainer_cfg.get("enable_progress_bar")
     if progress_bar is None:  # a bar in a terminal, plain lines in a log file or a pipe
-        progress_bar = sys.stdout.isatty()
+        progress_bar = is_terminal()
     if not progress_bar:
         callbacks.append(EpochSummary())
     loggers = []
