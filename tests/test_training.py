@@ -478,3 +478,21 @@ def test_the_zinc_recipe_is_microsofts_slim(tmp_path):
         400_000,
     )
     assert cfg.dataset.source == "zinc" and cfg.dataset.subset is True
+
+
+def test_limited_evaluation_batches_warn_rather_than_fail(tmp_path, ogb_root):
+    from graphormer.training import train
+
+    cfg = compose_train(
+        [
+            "dataset=ogbg-molhiv",
+            f"dataset.root={ogb_root}",
+            f"output_dir={tmp_path}",
+            "trainer.max_epochs=1",
+            "+trainer.limit_val_batches=1",
+            *TINY,
+        ]
+    )
+    with pytest.warns(UserWarning, match=r"val/rocauc is computed on 32 of the 40 valid graphs"):
+        results = train(cfg)
+    assert results["test"]["rocauc"] > 0  # the test split is still scored whole

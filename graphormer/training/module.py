@@ -9,6 +9,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 import graphormer
@@ -270,10 +271,20 @@ class GraphormerModule(pl.LightningModule):
         if self.trainer.sanity_checking:
             return
         expected = _split_size(self.trainer, split)
+        limit = getattr(self.trainer, f"limit_{stage}_batches", 1.0)
+        limited = limit is not None and not (isinstance(limit, float) and limit >= 1.0)
         if expected is not None and len(index) != expected:
-            raise RuntimeError(
-                f"{split} evaluation saw {len(index)} distinct graphs, expected {expected}"
-            )
+            if not limited:
+                raise RuntimeError(
+                    f"{split} evaluation saw {len(index)} distinct graphs, expected {expected}"
+                )
+            if not getattr(self, f"_warned_{stage}", False):
+                setattr(self, f"_warned_{stage}", True)
+                rank_zero_warn(
+                    f"{stage}/{self.task.metric} is computed on {len(index)} of the {expected} "
+                    f"{split} graphs (trainer.limit_{stage}_batches={limit}): not comparable "
+                    "with a score on the whole split"
+                )
         result = self.evaluator.eval({"y_true": target.cpu(), "y_pred": pred.cpu()})
         value = float(result[self.task.metric])
         raw = (pred - self.target_mean) / self.target_std
