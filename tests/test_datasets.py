@@ -169,3 +169,15 @@ def test_on_the_fly_mode_gives_the_same_batches(ogb_root):
     for a, b in zip(cached.val_dataloader(), fly.val_dataloader(), strict=True):
         for name in ("index", "x", "spatial_pos", "edge_path", "in_degree", "edge_attr", "y"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_dataset_settings_that_cannot_build_a_source_are_config_errors():
+    from graphormer.data import build_source
+    from graphormer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="source=ogb are not usable: .*'name'"):
+        build_source({"source": "ogb"})
+    with pytest.raises(ConfigError, match="source=pcqm4mv2 are not usable"):
+        build_source({"source": "pcqm4mv2", "processes": "4"})
+    with pytest.raises(ConfigError, match="is not a dataset source"):
+        build_source({"source": "builtins.open"})

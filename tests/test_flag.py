@@ -57,7 +57,8 @@ class Capture(pl.Callback):
 
         pl_module.model.forward = recording
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # After the optimiser step: the gradients it used, clipped (the step leaves them).
         if self.grads is None:
             self.grads = {n: p.grad.clone() for n, p in pl_module.named_parameters()}
 

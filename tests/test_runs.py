@@ -256,3 +256,16 @@ def test_an_unwritable_run_folder_fails_before_training(tmp_path, ogb_root):
     with pytest.raises(ConfigError, match=f"cannot write checkpoints to {out / 'checkpoints'}"):
         train(cfg)
     assert time.perf_counter() - started < 10  # before any data is loaded or any epoch runs
+
+
+def test_distributed_ranks_may_write_hydra_files_before_rank_zero_claims(tmp_path, monkeypatch):
+    from graphormer.training.rundir import claim_run_dir
+
+    folder = tmp_path / "shared"
+    (folder / ".hydra").mkdir(parents=True)  # written by another rank of the same launch
+    monkeypatch.setenv("RANK", "0")
+    assert claim_run_dir(folder, resuming=False) is None
+    (tmp_path / "old" / "checkpoints").mkdir(parents=True)  # a previous run's records
+    assert "already holds a run" in claim_run_dir(tmp_path / "old", resuming=False)
+    monkeypatch.setenv("RANK", "3")  # other ranks never claim
+    assert claim_run_dir(tmp_path / "old", resuming=False) is None

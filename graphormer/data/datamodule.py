@@ -178,7 +178,9 @@ class GraphDataModule(pl.LightningDataModule):
         # the nodes of a multi-node run that share a file system take turns: the first one
         # processes, the others find the finished cache (never a half-written one).
         if self.loaded is None:
-            with exclusive_lock(os.path.join(str(self.source.root), ".graphormer-prepare.lock")):
+            name = str(getattr(self.source, "name", "dataset"))
+            lock = os.path.join(str(self.source.root), f".graphormer-prepare-{name}.lock")
+            with exclusive_lock(lock):  # one per dataset: other datasets' runs are not held
                 self.loaded = self.source.load(self.pre_transform)
 
     def setup(self, stage: str | None = None) -> None:

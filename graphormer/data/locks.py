@@ -21,8 +21,15 @@ def exclusive_lock(path: str) -> Iterator[None]:
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a") as handle:
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115  (closed below)
+    except OSError:
+        # A read-only data folder: nothing can be written there, so there is no cache to race
+        # on; reading it needs no lock.
+        yield
+        return
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

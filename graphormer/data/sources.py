@@ -226,4 +226,10 @@ def build_source(settings: Mapping[str, Any]):
                 f"dataset.{key} must be a plain value or a list of plain values, got "
                 f"{type(value).__name__}"
             )
-    return cls(**settings)
+    try:
+        return cls(**settings)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as error:
+        # A missing argument, or a value of the wrong type (a string for a number, ...).
+        raise ConfigError(f"dataset settings for source={kind} are not usable: {error}") from error

@@ -65,7 +65,9 @@ class EpochSummary(Callback):
         if not trainer.is_global_zero:
             return
         metrics = trainer.callback_metrics
-        parts = [f"epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"]
+        total = trainer.max_epochs
+        epoch = trainer.current_epoch + 1
+        parts = [f"epoch {epoch}/{total}" if total and total > 0 else f"epoch {epoch}"]
         if self._steps:  # this rank's mean over the epoch, not the last step's loss
             parts.append(f"train/loss {self._loss_sum / self._steps:.4f}")
         for key in sorted(metrics):

@@ -136,6 +136,7 @@ class GraphormerModule(pl.LightningModule):
         # clipping the trainer would have done (``gradient_clip_val``, set by train()).
         self.automatic_optimization = not self.flag.enabled
         self.gradient_clip_val: float | None = None
+        self.gradient_clip_algorithm = "norm"
         self.task = TaskInfo(**task)
         if loss == "auto":
             loss = auto_loss(self.task)
@@ -193,6 +194,16 @@ class GraphormerModule(pl.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
         return loss
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # Manual optimisation (FLAG) gets no clipping from the trainer. Lightning calls this
+        # hook after unscaling fp16 gradients, so the threshold applies to the true gradients.
+        if self.flag.enabled and self.gradient_clip_val:
+            self.clip_gradients(
+                optimizer,
+                gradient_clip_val=self.gradient_clip_val,
+                gradient_clip_algorithm=self.gradient_clip_algorithm,
+            )
+
     def initial_perturbation(self, shape: tuple[int, int, int]) -> Tensor:
         """FLAG's random start ``[B, N, d]``: uniform in ``[-step_size, step_size]``, or, with
         ``mag`` > 0, inside each node's ball of radius ``mag``."""
@@ -226,11 +237,7 @@ class GraphormerModule(pl.LightningModule):
                 norm = data.norm(dim=-1, keepdim=True)
                 data = torch.where(norm > mag, data * (mag / norm), data)
             perturb = data.requires_grad_()
-        if self.gradient_clip_val:
-            self.clip_gradients(
-                optimizer, gradient_clip_val=self.gradient_clip_val, gradient_clip_algorithm="norm"
-            )
-        optimizer.step()
+        optimizer.step()  # clipping happens in on_before_optimizer_step, after any unscaling
         scheduler.step()
         return total
 

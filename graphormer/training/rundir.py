@@ -29,7 +29,12 @@ def claim_run_dir(run_dir: str | Path, resuming: bool) -> str | None:
     if not is_first_process():
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
-    taken = [name for name in _RECORDS if (run_dir / name).exists()]
+    records = _RECORDS
+    if any(name in os.environ for name in _RANK_VARIABLES):
+        # torchrun / SLURM: every rank runs Hydra into this folder and may write .hydra/ before
+        # this rank gets here; a previous run still shows by its other records.
+        records = tuple(name for name in _RECORDS if name != ".hydra")
+    taken = [name for name in records if (run_dir / name).exists()]
     if not taken:
         try:  # exclusive creation: of two runs that start together, exactly one gets the folder
             (run_dir / RUN_MARKER).open("x").close()

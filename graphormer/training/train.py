@@ -129,15 +129,25 @@ def absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
 def resolve_precision(trainer_cfg: dict[str, Any]) -> str:
     """The trainer's precision; ``auto`` is bf16-mixed on GPUs (16-mixed on those without
     bfloat16) and 32-true on the CPU."""
-    precision = str(trainer_cfg.get("precision", "32-true"))
+    precision = str(trainer_cfg.get("precision") or "32-true")
     if precision != "auto":
         return precision
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
     on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
     if not on_gpu:
         return "32-true"
-    bf16 = not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
-    return "bf16-mixed" if bf16 else "16-mixed"
+    return "bf16-mixed" if _native_bf16() else "16-mixed"
+
+
+def _native_bf16() -> bool:
+    """Whether the GPU computes bfloat16 natively (Ampere and later): torch's check also counts
+    emulation, which is slow, on older GPUs."""
+    if not torch.cuda.is_available():
+        return True  # the accelerator is chosen elsewhere; bf16 is the GPU default
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # older torch: no emulation to exclude
+        return torch.cuda.is_bf16_supported()
 
 
 def is_terminal() -> bool:
@@ -240,7 +250,9 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
         # FLAG optimises manually (several backward passes per update), and Lightning refuses
         # its own clipping then: the module clips with the same value instead.
         module.gradient_clip_val = trainer_cfg.get("gradient_clip_val")
+        module.gradient_clip_algorithm = trainer_cfg.get("gradient_clip_algorithm") or "norm"
         overrides["gradient_clip_val"] = None
+        overrides["gradient_clip_algorithm"] = None
     trainer: pl.Trainer = hydra.utils.instantiate(
         cfg.trainer,
         **overrides,
