@@ -177,7 +177,10 @@ def test_dataset_settings_that_cannot_build_a_source_are_config_errors():
 
     with pytest.raises(ConfigError, match="source=ogb are not usable: .*'name'"):
         build_source({"source": "ogb"})
-    with pytest.raises(ConfigError, match="source=pcqm4mv2 are not usable"):
-        build_source({"source": "pcqm4mv2", "processes": "4"})
+    for processes in ("4", 2.5, 0):
+        with pytest.raises(ConfigError, match="dataset.processes must be an integer >= 1"):
+            build_source({"source": "pcqm4mv2", "processes": processes})
+    with pytest.raises(ConfigError, match="source=zinc are not usable: .*'unknown'|does not take"):
+        build_source({"source": "zinc", "unknown": 1})
     with pytest.raises(ConfigError, match="is not a dataset source"):
         build_source({"source": "builtins.open"})

@@ -147,6 +147,26 @@ def test_flag_settings_are_checked():
     assert GraphormerModule(model=MODEL, task=TASK).automatic_optimization
 
 
+def test_flag_refuses_gradient_accumulation(tmp_path, ogb_root):
+    from graphormer.errors import ConfigError
+    from graphormer.training import train
+
+    from test_training import compose_train
+
+    cfg = compose_train(
+        [
+            "dataset=ogbg-molhiv",
+            f"dataset.root={ogb_root}",
+            f"output_dir={tmp_path}",
+            "flag.m=2",
+            "+trainer.accumulate_grad_batches=4",
+            *TINY,
+        ]
+    )
+    with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches=1"):
+        train(cfg)
+
+
 def test_flag_trains_with_bf16_and_clipping_and_under_ddp(tmp_path, ogb_root):
     common = ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", *TINY, "flag.m=2"]
     out = tmp_path / "bf16"

@@ -239,8 +239,12 @@ class PCQM4Mv2Source:
     """
 
     def __init__(self, root: str = "data", name: str = "pcqm4mv2", processes: int | None = None):
-        if processes is not None and (isinstance(processes, bool) or processes < 1):
-            raise ConfigError(f"dataset.processes must be >= 1 or null, got {processes!r}")
+        if processes is not None and (
+            isinstance(processes, bool) or not isinstance(processes, int) or processes < 1
+        ):
+            raise ConfigError(
+                f"dataset.processes must be an integer >= 1 or null, got {processes!r}"
+            )
         self.root = root
         self.name = name
         self.processes = processes

@@ -246,6 +246,11 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
         loggers.append(hydra.utils.instantiate(cfg.logger))
         callbacks.append(pl.callbacks.LearningRateMonitor(logging_interval="step"))
     overrides = {}
+    if module.flag.enabled and (trainer_cfg.get("accumulate_grad_batches") or 1) > 1:
+        raise ConfigError(
+            "flag.m > 0 (FLAG) takes its own gradient steps and cannot accumulate gradients over "
+            "batches: set trainer.accumulate_grad_batches=1, or use a larger datamodule.batch_size"
+        )
     if module.flag.enabled:
         # FLAG optimises manually (several backward passes per update), and Lightning refuses
         # its own clipping then: the module clips with the same value instead.
