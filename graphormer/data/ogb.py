@@ -40,6 +40,7 @@ __all__ = [
     "ogb_task_info",
     "allow_pyg_classes",
     "check_pyg_markers",
+    "corrupt_cache_message",
 ]
 
 OGB_MOLECULE_DATASETS = (
@@ -77,6 +78,18 @@ def allow_pyg_classes() -> None:
     ``safe_globals`` context manager is not used: on exit it removes its classes even when they
     were allow-listed before, which breaks PyG's own list when contexts nest.)"""
     torch.serialization.add_safe_globals(_PYG_CLASSES)
+
+
+def corrupt_cache_message(path: str, error: Exception, folder: str | None = None) -> str:
+    """What to say when a dataset cache (a file, or the ``folder`` of several) cannot be read:
+    the cache, the reason, the folder to delete so that the next run rebuilds it."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    reason = reason.split(". ")[0][:160]
+    return (
+        f"the dataset cache {path} cannot be read ({type(error).__name__}: {reason}); it is "
+        f"truncated or corrupt. Delete the folder {folder or osp.dirname(path)} and run again to "
+        "rebuild it"
+    )
 
 
 def check_pyg_markers(processed_dir: str) -> None:
@@ -168,9 +181,7 @@ class OGBGraphDataset(PygGraphPropPredDataset):
             if not osp.isfile(cache):
                 raise
             # OGB's own torch.load of the cache failed: name the file and the fix.
-            from graphormer.data.smiles import _corrupt_cache
-
-            raise DatasetCacheError(_corrupt_cache(cache, error)) from error
+            raise DatasetCacheError(corrupt_cache_message(cache, error)) from error
 
     @property
     def processed_dir(self) -> str:

@@ -25,7 +25,14 @@ import torch
 from torch.utils.data import Dataset
 from torch_geometric.data import Data
 
-from graphormer.data.ogb import DatasetNotFoundError, _check_release, _socket_timeout
+from graphormer.data.ogb import (
+    DatasetCacheError,
+    DatasetNotFoundError,
+    _check_release,
+    _remove_empty_tree,
+    _socket_timeout,
+    corrupt_cache_message,
+)
 from graphormer.data.tasks import TaskInfo
 from graphormer.errors import ConfigError, DataError
 
@@ -180,10 +187,7 @@ class PCQM4Mv2Graphs(Dataset):
             with np.load(osp.join(folder, "split.npz"), allow_pickle=False) as split:
                 self.split = {k: torch.from_numpy(split[k].copy()) for k in split.files}
         except (OSError, ValueError, KeyError) as error:
-            raise DataError(
-                f"the dataset cache {folder} cannot be read ({type(error).__name__}: {error}); "
-                f"delete the folder {folder} and run again to rebuild it"
-            ) from error
+            raise DatasetCacheError(corrupt_cache_message(folder, error, folder=folder)) from error
         if self.meta.get("format") != FORMAT:
             raise DataError(f"{folder} holds another format; delete it to rebuild it")
         self.x, self.edge_index, self.edge_attr = (
@@ -279,7 +283,7 @@ class PCQM4Mv2Source:
             with _socket_timeout(60):
                 raw = PCQM4Mv2Dataset(root=self.root, only_smiles=True)
         except (OSError, SystemExit, ValueError) as error:  # no network; OGB exits on refusal
-            _remove_empty(self.folder)
+            _remove_empty_tree(self.folder)
             url = "https://dgl-data.s3-accelerate.amazonaws.com/dataset/OGB-LSC/pcqm4m-v2.zip"
             raise DatasetNotFoundError(
                 f"PCQM4Mv2 is not in {osp.abspath(self.folder)} and could not be downloaded "
@@ -302,8 +306,3 @@ class PCQM4Mv2Source:
                 )
         processes = self.processes or os.cpu_count() or 1
         return write_compact(raw.graphs, labels, split, self.processed, processes=processes)
-
-
-def _remove_empty(folder: str) -> None:
-    if osp.isdir(folder) and not any(files for _, _, files in os.walk(folder)):
-        shutil.rmtree(folder)

@@ -18,7 +18,12 @@ from rdkit import Chem, RDLogger
 from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import Data, InMemoryDataset
 
-from graphormer.data.ogb import add_structural_features, allow_pyg_classes, check_pyg_markers
+from graphormer.data.ogb import (
+    add_structural_features,
+    allow_pyg_classes,
+    check_pyg_markers,
+    corrupt_cache_message,
+)
 from graphormer.data.transforms import StructuralFeatures
 from graphormer.errors import ConfigError, DataError
 
@@ -86,7 +91,7 @@ class SmilesCsvDataset(InMemoryDataset):
                 meta = json.load(f)
             meta["skipped_rows"], meta["scaffolds"]  # noqa: B018  (both must be there)
         except (OSError, ValueError, KeyError, TypeError) as error:
-            raise DataError(_corrupt_cache(self.processed_paths[1], error)) from error
+            raise DataError(corrupt_cache_message(self.processed_paths[1], error)) from error
         self.skipped_rows: list[int] = meta["skipped_rows"]
         # Bemis-Murcko scaffold of each kept molecule, computed once while processing.
         self.scaffolds: list[str] = meta["scaffolds"]
@@ -215,17 +220,8 @@ def load_cache(path: str) -> tuple:
     try:
         data, slices = torch.load(path, weights_only=True)
     except Exception as error:  # truncated, corrupt, or holding objects other than data
-        raise DataError(_corrupt_cache(path, error)) from error
+        raise DataError(corrupt_cache_message(path, error)) from error
     return data, slices
-
-
-def _corrupt_cache(path: str, error: Exception) -> str:
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    reason = reason.split(". ")[0][:160]
-    return (
-        f"the dataset cache {path} cannot be read ({type(error).__name__}: {reason}); it is "
-        f"truncated or corrupt. Delete the folder {osp.dirname(path)} and run again to rebuild it"
-    )
 
 
 def _rows_text(rows: Sequence[int]) -> str:

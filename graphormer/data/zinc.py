@@ -38,6 +38,7 @@ from graphormer.data.ogb import (
     add_structural_features,
     allow_pyg_classes,
     check_pyg_markers,
+    corrupt_cache_message,
 )
 from graphormer.data.tasks import TaskInfo
 from graphormer.data.transforms import StructuralFeatures
@@ -234,9 +235,7 @@ class ZINCDataset(ZINC):
             stored = torch.load(path, weights_only=True)
             data, slices, sizes = stored["data"], stored["slices"], stored["split_sizes"]
         except Exception as error:  # truncated, corrupt, or holding more than data
-            from graphormer.data.smiles import _corrupt_cache
-
-            raise DatasetCacheError(_corrupt_cache(path, error)) from error
+            raise DatasetCacheError(corrupt_cache_message(path, error)) from error
         self.data, self.slices = data, slices  # InMemoryDataset's public setter
         bounds = np.cumsum([0, *sizes.tolist()])
         self.split = {
