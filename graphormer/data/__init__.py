@@ -4,6 +4,7 @@ from graphormer.data.datamodule import (
     IndexedSubset,
     SizeGroupedBatchSampler,
 )
+from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles
 from graphormer.data.ogb import (
     OGB_MOLECULE_DATASETS,
     DatasetNotFoundError,
@@ -31,6 +32,7 @@ __all__ = [
     "ZINC_ATOM_TYPES",
     "ZINC_BOND_TYPES",
     "DatasetNotFoundError",
+    "FeaturizedMolecules",
     "GraphDataModule",
     "GraphormerBatch",
     "GraphormerCollator",
@@ -48,6 +50,7 @@ __all__ = [
     "ZINCSource",
     "add_structural_features",
     "build_source",
+    "featurize_smiles",
     "batched_shortest_paths",
     "ogb_task_info",
     "random_split",

@@ -13,11 +13,10 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import torch
-from ogb.utils import smiles2graph
-from rdkit import Chem, RDLogger
 from rdkit.Chem.Scaffolds import MurckoScaffold
-from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.data import InMemoryDataset
 
+from graphormer.data.featurize import featurize_smiles
 from graphormer.data.ogb import (
     add_structural_features,
     allow_pyg_classes,
@@ -175,30 +174,19 @@ class SmilesCsvDataset(InMemoryDataset):
                 )
             labels[:, j] = array.astype(np.float32)
 
+        column = table[self.smiles_column].tolist()
+        molecules = featurize_smiles(column)
         graphs, skipped, scaffolds = [], [], []
-        RDLogger.DisableLog("rdApp.*")
-        try:
-            for row, smiles in enumerate(table[self.smiles_column].tolist()):
-                mol = Chem.MolFromSmiles(smiles) if isinstance(smiles, str) else None
-                if mol is None or mol.GetNumAtoms() == 0:
-                    skipped.append(row)
-                    continue
-                graph = smiles2graph(smiles)
-                scaffolds.append(
-                    MurckoScaffold.MurckoScaffoldSmiles(mol=mol, includeChirality=True)
-                )
-                graphs.append(
-                    Data(
-                        x=torch.from_numpy(graph["node_feat"]),
-                        edge_index=torch.from_numpy(graph["edge_index"]),
-                        edge_attr=torch.from_numpy(graph["edge_feat"]),
-                        y=torch.from_numpy(labels[row]).view(1, -1),
-                        row=torch.tensor([row]),
-                        num_nodes=graph["num_nodes"],
-                    )
-                )
-        finally:
-            RDLogger.EnableLog("rdApp.*")
+        for row, graph in enumerate(molecules.graphs):
+            if graph is None:
+                skipped.append(row)
+                continue
+            graph.y = torch.from_numpy(labels[row]).view(1, -1)
+            graph.row = torch.tensor([row])
+            graphs.append(graph)
+            scaffolds.append(
+                MurckoScaffold.MurckoScaffoldSmiles(smiles=column[row], includeChirality=True)
+            )
         if len(graphs) < 3:
             raise DataError(
                 f"{self.csv_path} holds {len(graphs)} molecule(s) rdkit can parse in column "

@@ -1,8 +1,8 @@
 """Using a trained model: predictions on new molecules, embeddings, and attention pictures."""
 
+from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles
 from graphormer.inference.attention import AttentionMaps, atom_labels, attention_rollout
 from graphormer.inference.explain import explain, write_explanation
-from graphormer.inference.featurize import FeaturizedMolecules, featurize_smiles
 from graphormer.inference.predict import predict
 from graphormer.inference.predictor import (
     Predictions,

@@ -10,9 +10,9 @@ import numpy as np
 from omegaconf import DictConfig, ListConfig
 
 from graphormer.console import report
+from graphormer.data.featurize import featurize_smiles
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps
-from graphormer.inference.featurize import featurize_smiles
 from graphormer.inference.pictures import draw_heads, draw_molecule, draw_molecules, value_range
 from graphormer.inference.predictor import Predictor
 

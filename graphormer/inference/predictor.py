@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from graphormer.data.collate import GraphormerCollator
+from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, atom_labels
-from graphormer.inference.featurize import FeaturizedMolecules, featurize_smiles
 from graphormer.models.graphormer import ogb_atom_feature_dims, ogb_bond_feature_dims
 from graphormer.training.checkpoint import CheckpointError, load_module
 

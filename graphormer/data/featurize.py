@@ -1,5 +1,7 @@
-"""SMILES to molecule graphs, exactly as training featurised them, with the reason for every
-molecule that cannot be featurised (it keeps its place; it is never dropped)."""
+"""SMILES to molecule graphs with OGB's ``smiles2graph``, and the reason for every molecule that
+cannot be featurised (it keeps its place; it is never dropped). The one featuriser of SMILES: a
+SMILES CSV is read with it for training, and ``graphormer.inference`` with it for prediction, so
+that prediction sees molecules exactly as training did."""
 
 from __future__ import annotations
 
