@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from graphormer.models import BiasedMultiheadAttention
+from graphormer.models.attention import biased_attention
 
 E, H, B, L = 16, 4, 3, 7
 
@@ -155,3 +156,100 @@ def test_unrepresentable_settings_and_bad_shapes_raise():
         ours(torch.randn(B, L, E), attn_bias=torch.randn(B, H, L, L + 1))
     with pytest.raises(ValueError, match="key_padding_mask"):
         ours(torch.randn(B, L, E), key_padding_mask=torch.zeros(B, L + 1, dtype=torch.bool))
+
+
+# -- the CPU training kernel (biased_attention) ------------------------------------------------
+
+
+def sdpa_reference(q, k, v, bias):
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)) + bias
+    return scores.softmax(-1) @ v
+
+
+@pytest.mark.parametrize(
+    "bias_shape", [(2, 3, 5, 6), (2, 1, 5, 6), (2, 1, 1, 6), (1, 3, 5, 6)], ids=str
+)
+def test_biased_attention_matches_the_definition_with_gradients(bias_shape):
+    torch.manual_seed(0)
+    dt = torch.float64
+    q = torch.randn(2, 3, 5, 4, dtype=dt, requires_grad=True)
+    k, v = (torch.randn(2, 3, 6, 4, dtype=dt, requires_grad=True) for _ in range(2))
+    bias = torch.randn(bias_shape, dtype=dt, requires_grad=True)
+    out = biased_attention(q, k, v, bias)
+    ref = sdpa_reference(q, k, v, bias)
+    torch.testing.assert_close(out, ref)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v, bias), grad)
+    want = torch.autograd.grad(ref, (q, k, v, bias), grad)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w)
+
+
+def test_biased_attention_dropout_gradients_follow_the_forward_mask():
+    dt = torch.float64
+    q, k, v = (torch.randn(2, 2, 5, 3, dtype=dt, requires_grad=True) for _ in range(3))
+    bias = torch.randn(2, 2, 5, 5, dtype=dt, requires_grad=True)
+
+    def seeded(*args):
+        torch.manual_seed(7)  # the same mask on every call gradcheck makes
+        return biased_attention(*args, dropout_p=0.3)
+
+    assert torch.autograd.gradcheck(seeded, (q, k, v, bias))
+    torch.manual_seed(7)
+    first = biased_attention(q, k, v, bias, 0.3)
+    second = biased_attention(q, k, v, bias, 0.3)  # the RNG has moved on: another mask
+    torch.manual_seed(7)
+    torch.testing.assert_close(biased_attention(q, k, v, bias, 0.3), first, rtol=0, atol=0)
+    assert not torch.equal(first, second)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_biased_attention_dropout_rate_and_expectation(p):
+    # Uniform weights (q = 0, no bias) and v = identity: each output row is the row of dropped
+    # and rescaled weights, so every dropped weight shows as an exact zero.
+    torch.manual_seed(0)
+    batch, heads, length = 16, 8, 64
+    q = torch.zeros(batch, heads, length, length)
+    v = torch.eye(length).expand(batch, heads, length, length)
+    out = biased_attention(q, q, v, torch.zeros(1, 1, 1, length), dropout_p=p)
+    dropped = out == 0
+    n = dropped.numel()
+    assert abs(dropped.float().mean().item() - p) < 5 * math.sqrt(p * (1 - p) / n)
+    kept = out[~dropped]
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / length / (1 - p)), rtol=1e-4, atol=0)
+    # Unbiased: the rows still sum to 1 on average.
+    assert abs(out.sum(-1).mean().item() - 1) < 5 * math.sqrt(p / (1 - p) / n * length)
+    # Independent across heads and query rows: no two heads share a mask.
+    per_head = dropped.float().mean((0, 2, 3))
+    assert not any(torch.equal(dropped[:, 0], dropped[:, h]) for h in range(1, heads))
+    assert per_head.std() < 0.01
+    assert torch.equal(
+        biased_attention(q, q, v, torch.zeros(1), dropout_p=1.0), torch.zeros_like(out)
+    )
+
+
+def test_the_model_trains_the_same_through_either_attention_kernel(monkeypatch):
+    from graphormer import models
+    from graphormer.data import GraphormerCollator, StructuralFeatures
+    from graphormer.models import attention
+    from graphormer.testing import nci_graphs, to_data
+
+    batch = GraphormerCollator()([StructuralFeatures()(to_data(g)) for g in nci_graphs(6)])
+    torch.manual_seed(0)
+    no_dropout = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+    config = models.GraphormerConfig(
+        num_layers=2, hidden_dim=16, ffn_dim=16, num_heads=4, **no_dropout
+    )
+    model = models.Graphormer(config).train()
+    results = []
+    for own in (True, False):
+        monkeypatch.setattr(attention, "_use_own_kernel", lambda q, p, own=own: own)
+        model.zero_grad()
+        out = model(batch)
+        out.square().sum().backward()
+        results.append((out, [p.grad.clone() for p in model.parameters()]))
+    (out_a, grads_a), (out_b, grads_b) = results
+    torch.testing.assert_close(out_a, out_b, atol=1e-6, rtol=1e-5)
+    for a, b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
