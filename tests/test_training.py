@@ -106,6 +106,7 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
         "graphormer_small": 12_687_937,
         "graphormer_base": 47_550_785,
         "graphormer_base_microsoft": 47_549_185,
+        "graphormer_large": 120_326_209,
     }
     assert set(options("model")) == set(counts)
     for name in options("model"):
@@ -453,10 +454,28 @@ def test_fine_tuning_recipes_need_a_pretrained_checkpoint(tmp_path):
 
     for recipe in ("molhiv_finetune", "molpcba_finetune"):
         cfg = compose_train([f"experiment={recipe}", f"output_dir={tmp_path}"])
-        assert cfg.flag.m > 0 and cfg.model.pre_layernorm is False
+        assert cfg.flag.m > 0
         assert cfg.optim.total_steps > cfg.optim.warmup_steps > 0
         with pytest.raises(ConfigError, match="pass pretrained=FILE.ckpt"):
             train(cfg)
+    # molhiv: Microsoft's base (post-LN) as hiv_pre.sh; molpcba: v1's large model as pcba.sh.
+    hiv = compose_train(["experiment=molhiv_finetune", f"output_dir={tmp_path}"])
+    assert hiv.model.pre_layernorm is False and hiv.model.hidden_dim == 768
+    pcba = compose_train(["experiment=molpcba_finetune", f"output_dir={tmp_path}"])
+    m = pcba.model
+    assert (m.num_layers, m.hidden_dim, m.ffn_dim, m.num_heads) == (18, 1024, 1024, 32)
+    assert (m.pre_layernorm, m.final_layernorm) == (True, True)
+    assert (m.dropout, m.attention_dropout, m.activation_dropout, m.input_dropout) == (
+        0.1,
+        0.3,
+        0.0,
+        0.0,
+    )
+    assert (pcba.optim.lr, pcba.optim.total_steps, pcba.optim.warmup_steps) == (3e-4, 13671, 854)
+    assert (pcba.flag.m, pcba.flag.step_size, pcba.flag.mag) == (4, 1e-3, 1e-3)
+    assert pcba.trainer.precision == "32-true" and pcba.datamodule.batch_size == 64
+    model = Graphormer(GraphormerConfig.from_dict({**pcba.model, "num_tasks": 128}))
+    assert model.input_dropout.p == 0.0 and model.layers[0].dropout.p == 0.1
     cfg = compose_train(["experiment=pcqm4mv2_base", f"output_dir={tmp_path}"])
     assert (cfg.trainer.max_steps, cfg.optim.total_steps, cfg.optim.warmup_steps) == (
         1_000_000,

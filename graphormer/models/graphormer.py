@@ -37,6 +37,8 @@ class GraphormerConfig:
         num_layers, hidden_dim, ffn_dim, num_heads: transformer size (``hidden_dim`` divisible by
             ``num_heads``).
         dropout, attention_dropout, activation_dropout: dropout rates.
+        input_dropout: dropout on the summed input embeddings; None uses ``dropout``
+            (Microsoft's v1 code had its own rate, 0.0 in its molpcba recipe).
         pre_layernorm: pre-LN (the paper's choice) or post-LN layers.
         embedding_layernorm: a LayerNorm over the summed input embeddings (graph token included)
             before the first layer, Microsoft's ``encoder_normalize_before``; None follows
@@ -70,6 +72,7 @@ class GraphormerConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.1
     activation_dropout: float = 0.1
+    input_dropout: float | None = None
     pre_layernorm: bool = True
     atom_feature_dims: list[int] | None = None
     bond_feature_dims: list[int] | None = None
@@ -171,7 +174,7 @@ class Graphormer(nn.Module):
         self.input_norm = (
             nn.LayerNorm(c.hidden_dim) if c.uses_embedding_layernorm else nn.Identity()
         )
-        self.input_dropout = nn.Dropout(c.dropout)
+        self.input_dropout = nn.Dropout(c.dropout if c.input_dropout is None else c.input_dropout)
         self.layers = nn.ModuleList(
             GraphormerLayer(
                 c.hidden_dim,
