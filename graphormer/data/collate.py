@@ -12,7 +12,21 @@ from torch_geometric.data import Data
 from graphormer.batch import GraphormerBatch
 from graphormer.data.transforms import STRUCTURAL_KEYS, structural_features
 
-__all__ = ["GraphormerBatch", "GraphormerCollator"]
+__all__ = ["GraphormerBatch", "GraphormerCollator", "padded_length"]
+
+
+def padded_length(num_nodes: int | Tensor, pad_to_multiple: int) -> int | Tensor:
+    """The attention length of a dense batch whose largest graph has ``num_nodes`` nodes: the
+    nodes plus Graphormer's graph token, rounded up to a multiple of ``pad_to_multiple``.
+
+    The one rule for both the collator's padding and the datamodule's token budget
+    (``datamodule.max_tokens``), so that the budget counts exactly what a batch holds.
+
+    Args:
+        num_nodes (int | torch.Tensor): node counts (elementwise for a tensor).
+        pad_to_multiple (int): the padding multiple.
+    """
+    return (num_nodes + pad_to_multiple) // pad_to_multiple * pad_to_multiple
 
 
 class GraphormerCollator:
@@ -57,9 +71,8 @@ class GraphormerCollator:
         feats = self._structure(stores, num_nodes, num_edges)
 
         batch_size = len(stores)
-        pad = self.pad_to_multiple
-        # Nodes + graph token = a multiple of `pad`.
-        n_max = -(-(int(num_nodes.max()) + 1) // pad) * pad - 1
+        # Nodes + graph token = a multiple of `pad_to_multiple`.
+        n_max = padded_length(int(num_nodes.max()), self.pad_to_multiple) - 1
         graph_ids = torch.arange(batch_size)
 
         # Destination of every node in the flattened [B * N] padded layout.

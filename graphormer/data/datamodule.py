@@ -11,14 +11,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from graphormer.console import report
-from graphormer.data.collate import GraphormerCollator
+from graphormer.data.collate import GraphormerCollator, padded_length
 from graphormer.data.locks import exclusive_lock
 from graphormer.data.sources import LoadedDataset, OGBSource, SmilesCsvSource
 from graphormer.data.tasks import TaskInfo
 from graphormer.data.transforms import StructuralFeatures
 from graphormer.errors import ConfigError, DataError
 
-__all__ = ["GraphDataModule", "IndexedSubset", "SizeGroupedBatchSampler"]
+__all__ = ["GraphDataModule", "IndexedSubset", "SizeGroupedBatchSampler", "pack_by_tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,31 @@ class IndexedSubset(Dataset):
         return index, self.dataset[index]
 
 
+def pack_by_tokens(lengths: Sequence[int], batch_size: int, max_tokens: int) -> list[int]:
+    """Greedy batches over items in the given order: the item counts of consecutive batches,
+    each holding at most ``batch_size`` items and ``count x longest length <= max_tokens``.
+
+    An item longer than ``max_tokens`` alone gets a batch of its own (the caller decides
+    whether that may happen). fairseq's ``batch_by_size`` packs the same way.
+
+    Args:
+        lengths (Sequence[int]): each item's padded length (:func:`padded_length`).
+        batch_size (int): most items per batch.
+        max_tokens (int): most ``items x padded length`` per batch.
+    """
+    counts: list[int] = []
+    count = longest = 0
+    for length in lengths:
+        grown = max(longest, length)
+        if count and (count == batch_size or (count + 1) * grown > max_tokens):
+            counts.append(count)
+            count, grown = 0, length
+        count, longest = count + 1, grown
+    if count:
+        counts.append(count)
+    return counts
+
+
 class SizeGroupedBatchSampler(Sampler[list[int]]):
     """Shuffled batches of similar-sized graphs, so that little of a dense batch is padding.
 
@@ -46,9 +71,15 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
     Microsoft's Graphormer trained with). Under DDP the batches are dealt to ranks in turn, each
     rank getting the same number (a few batches repeat to even them out).
 
+    With ``max_tokens``, the whole set is sorted by size instead (ties in a new random order
+    each epoch) and packed greedily under both ``batch_size`` and ``max_tokens``
+    (:func:`pack_by_tokens`), then the batch order is shuffled. The packing depends only on the
+    sorted sizes, so every epoch has the same number of batches (Lightning reads it once, for
+    the epoch length and the learning-rate schedule) while their members change.
+
     Args:
         sizes (torch.Tensor): ``[n]`` node counts of the items.
-        batch_size (int): items per batch.
+        batch_size (int): most items per batch.
         num_replicas (int, optional): ranks. (default: :obj:`1`)
         rank (int, optional): this rank. (default: :obj:`0`)
         seed (int, optional): base seed; the epoch is added. (default: :obj:`0`)
@@ -57,6 +88,10 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         epoch (int, optional): the epoch of the first pass; each pass over the data advances
             it by one (Lightning calls ``set_epoch`` on samplers, not on batch samplers).
             (default: :obj:`0`)
+        max_tokens (int | None, optional): most ``items x padded length`` per batch; every
+            item's padded length must fit. (default: :obj:`None`, no budget)
+        pad_to_multiple (int, optional): the collator's padding multiple, for the padded
+            lengths. (default: :obj:`1`)
     """
 
     def __init__(
@@ -68,6 +103,8 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         pool_batches: int = 32,
         epoch: int = 0,
+        max_tokens: int | None = None,
+        pad_to_multiple: int = 1,
     ) -> None:
         self.sizes = torch.as_tensor(sizes)
         self.batch_size = batch_size
@@ -75,6 +112,17 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.pool = pool_batches * batch_size
         self.epoch = epoch
+        self.max_tokens = max_tokens
+        # Items per batch, in size order: fixed once, so the count never changes.
+        self.counts: list[int] | None = None
+        if max_tokens is not None:
+            lengths = padded_length(self.sizes.sort().values, pad_to_multiple)
+            too_long = int(lengths.max()) if len(lengths) else 0
+            if too_long > max_tokens:
+                raise ValueError(
+                    f"an item of padded length {too_long} exceeds max_tokens={max_tokens}"
+                )
+            self.counts = pack_by_tokens(lengths.tolist(), batch_size, max_tokens)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -82,11 +130,17 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
     def _batches(self) -> list[list[int]]:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.sizes), generator=generator)
-        batches = []
-        for start in range(0, len(order), self.pool):
-            pool = order[start : start + self.pool]
-            pool = pool[torch.argsort(self.sizes[pool], stable=True)]
-            batches += [b.tolist() for b in pool.split(self.batch_size)]
+        if self.counts is not None:
+            # Sorted by size, ties in this epoch's random order: the sorted sizes, and so the
+            # cuts, are the same every epoch; which equal-sized graphs share a batch is not.
+            order = order[torch.argsort(self.sizes[order], stable=True)]
+            batches = [b.tolist() for b in order.split(self.counts)]
+        else:
+            batches = []
+            for start in range(0, len(order), self.pool):
+                pool = order[start : start + self.pool]
+                pool = pool[torch.argsort(self.sizes[pool], stable=True)]
+                batches += [b.tolist() for b in pool.split(self.batch_size)]
         shuffled = torch.randperm(len(batches), generator=generator).tolist()
         return [batches[i] for i in shuffled]
 
@@ -102,7 +156,10 @@ class SizeGroupedBatchSampler(Sampler[list[int]]):
         yield from batches[self.rank :: self.num_replicas]
 
     def __len__(self) -> int:
-        num_batches = -(-len(self.sizes) // self.batch_size)
+        if self.counts is not None:
+            num_batches = len(self.counts)
+        else:
+            num_batches = -(-len(self.sizes) // self.batch_size)
         return -(-num_batches // self.num_replicas)
 
 
@@ -125,6 +182,13 @@ class GraphDataModule(pl.LightningDataModule):
             pools, see :class:`SizeGroupedBatchSampler`; evaluation: sorted), which cuts the
             padding of dense batches several-fold. (default: :obj:`True`)
         seed (int, optional): seed of the training shuffle. (default: :obj:`0`)
+        max_tokens (int | None, optional): a hard bound on a batch's size, training and
+            evaluation: ``graphs x padded node count`` (graph token included, rounded to
+            ``pad_to_multiple``, as the collator pads), on top of the graph counts. Training
+            packs size-sorted graphs under it, or, with ``group_by_size=False``, takes as many
+            random graphs as the largest one allows; evaluation gives a graph too large for it
+            alone a batch of its own. (default: :obj:`None`, no budget; fairseq's
+            ``max_tokens``)
     """
 
     def __init__(
@@ -139,8 +203,10 @@ class GraphDataModule(pl.LightningDataModule):
         on_the_fly: bool = False,
         group_by_size: bool = True,
         seed: int = 0,
+        max_tokens: int | None = None,
     ) -> None:
         super().__init__()
+        optional = ("eval_batch_size", "max_tokens")  # null means: the default behaviour
         for key, value, least in (
             ("batch_size", batch_size, 1),
             ("eval_batch_size", eval_batch_size, 1),
@@ -148,16 +214,22 @@ class GraphDataModule(pl.LightningDataModule):
             ("max_nodes", max_nodes, 1),
             ("max_hops", max_hops, 1),
             ("pad_to_multiple", pad_to_multiple, 1),
+            ("max_tokens", max_tokens, 1),
         ):
-            if value is None and key == "eval_batch_size":
+            if value is None and key in optional:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ConfigError(f"datamodule.{key} must be an integer >= {least}, got {value!r}")
+                null = " or null" if key in optional else ""
+                raise ConfigError(
+                    f"datamodule.{key} must be an integer >= {least}{null}, got {value!r}"
+                )
         self.source = source
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.max_nodes = max_nodes
+        self.max_tokens = max_tokens
+        self.pad_to_multiple = pad_to_multiple
         self.pre_transform = None if on_the_fly else StructuralFeatures(max_hops)
         self.collator = GraphormerCollator(max_hops=max_hops, pad_to_multiple=pad_to_multiple)
         self.group_by_size = group_by_size
@@ -167,6 +239,7 @@ class GraphDataModule(pl.LightningDataModule):
         self._start_epoch = 0
         self.sizes: torch.Tensor | None = None
         self.train_index: torch.Tensor | None = None
+        self._told_alone: set[str] = set()  # splits whose over-budget graphs were logged
 
     @property
     def task(self) -> TaskInfo:
@@ -184,6 +257,8 @@ class GraphDataModule(pl.LightningDataModule):
                 self.loaded = self.source.load(self.pre_transform)
 
     def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit"):
+            self._check_max_tokens()
         if self.train_index is not None:
             return
         if self.loaded is None:  # ranks that did not prepare the data
@@ -214,6 +289,23 @@ class GraphDataModule(pl.LightningDataModule):
                     int((sizes[index] > self.max_nodes).sum()),
                     self.max_nodes,
                 )
+
+    def _budget_fits_training(self) -> bool:
+        largest = padded_length(self.max_nodes, self.pad_to_multiple)
+        return self.max_tokens is None or self.max_tokens >= largest
+
+    def _check_max_tokens(self) -> None:
+        """Training needs every graph it keeps (up to ``max_nodes`` nodes) to fit the budget;
+        evaluation does not (a graph too large goes alone), so evaluation skips this check."""
+        if not self._budget_fits_training():
+            largest = padded_length(self.max_nodes, self.pad_to_multiple)
+            raise ConfigError(
+                f"datamodule.max_tokens={self.max_tokens} cannot hold one training graph of "
+                f"datamodule.max_nodes={self.max_nodes} nodes: padded with the graph token to a "
+                f"multiple of datamodule.pad_to_multiple={self.pad_to_multiple}, it takes "
+                f"{largest} tokens; raise datamodule.max_tokens to at least {largest}, or lower "
+                "datamodule.max_nodes"
+            )
 
     def _check_splits(self, num_train: int) -> None:
         """Every split must hold graphs: an empty one would train or score nothing, and show up
@@ -246,11 +338,20 @@ class GraphDataModule(pl.LightningDataModule):
         return split in self.loaded.split and split in self.loaded.labelled
 
     def describe(self) -> str:
-        """One line: the dataset, its split sizes and what training skips."""
+        """One line: the dataset, its split sizes, what training skips and the token budget."""
         text = f"{self.task.name}: {_sizes_text(self.split_sizes())}"
         skipped = self.split_sizes()["train"] - len(self.train_index)
         if skipped:
             text += f" ({skipped} training graphs above max_nodes={self.max_nodes} skipped)"
+        if self.max_tokens is not None and self._budget_fits_training():
+            world, _ = self._world()
+            sampler = self._make_train_sampler(world, 0, epoch=0)
+            text += f"; max_tokens {self.max_tokens}: {len(sampler):,} training batches per epoch"
+            text += " per device" if world > 1 else ""
+            if not self.group_by_size:
+                text += f" of {sampler.batch_size} graphs"
+        elif self.max_tokens is not None:
+            text += f"; max_tokens {self.max_tokens} (evaluation only: too small to train with)"
         return text
 
     def _world(self) -> tuple[int, int]:
@@ -285,21 +386,34 @@ class GraphDataModule(pl.LightningDataModule):
         sampler = self._train_sampler
         return sampler.epoch if sampler is not None else self._start_epoch
 
-    def train_dataloader(self) -> DataLoader:
-        index = self.train_index
-        world, rank = self._world()
-        # Without size grouping every graph counts the same: one shuffled pool, random batches,
-        # dealt to ranks and resumed exactly as the grouped ones.
-        sizes = self.sizes[index] if self.group_by_size else torch.zeros(len(index))
-        self._train_sampler = SizeGroupedBatchSampler(
+    def _make_train_sampler(self, world: int, rank: int, epoch: int) -> SizeGroupedBatchSampler:
+        sizes = self.sizes[self.train_index]
+        batch_size, max_tokens = self.batch_size, self.max_tokens
+        if not self.group_by_size:
+            # Every graph counts the same: one shuffled pool, random batches, dealt to ranks
+            # and resumed exactly as the grouped ones. A budget then fixes the graphs per batch
+            # at what the largest training graph allows, so that any draw fits and the number
+            # of batches is the same every epoch.
+            if max_tokens is not None:
+                longest = padded_length(int(sizes.max()), self.pad_to_multiple)
+                batch_size = min(batch_size, max_tokens // longest)
+            sizes, max_tokens = torch.zeros(len(sizes)), None
+        return SizeGroupedBatchSampler(
             sizes,
-            self.batch_size,
+            batch_size,
             world,
             rank,
             seed=self.seed,
-            epoch=self._next_train_epoch(),
+            epoch=epoch,
+            max_tokens=max_tokens,
+            pad_to_multiple=self.pad_to_multiple,
         )
-        return self._loader(index, self._train_sampler)
+
+    def train_dataloader(self) -> DataLoader:
+        self._check_max_tokens()  # also when setup() ran for evaluation first
+        world, rank = self._world()
+        self._train_sampler = self._make_train_sampler(world, rank, self._next_train_epoch())
+        return self._loader(self.train_index, self._train_sampler)
 
     def eval_dataloader(self, split: str) -> DataLoader:
         """A loader over every graph of ``split`` (``valid``/``test``), sharded across ranks."""
@@ -317,10 +431,31 @@ class GraphDataModule(pl.LightningDataModule):
             # still joins every collective (an empty loader would skip the epoch-end hooks and
             # leave the other ranks waiting). Predictions are de-duplicated by dataset index.
             shard = [0]
-        batches = [
-            shard[i : i + self.eval_batch_size] for i in range(0, len(shard), self.eval_batch_size)
-        ]
+        step = self.eval_batch_size
+        if self.max_tokens is None:
+            batches = [shard[i : i + step] for i in range(0, len(shard), step)]
+        else:
+            # In the shard's order (by size, when grouping), under both bounds.
+            lengths = padded_length(self.sizes[index[shard]], self.pad_to_multiple)
+            counts = pack_by_tokens(lengths.tolist(), step, self.max_tokens)
+            batches = [b.tolist() for b in torch.tensor(shard, dtype=torch.long).split(counts)]
+            self._log_alone(split, index, rank)
         return self._loader(index, batches)
+
+    def _log_alone(self, split: str, index: torch.Tensor, rank: int) -> None:
+        """Once per split: graphs that alone exceed the budget (evaluated, one per batch)."""
+        lengths = padded_length(self.sizes[index], self.pad_to_multiple)
+        alone = lengths > self.max_tokens
+        if rank == 0 and alone.any() and split not in self._told_alone:
+            self._told_alone.add(split)
+            log.warning(
+                "%d %s graphs exceed datamodule.max_tokens=%d on their own (largest: %d "
+                "tokens); each is evaluated in a batch of its own",
+                int(alone.sum()),
+                split,
+                self.max_tokens,
+                int(lengths.max()),
+            )
 
     def val_dataloader(self) -> DataLoader:
         return self.eval_dataloader("valid")

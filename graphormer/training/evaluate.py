@@ -108,6 +108,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     datamodule_cfg = dict(data["datamodule"])
     if cfg.get("batch_size"):
         datamodule_cfg["eval_batch_size"] = cfg.batch_size
+    if cfg.get("max_tokens") is not None:
+        datamodule_cfg["max_tokens"] = cfg.max_tokens
     if cfg.get("num_workers") is not None:
         datamodule_cfg["num_workers"] = cfg.num_workers
     try:
