@@ -253,3 +253,28 @@ def test_the_model_trains_the_same_through_either_attention_kernel(monkeypatch):
     torch.testing.assert_close(out_a, out_b, atol=1e-6, rtol=1e-5)
     for a, b in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_cheap_dropout_is_dropout():
+    from graphormer.models.dropout import Dropout, dropout
+
+    torch.manual_seed(0)
+    x = torch.rand(64, 50, 80) + 0.5  # no exact zeros of its own
+    layer = Dropout(0.1).train()
+    out = layer(x)
+    dropped = out == 0
+    n = x.numel()
+    assert abs(dropped.float().mean().item() - 0.1) < 5 * math.sqrt(0.09 / n)
+    torch.testing.assert_close(out[~dropped], x[~dropped] / 0.9, rtol=1e-4, atol=0)
+    # The gradient is the forward's mask and scale.
+    x.requires_grad_(True)
+    torch.manual_seed(3)
+    y = layer(x)
+    (grad,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    torch.testing.assert_close(grad, (y != 0).float() / 0.9, rtol=1e-4, atol=0)
+    # Seeded: the same mask; eval and p=0: the input itself; p=1: zeros.
+    torch.manual_seed(3)
+    assert torch.equal(layer(x), y)
+    assert layer.eval()(x) is x and dropout(x, 0.0) is x
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    assert isinstance(layer, nn.Dropout) and layer.p == 0.1

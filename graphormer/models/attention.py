@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from graphormer.models.dropout import drop_mask, dropout, uses_fast_path
+
 __all__ = ["BiasedMultiheadAttention", "biased_attention"]
 
 
@@ -165,7 +167,7 @@ class BiasedMultiheadAttention(nn.Module):
             if mask is not None:
                 scores = scores + mask
             weights = scores.softmax(dim=-1)
-            out = F.dropout(weights, p=dropout_p, training=self.training) @ v
+            out = dropout(weights, dropout_p, self.training) @ v
         elif mask is not None and _use_own_kernel(q, dropout_p):
             out = biased_attention(q, k, v, mask, dropout_p)
         else:
@@ -270,11 +272,7 @@ def _use_own_kernel(q: Tensor, dropout_p: float) -> bool:
     """Whether :func:`biased_attention` beats ``scaled_dot_product_attention`` here: on CPU, in
     float32/64, when training (SDPA's CPU flash kernel takes no dropout and no gradient for the
     bias, so it falls back to its unfused math path, which draws a float Bernoulli mask)."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.float64)
-        and (dropout_p > 0 or torch.is_grad_enabled())
-    )
+    return uses_fast_path(q) and (dropout_p > 0 or torch.is_grad_enabled())
 
 
 def biased_attention(
@@ -315,14 +313,7 @@ class _BiasedAttention(torch.autograd.Function):
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
         drop, keep_scale = None, 1.0
         if dropout_p > 0:
-            # One uniform 16-bit number per weight: a weight drops when it falls below the
-            # threshold, i.e. with probability threshold / 65536.
-            threshold = min(round(dropout_p * 65536), 65536)
-            count = weights.numel()
-            words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
-            drop = words.view(torch.int16)[:count].view_as(weights) < threshold - 32768
-            del words
-            keep_scale = 65536.0 / (65536 - threshold) if threshold < 65536 else 0.0
+            drop, keep_scale = drop_mask(weights.shape, dropout_p)
             out = torch.bmm(weights.masked_fill(drop, 0.0), v3).mul_(keep_scale)
         else:
             out = torch.bmm(weights, v3)

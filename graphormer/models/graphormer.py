@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphormer.batch import GraphormerBatch
+from graphormer.models.dropout import Dropout
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder
 from graphormer.models.layers import GraphormerLayer
 
@@ -174,7 +175,7 @@ class Graphormer(nn.Module):
         self.input_norm = (
             nn.LayerNorm(c.hidden_dim) if c.uses_embedding_layernorm else nn.Identity()
         )
-        self.input_dropout = nn.Dropout(c.dropout if c.input_dropout is None else c.input_dropout)
+        self.input_dropout = Dropout(c.dropout if c.input_dropout is None else c.input_dropout)
         self.layers = nn.ModuleList(
             GraphormerLayer(
                 c.hidden_dim,

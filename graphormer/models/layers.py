@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphormer.models.attention import BiasedMultiheadAttention
+from graphormer.models.dropout import Dropout
 
 __all__ = ["GraphormerLayer"]
 
@@ -47,8 +48,8 @@ class GraphormerLayer(nn.Module):
         self.fc1 = nn.Linear(hidden_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, hidden_dim)
         self.ffn_norm = nn.LayerNorm(hidden_dim)
-        self.dropout = nn.Dropout(dropout)
-        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(dropout)
+        self.activation_dropout = Dropout(activation_dropout)
 
     def forward(
         self,
