@@ -515,3 +515,33 @@ def test_limited_evaluation_batches_warn_rather_than_fail(tmp_path, ogb_root):
     with pytest.warns(UserWarning, match=r"val/rocauc is computed on 32 of the 40 valid graphs"):
         results = train(cfg)
     assert results["test"]["rocauc"] > 0  # the test split is still scored whole
+
+
+def test_padding_follows_the_device_unless_set():
+    from graphormer.training.train import resolve_padding
+
+    assert resolve_padding({"pad_to_multiple": None}, on_gpu=True)["pad_to_multiple"] == 8
+    assert resolve_padding({"pad_to_multiple": None}, on_gpu=False)["pad_to_multiple"] == 1
+    assert resolve_padding({"pad_to_multiple": 4}, on_gpu=True)["pad_to_multiple"] == 4
+    cfg = compose_train(["output_dir=."])
+    assert cfg.datamodule.pad_to_multiple is None
+
+
+def test_the_fused_adamw_takes_the_same_steps():
+    from graphormer.training.module import build_adamw
+
+    torch.manual_seed(0)
+    params = [torch.randn(40, 8, requires_grad=True), torch.randn(8, requires_grad=True)]
+    copies = [p.detach().clone().requires_grad_(True) for p in params]
+    settings = {"lr": 1e-2, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
+    fused = build_adamw(params, **settings)
+    plain = build_adamw(copies, **settings, fused=False)
+    assert fused.defaults["fused"] and not plain.defaults["fused"]
+    assert not build_adamw(copies, **settings, precision="16-mixed").defaults["fused"]
+    for _ in range(5):
+        for group, opt in ((params, fused), (copies, plain)):
+            opt.zero_grad()
+            (group[0].sin().sum() + group[1].square().sum()).backward()
+            opt.step()
+    for a, b in zip(params, copies, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

