@@ -166,15 +166,14 @@ def sdpa_reference(q, k, v, bias):
     return scores.softmax(-1) @ v
 
 
-@pytest.mark.parametrize(
-    "bias_shape", [(2, 3, 5, 6), (2, 1, 5, 6), (2, 1, 1, 6), (1, 3, 5, 6)], ids=str
-)
-def test_biased_attention_matches_the_definition_with_gradients(bias_shape):
+@pytest.mark.parametrize("k_len", [6, 20], ids=["keys padded to 16", "keys as they are"])
+@pytest.mark.parametrize("bias_shape", [(2, 3, 5), (2, 1, 5), (2, 1, 1), (1, 3, 5)], ids=str)
+def test_biased_attention_matches_the_definition_with_gradients(bias_shape, k_len):
     torch.manual_seed(0)
     dt = torch.float64
     q = torch.randn(2, 3, 5, 4, dtype=dt, requires_grad=True)
-    k, v = (torch.randn(2, 3, 6, 4, dtype=dt, requires_grad=True) for _ in range(2))
-    bias = torch.randn(bias_shape, dtype=dt, requires_grad=True)
+    k, v = (torch.randn(2, 3, k_len, 4, dtype=dt, requires_grad=True) for _ in range(2))
+    bias = torch.randn(*bias_shape, k_len, dtype=dt, requires_grad=True)
     out = biased_attention(q, k, v, bias)
     ref = sdpa_reference(q, k, v, bias)
     torch.testing.assert_close(out, ref)
