@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.models import Graphormer, GraphormerConfig
@@ -206,8 +207,10 @@ def test_final_layernorm_normalises_the_last_layer_output():
     h, _ = model.encode(batch)
     norm, model.final_norm = model.final_norm, torch.nn.Identity()
     raw, _ = model.encode(batch)
-    torch.testing.assert_close(h, norm(raw))
-    assert not torch.allclose(h, raw)
+    real = F.pad(batch.node_mask, (1, 0), value=True)  # graph tokens and nodes
+    torch.testing.assert_close(h[real], norm(raw[real]))
+    assert not torch.allclose(h[real], raw[real])
+    assert h[~real].abs().max() == 0  # padding rows are zeros
 
 
 def test_shared_head_bias_is_one_scalar_added_to_every_output():
@@ -245,3 +248,37 @@ def test_attention_max_distance_stops_far_pairs_attending():
     together = model(batch)
     for i, g in enumerate(graphs):
         torch.testing.assert_close(model(batch_of([g]))[0], together[i], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pre_layernorm", [True, False])
+def test_packed_layers_equal_the_padded_layers(monkeypatch, pre_layernorm):
+    # The layers run on the real tokens only; running them on the whole padded batch (padding
+    # included, as before packing) must give the same real-token states and gradients.
+    from graphormer.models.layers import GraphormerLayer
+
+    no_dropout = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+    model = tiny(pre_layernorm=pre_layernorm, final_layernorm=True, **no_dropout).train()
+    batch = batch_of(molecules([0, 5, 9, 40]))  # mixed sizes: most rows are padding
+    real = F.pad(batch.node_mask, (1, 0), value=True)
+    assert (~real).sum() > real.sum() / 4
+
+    def run():
+        model.zero_grad()
+        h, _ = model.encode(batch)
+        h[real].square().sum().backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        return h[real].detach(), [g.clone() for g in grads]
+
+    packed, packed_grads = run()
+    assert len(packed_grads) > 20  # every layer's and encoder's parameters
+
+    def padded_layer(self, h, tokens, batch_size, length, attn_bias, need_weights=False):
+        full = h.new_zeros(batch_size * length, h.size(-1)).index_copy(0, tokens, h)
+        out, weights = self(full.view(batch_size, length, -1), attn_bias, None, need_weights)
+        return out.reshape(batch_size * length, -1).index_select(0, tokens), weights
+
+    monkeypatch.setattr(GraphormerLayer, "forward_packed", padded_layer)
+    padded, padded_grads = run()
+    torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
+    for a, b in zip(packed_grads, padded_grads, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

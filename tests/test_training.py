@@ -537,7 +537,9 @@ def test_the_fused_adamw_takes_the_same_steps():
     fused = build_adamw(params, **settings)
     plain = build_adamw(copies, **settings, fused=False)
     assert fused.defaults["fused"] and not plain.defaults["fused"]
-    assert not build_adamw(copies, **settings, precision="16-mixed").defaults["fused"]
+    for mixed in ("16-mixed", "bf16-mixed"):
+        assert not build_adamw(copies, **settings, precision=mixed).defaults["fused"]
+    assert build_adamw(copies, **settings, precision="32-true").defaults["fused"]
     for _ in range(5):
         for group, opt in ((params, fused), (copies, plain)):
             opt.zero_grad()

@@ -157,22 +157,8 @@ class BiasedMultiheadAttention(nn.Module):
         """
         q, k, v = self.project(query, key, value)  # [B, H, L, D]
         batch, _, q_len, _ = q.shape
-        k_len = k.size(2)
-        mask = self._additive_mask(attn_bias, key_padding_mask, batch, q_len, k_len, q.dtype)
-        dropout_p = self.dropout if self.training else 0.0
-
-        weights = None
-        if need_weights:
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # [B, H, Lq, Lk]
-            if mask is not None:
-                scores = scores + mask
-            weights = scores.softmax(dim=-1)
-            out = dropout(weights, dropout_p, self.training) @ v
-        elif mask is not None and _use_own_kernel(q, dropout_p):
-            out = biased_attention(q, k, v, mask, dropout_p)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-
+        mask = self._additive_mask(attn_bias, key_padding_mask, batch, q_len, k.size(2), q.dtype)
+        out, weights = self._attend(q, k, v, mask, need_weights)
         out = out.transpose(1, 2).reshape(batch, q_len, self.embed_dim)  # [B, Lq, E]
         out = self.out_proj(out)
         if not self.batch_first:
@@ -180,6 +166,60 @@ class BiasedMultiheadAttention(nn.Module):
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
         return out, weights
+
+    def forward_packed(
+        self,
+        x: Tensor,
+        tokens: Tensor,
+        batch: int,
+        length: int,
+        attn_bias: Tensor,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention over the real tokens of a padded batch, given packed.
+
+        The projections run on the ``T`` real tokens only (a padded batch of molecules of mixed
+        sizes is mostly padding); the tokens are scattered into the padded ``[B, H, L, D]``
+        layout for the attention itself, whose ``attn_bias`` must mask the padded keys (as
+        Graphormer's does). The same outputs, at the real tokens, as :meth:`forward` on the
+        padded batch.
+
+        Args:
+            x: ``[T, E]``, the real tokens in the order of ``tokens``.
+            tokens: ``[T]`` long, each token's row in the flattened ``[B * L]`` batch.
+            batch, length: ``B`` and ``L``.
+            attn_bias: ``[B, H, L, L]`` (or broadcastable), padded keys masked.
+
+        Returns:
+            ``(out [T, E], weights [B, H, L, L] or None)``
+        """
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        bias = None
+        if self.q_proj.bias is not None:
+            bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        qkv = F.linear(x, weight, bias)  # [T, 3E], one matmul for the three projections
+        padded = qkv.new_zeros(batch * length, 3 * self.embed_dim).index_copy(0, tokens, qkv)
+        padded = padded.view(batch, length, 3, self.num_heads, self.head_dim)
+        q, k, v = padded.permute(2, 0, 3, 1, 4).contiguous().unbind(0)  # [B, H, L, D] each
+        mask = self._additive_mask(attn_bias, None, batch, length, length, q.dtype)
+        out, weights = self._attend(q, k, v, mask, need_weights)
+        out = out.transpose(1, 2).reshape(batch * length, self.embed_dim)  # [B * L, E]
+        return self.out_proj(out.index_select(0, tokens)), weights
+
+    def _attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(softmax(q k^T / sqrt(D) + mask) v, per-head weights or None)``, ``[B, H, Lq, D]``."""
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # [B, H, Lq, Lk]
+            if mask is not None:
+                scores = scores + mask
+            weights = scores.softmax(dim=-1)
+            return dropout(weights, dropout_p, self.training) @ v, weights
+        if mask is not None and _use_own_kernel(q, dropout_p):
+            return biased_attention(q, k, v, mask, dropout_p), None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
 
     # -- interoperability with torch.nn.MultiheadAttention ------------------------------------
 

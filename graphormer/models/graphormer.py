@@ -221,7 +221,8 @@ class Graphormer(nn.Module):
         return_attention: bool = False,
         perturb: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor]]:
-        """Final hidden states ``[B, N + 1, d]`` (graph token first) and the attention maps.
+        """Final hidden states ``[B, N + 1, d]`` (graph token first; zeros at padding) and the
+        attention maps.
 
         ``perturb`` ``[B, N, d]`` is added to the node input embeddings (FLAG's adversarial
         perturbation; Kong et al., 2020), at real nodes only; the graph token is never perturbed.
@@ -254,12 +255,22 @@ class Graphormer(nn.Module):
         attn_bias = attn_bias.to(dtype).masked_fill(
             masked[:, None], torch.finfo(dtype).min
         )  # [B, H, N+1, N+1]
+        # The layers run on the real tokens only (graph tokens and nodes, packed [T, d]): a
+        # padded batch of mixed-size molecules is mostly padding, which every per-token matmul
+        # would otherwise compute. Padding rows come back as zeros.
+        batch, length, width = h.shape
+        tokens = F.pad(node_mask, (1, 0), value=True).reshape(-1).nonzero().squeeze(1)  # [T]
+        packed = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]
         attentions = []
         for layer in self.layers:
-            h, weights = layer(h, attn_bias, need_weights=return_attention)
+            packed, weights = layer.forward_packed(
+                packed, tokens, batch, length, attn_bias, need_weights=return_attention
+            )
             if return_attention:
                 attentions.append(weights)
-        return self.final_norm(h), attentions
+        packed = self.final_norm(packed)
+        h = packed.new_zeros(batch * length, width).index_copy(0, tokens, packed)
+        return h.view(batch, length, width), attentions
 
     def forward(
         self,

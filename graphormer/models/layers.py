@@ -68,6 +68,28 @@ class GraphormerLayer(nn.Module):
             need_weights=need_weights,
             average_attn_weights=False,
         )
+        return self._finish(residual, h), weights
+
+    def forward_packed(
+        self,
+        h: Tensor,
+        tokens: Tensor,
+        batch: int,
+        length: int,
+        attn_bias: Tensor,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The layer on the ``T`` real tokens of a padded batch, packed ``[T, d]``: every
+        per-token operation (projections, LayerNorms, feed-forward) skips the padding; see
+        :meth:`BiasedMultiheadAttention.forward_packed`. ``attn_bias`` must mask padded keys."""
+        residual = h
+        if self.pre_layernorm:
+            h = self.attn_norm(h)
+        h, weights = self.attn.forward_packed(h, tokens, batch, length, attn_bias, need_weights)
+        return self._finish(residual, h), weights
+
+    def _finish(self, residual: Tensor, h: Tensor) -> Tensor:
+        """The attention residual, then the feed-forward block."""
         h = residual + self.dropout(h)
         if not self.pre_layernorm:
             h = self.attn_norm(h)
@@ -79,4 +101,4 @@ class GraphormerLayer(nn.Module):
         h = residual + self.dropout(h)
         if not self.pre_layernorm:
             h = self.ffn_norm(h)
-        return h, weights
+        return h
