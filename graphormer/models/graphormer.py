@@ -141,6 +141,10 @@ class GraphormerConfig:
         return self.embedding_layernorm
 
 
+# The layers run on packed real tokens unless these fill at least this share of a batch's rows.
+_PACK_BELOW = 0.9
+
+
 class Graphormer(nn.Module):
     """Graphormer: a transformer over the nodes of a graph plus a graph token, with centrality,
     spatial and edge encodings (Ying et al., 2021).
@@ -257,11 +261,19 @@ class Graphormer(nn.Module):
         )  # [B, H, N+1, N+1]
         # The layers run on the real tokens only (graph tokens and nodes, packed [T, d]): a
         # padded batch of mixed-size molecules is mostly padding, which every per-token matmul
-        # would otherwise compute. Padding rows come back as zeros.
+        # would otherwise compute. Padding rows come back as zeros. A batch of similar sizes
+        # (little padding) skips the packing, which would then cost more than it saves.
         batch, length, width = h.shape
-        tokens = F.pad(node_mask, (1, 0), value=True).reshape(-1).nonzero().squeeze(1)  # [T]
-        packed = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]
+        real = F.pad(node_mask, (1, 0), value=True)  # [B, N+1]
         attentions = []
+        if real.sum() >= _PACK_BELOW * real.numel():
+            for layer in self.layers:
+                h, weights = layer(h, attn_bias, need_weights=return_attention)
+                if return_attention:
+                    attentions.append(weights)
+            return self.final_norm(h) * real.unsqueeze(-1).to(h.dtype), attentions
+        tokens = real.reshape(-1).nonzero().squeeze(1)  # [T]
+        packed = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]
         for layer in self.layers:
             packed, weights = layer.forward_packed(
                 packed, tokens, batch, length, attn_bias, need_weights=return_attention
