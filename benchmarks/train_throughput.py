@@ -1,17 +1,23 @@
-"""Training throughput and peak memory, real molecules, the model presets.
+"""Training and inference throughput and peak memory, side by side with Hugging Face's Graphormer.
 
-    python benchmarks/train_throughput.py                 # slim and base, 2 CPU threads
-    python benchmarks/train_throughput.py --models slim --steps 40 --reference
-    python benchmarks/train_throughput.py --device cuda --models base small slim
+    python benchmarks/train_throughput.py                      # ours, every scenario
+    python benchmarks/train_throughput.py --reference          # and Hugging Face's, with ratios
+    python benchmarks/train_throughput.py --scenarios slim-random base-random --batches 10
+    python benchmarks/train_throughput.py --device cuda --scenarios slim-random base-random
 
-Each run is its own process so that its peak RSS is its own. One step = collate a batch of rdkit
-NCI molecules (cached structural features), forward, masked loss, backward, gradient clipping at
-5.0, AdamW, in train mode (all dropouts on). Batches are drawn as training draws them
-(size-grouped) and, for comparison, uniformly at random.
+Every measurement runs in a fresh process (so that its peak RSS is its own) on the same 4,854
+connected rdkit NCI molecules (the disconnected ones are left out: Hugging Face's collator pads
+their unreachable pairs' path features to 510 hops, which no batch of ours does), in the same
+batches (the same graphs, in the same order), with the same model dimensions, table sizes and
+dropouts, the same L1 loss, gradient clipping at 5.0 and AdamW. Per batch, collation is timed
+apart from the step (forward, loss, backward, clipping, optimiser step; forward only for
+inference); structural preprocessing happens once before and is not timed.
 
-``--reference`` also runs Hugging Face's Graphormer (transformers <= 4.57, its Cython
-preprocessing needs Cython < 3) with the same size, batches and optimiser: install those two
-yourself; they are not dependencies of this project.
+Reported per scenario: graphs/s over the epoch (all timed graphs / the sum of step times; an
+epoch is all batches, or the first ``--batches`` of them), graphs/s of the median step, the
+collation time per batch, and the process's peak RSS. ``--reference`` needs Hugging Face's port
+(transformers <= 4.57, whose Cython preprocessing needs Cython < 3): ``pip install -e
+".[reference]"``.
 """
 
 from __future__ import annotations
@@ -19,32 +25,186 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-PRESETS = {"slim": "graphormer_slim", "small": "graphormer_small", "base": "graphormer_base"}
-REFERENCE = {"slim": "~190 graphs/s, 1.6 GB peak RSS", "base": "~16 graphs/s, 5-7 GB peak RSS"}
+PRESETS = {"slim": "graphormer_slim", "base": "graphormer_base"}
+# Hugging Face's table sizes (its collator offsets each feature column by 512), so that both
+# models have the same embedding tables: 512 rows per atom/bond column, 512 degrees, 512
+# spatial entries (Microsoft's layout; unreachable pairs share the "far" entry).
+SAME_TABLES = {"feature_stride": 512, "max_degree": 511, "max_distance": 509}
+NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
 
 
-def batch_indices(sizes, batch_size: int, batching: str) -> list[list[int]]:
+@dataclass(frozen=True)
+class Scenario:
+    model: str
+    batching: str  # "random" or "grouped"
+    train: bool = True
+    batch_size: int = 64
+    overrides: dict = field(default_factory=dict)
+    max_tokens: int | None = None
+    reference: bool = True  # whether Hugging Face's port runs it too
+    batches: int | None = None  # timed batches (None = the whole epoch); --batches overrides
+    bf16: bool = False  # bf16 autocast on the CPU too (both sides), as trainer.precision=bf16-mixed
+
+
+SCENARIOS = {
+    "slim-random": Scenario("slim", "random"),
+    "slim-grouped": Scenario("slim", "grouped"),
+    "slim-random-nodropout": Scenario("slim", "random", overrides=NO_DROPOUT),
+    "slim-inference": Scenario("slim", "random", train=False, batch_size=256),
+    # base: the first 16 batches of the epoch (a whole epoch takes ~10 minutes a side on 2 cores)
+    "base-random": Scenario("base", "random", batches=16),
+    "base-grouped": Scenario("base", "grouped", batches=16),
+    # the whole epoch, so that its batches include the largest (122-atom) molecule
+    "base-random-budget": Scenario("base", "random", max_tokens=2048, reference=False),
+    "base-grouped-bf16": Scenario("base", "grouped", batches=16, bf16=True),
+}
+
+
+def connected(graph: dict) -> bool:
+    import numpy as np
+
+    n = graph["num_nodes"]
+    parent = np.arange(n)
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for a, b in graph["edge_index"].T:
+        parent[root(a)] = root(b)
+    return len({root(i) for i in range(n)}) == 1
+
+
+def molecules() -> list[dict]:
+    from common import nci_graphs
+
+    return [g for g in nci_graphs() if connected(g)]
+
+
+def plan(sizes: list[int], scenario: Scenario, pad_to_multiple: int) -> list[list[int]]:
+    """The batches of one epoch, identical for both implementations (seed 0), drawn as the
+    datamodule draws them (``datamodule.max_tokens`` included)."""
     import torch
 
     from graphormer.data import SizeGroupedBatchSampler
+    from graphormer.data.collate import padded_length
 
-    if batching == "grouped":
-        return list(SizeGroupedBatchSampler(torch.as_tensor(sizes), batch_size, seed=0))
+    sizes_t = torch.as_tensor(sizes)
+    if scenario.batching == "grouped":
+        sampler = SizeGroupedBatchSampler(
+            sizes_t,
+            scenario.batch_size,
+            max_tokens=scenario.max_tokens,
+            pad_to_multiple=pad_to_multiple,
+        )
+        return list(sampler)
+    batch_size = scenario.batch_size
+    if scenario.max_tokens is not None:
+        # As the datamodule without size grouping: as many random graphs as the largest allows.
+        longest = int(padded_length(max(sizes), pad_to_multiple))
+        batch_size = min(batch_size, scenario.max_tokens // longest)
     order = torch.randperm(len(sizes), generator=torch.Generator().manual_seed(0))
     return [b.tolist() for b in order.split(batch_size)]
 
 
-def run_reference(
-    model_name: str, batch_size: int, steps: int, threads: int, batching: str
-) -> dict:
-    """Hugging Face's Graphormer, same size, batches and optimiser."""
+def timed(batches, collate, step) -> dict:
+    """Collation and step times over ``batches``, after three warm-up steps."""
+    for batch in batches[:3]:
+        step(collate(batch))
+    collate_s, step_s, graphs = [], [], []
+    for batch in batches:
+        start = time.perf_counter()
+        collated = collate(batch)
+        collate_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        step(collated)
+        step_s.append(time.perf_counter() - start)
+        graphs.append(len(batch))
+    return {
+        "graphs_per_s": sum(graphs) / sum(step_s),
+        "median_step_graphs_per_s": statistics.median(
+            g / t for g, t in zip(graphs, step_s, strict=True)
+        ),
+        "collate_ms": 1e3 * statistics.mean(collate_s),
+        "batches": len(batches),
+        "graphs": sum(graphs),
+        "max_batch_tokens": None,
+    }
+
+
+def run_ours(scenario: Scenario, batches_limit: int | None, threads: int, device: str) -> dict:
+    import torch
+
+    from graphormer.data import GraphormerCollator, StructuralFeatures
+    from graphormer.models import Graphormer, GraphormerConfig
+    from graphormer.training import masked_loss
+    from graphormer.training.module import build_adamw
+
+    from common import model_preset, to_data
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    graphs = molecules()
+    transform = StructuralFeatures(5)
+    data = [transform(to_data(g, y=g["num_nodes"] / 30.0)) for g in graphs]
+    pad = 8 if device == "cuda" else 1
+    collator = GraphormerCollator(max_hops=5, pad_to_multiple=pad)
+    config = {**model_preset(PRESETS[scenario.model]), **SAME_TABLES, **scenario.overrides}
+    config["unreachable_as_far"] = True
+    model = Graphormer(GraphormerConfig(**config, num_tasks=1)).to(device)
+    model.train(scenario.train)
+    # The optimiser train.py builds (fused where safe); Hugging Face's side gets torch's default.
+    optimizer = build_adamw(
+        model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01
+    )
+    batches = plan([g["num_nodes"] for g in graphs], scenario, pad)[:batches_limit]
+    tokens = []
+
+    def collate(batch):
+        out = collator([data[i] for i in batch]).to(device)
+        tokens.append(out.x.size(0) * (out.x.size(1) + 1))
+        return out
+
+    bf16 = device == "cuda" or scenario.bf16
+
+    def train_step(batch) -> None:
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            pred = model(batch).float()
+        loss = masked_loss(pred, batch.y, "l1")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def predict_step(batch) -> None:
+        with torch.inference_mode():
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+                model(batch).float().cpu()
+
+    result = timed(batches, collate, train_step if scenario.train else predict_step)
+    result["max_batch_tokens"] = max(tokens)
+    result["params"] = sum(p.numel() for p in model.parameters())
+    result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    if device == "cuda":
+        result["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return result
+
+
+def run_reference(scenario: Scenario, batches_limit: int | None, threads: int) -> dict:
+    """Hugging Face's Graphormer, same molecules, batches, size, dropouts, loss and optimiser."""
     import torch
     from transformers import GraphormerConfig as HFConfig
     from transformers import GraphormerForGraphClassification
@@ -53,12 +213,11 @@ def run_reference(
         preprocess_item,
     )
 
-    from common import model_preset, nci_graphs
+    from common import model_preset
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    molecules = nci_graphs()
-    start = time.perf_counter()
+    graphs = molecules()
     items = [
         preprocess_item(
             {
@@ -69,10 +228,9 @@ def run_reference(
                 "y": [g["num_nodes"] / 30.0],
             }
         )
-        for g in molecules
+        for g in graphs
     ]
-    preprocess_rate = len(items) / (time.perf_counter() - start)
-    preset = model_preset(PRESETS[model_name])
+    preset = {**model_preset(PRESETS[scenario.model]), **scenario.overrides}
     config = HFConfig(
         num_classes=1,
         num_hidden_layers=preset["num_layers"],
@@ -80,161 +238,126 @@ def run_reference(
         hidden_size=preset["hidden_dim"],
         ffn_embedding_dim=preset["ffn_dim"],
         num_attention_heads=preset["num_heads"],
+        dropout=preset["dropout"],
+        attention_dropout=preset["attention_dropout"],
+        activation_dropout=preset["activation_dropout"],
+        pre_layernorm=preset["pre_layernorm"],
+        encoder_normalize_before=bool(
+            preset["pre_layernorm"]
+            if preset["embedding_layernorm"] is None
+            else preset["embedding_layernorm"]
+        ),
     )
-    model = GraphormerForGraphClassification(config).train()
+    model = GraphormerForGraphClassification(config).train(scenario.train)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    collate = GraphormerDataCollator()
-    batches = iter(batch_indices([g["num_nodes"] for g in molecules], batch_size, batching))
+    collator = GraphormerDataCollator()
+    batches = plan([g["num_nodes"] for g in graphs], scenario, 1)[:batches_limit]
 
-    def step() -> int:
-        batch = collate([items[i] for i in next(batches)])
-        labels = batch.pop("labels").float()
-        loss = model(**batch, labels=labels).loss
+    def collate(batch):
+        return collator([items[i] for i in batch])
+
+    def train_step(batch) -> None:
+        labels = batch.pop("labels").float().view(-1, 1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=scenario.bf16):
+            logits = model(**batch).logits.float().view(-1, 1)
+        loss = torch.nn.functional.l1_loss(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
         optimizer.step()
-        return len(labels)
 
-    for _ in range(3):
-        step()
-    start = time.perf_counter()
-    seen = sum(step() for _ in range(steps))
-    return {
-        "model": f"HF {model_name}",
-        "params": sum(p.numel() for p in model.parameters()),
-        "graphs_per_s": seen / (time.perf_counter() - start),
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "peak_cuda_gb": None,
-        "preprocess_per_s": preprocess_rate,
-    }
+    def predict_step(batch) -> None:
+        batch.pop("labels")
+        with torch.inference_mode():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=scenario.bf16):
+                model(**batch).logits.float()
+
+    result = timed(batches, collate, train_step if scenario.train else predict_step)
+    result["params"] = sum(p.numel() for p in model.parameters())
+    result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return result
 
 
-def run_one(
-    model_name: str, batch_size: int, steps: int, threads: int, device: str, batching: str
-) -> dict:
-    import torch
-
-    from graphormer.data import GraphormerCollator, StructuralFeatures
-    from graphormer.models import Graphormer, GraphormerConfig
-    from graphormer.training import masked_loss
-
-    from common import model_preset, nci_graphs, to_data
-
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    transform = StructuralFeatures(5)
-    graphs = [transform(to_data(g, y=float(g["num_nodes"]))) for g in nci_graphs()]
-    collate = GraphormerCollator(max_hops=5, pad_to_multiple=8)
-    preset = model_preset(PRESETS[model_name])
-    model = Graphormer(GraphormerConfig(**preset, num_tasks=1)).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batches = iter(batch_indices([g.num_nodes for g in graphs], batch_size, batching))
-
-    def step() -> int:
-        batch = collate([graphs[i] for i in next(batches)])
-        batch = batch.to(device)
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-            pred = model(batch).float()
-        loss = masked_loss(pred, batch.y / 30.0, "l1")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
-        optimizer.step()
-        return batch.num_graphs
-
-    for _ in range(3):  # warm-up
-        step()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    seen = sum(step() for _ in range(steps))
-    if device == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    return {
-        "model": model_name,
-        "params": sum(p.numel() for p in model.parameters()),
-        "graphs_per_s": seen / elapsed,
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "peak_cuda_gb": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None,
-    }
+def child(args, name: str, reference: bool) -> dict:
+    cmd = [sys.executable, __file__, "--one", name, "--threads", str(args.threads)]
+    cmd += ["--device", args.device]
+    batches = args.batches or SCENARIOS[name].batches
+    if batches:
+        cmd += ["--batches", str(batches)]
+    if reference:
+        cmd.append("--hf")
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["slim", "base"], choices=list(PRESETS))
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    parser.add_argument(
+        "--batches", type=int, default=None, help="time the first N batches of each epoch"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
-        "--batching", nargs="+", default=["grouped", "random"], choices=["grouped", "random"]
-    )
-    parser.add_argument(
         "--reference",
         action="store_true",
-        help="also run Hugging Face's port (needs transformers<=4.57, Cython<3)",
+        help="also run Hugging Face's port (pip install -e '.[reference]')",
     )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--hf", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
+        scenario = SCENARIOS[args.one]
         if args.hf:
-            result = run_reference(
-                args.one, args.batch_size, args.steps, args.threads, args.batching[0]
-            )
+            result = run_reference(scenario, args.batches, args.threads)
         else:
-            result = run_one(
-                args.one, args.batch_size, args.steps, args.threads, args.device, args.batching[0]
-            )
+            result = run_ours(scenario, args.batches, args.threads, args.device)
         print(json.dumps(result))
         return
+
+    epoch = f"first {args.batches} batches" if args.batches else "whole epoch (base: 16 batches)"
     print(
-        f"batch {args.batch_size}, {args.threads} threads, {args.steps} timed steps "
-        f"(a quarter for base/small on CPU), {args.device}, train mode"
+        f"{args.device}, {args.threads} threads, {len(molecules())} connected NCI molecules, "
+        f"timed: {epoch}; graphs/s per epoch | of the median step; collation ms/batch apart"
     )
-    for name in args.models:
-        steps = args.steps if name == "slim" or args.device != "cpu" else max(args.steps // 4, 3)
-        for batching in args.batching:
-            for hf in [False, True] if args.reference else [False]:
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--one",
-                    name,
-                    "--batch-size",
-                    str(args.batch_size),
-                    "--steps",
-                    str(steps),
-                    "--threads",
-                    str(args.threads),
-                    "--device",
-                    args.device,
-                    "--batching",
-                    batching,
-                ]
-                out = (
-                    subprocess.run(
-                        cmd + (["--hf"] if hf else []), capture_output=True, text=True, check=True
-                    )
-                    .stdout.strip()
-                    .splitlines()[-1]
+    header = "| scenario | ours graphs/s | median step | collate ms | peak RSS GB |"
+    rule = "|---|---|---|---|---|"
+    if args.reference:
+        header += " HF graphs/s | HF median step | HF collate ms | HF peak RSS GB | speed ratio | median ratio | RSS ratio |"
+        rule += "---|---|---|---|---|---|---|"
+    print(header)
+    print(rule)
+    for name in args.scenarios:
+        ours = child(args, name, reference=False)
+        if "error" in ours:
+            print(f"| {name} | failed: {ours['error']} |")
+            continue
+        row = (
+            f"| {name} | {ours['graphs_per_s']:.1f} | {ours['median_step_graphs_per_s']:.1f} | "
+            f"{ours['collate_ms']:.1f} | {ours['peak_rss_gb']:.2f} |"
+        )
+        if args.reference and SCENARIOS[name].reference:
+            hf = child(args, name, reference=True)
+            if "error" in hf:
+                row += f" failed: {hf['error']} |"
+            else:
+                row += (
+                    f" {hf['graphs_per_s']:.1f} | {hf['median_step_graphs_per_s']:.1f} | "
+                    f"{hf['collate_ms']:.1f} | {hf['peak_rss_gb']:.2f} | "
+                    f"{ours['graphs_per_s'] / hf['graphs_per_s']:.2f} | "
+                    f"{ours['median_step_graphs_per_s'] / hf['median_step_graphs_per_s']:.2f} | "
+                    f"{ours['peak_rss_gb'] / hf['peak_rss_gb']:.2f} |"
                 )
-                r = json.loads(out)
-                memory = f"{r['peak_rss_gb']:.2f} GB peak RSS"
-                if r["peak_cuda_gb"] is not None:
-                    memory += f", {r['peak_cuda_gb']:.2f} GB peak CUDA"
-                label = f"{'HF ' if hf else ''}{name} {batching}"
-                extra = f", HF preprocessing {r['preprocess_per_s']:.0f} graphs/s" if hf else ""
-                print(
-                    f"{label:>18} ({r['params'] / 1e6:6.2f}M params): "
-                    f"{r['graphs_per_s']:8.1f} graphs/s, {memory}{extra}"
-                )
-    print(
-        "DESIGN notes' earlier reference figures (HF port, 2 threads, batch 64): "
-        + "; ".join(f"{k}: {v}" for k, v in REFERENCE.items())
-    )
+        elif args.reference:
+            row += " — | — | — | — | — | — | — |"
+        print(row, flush=True)
+        detail = f"{ours['params'] / 1e6:.2f}M params, {ours['batches']} batches"
+        detail += f", largest batch {ours['max_batch_tokens']} padded nodes"
+        if "peak_cuda_gb" in ours:
+            detail += f", {ours['peak_cuda_gb']:.2f} GB peak CUDA"
+        print(f"<!-- {name}: {detail} -->")
 
 
 if __name__ == "__main__":
