@@ -277,3 +277,50 @@ def test_cheap_dropout_is_dropout():
     assert layer.eval()(x) is x and dropout(x, 0.0) is x
     assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
     assert isinstance(layer, nn.Dropout) and layer.p == 0.1
+
+
+def test_kernel_edge_cases_behave_as_sdpa():
+    from graphormer.models.dropout import drop_mask
+
+    torch.manual_seed(0)
+    _, ours = pair()
+    ours.train()
+    x = torch.randn(B, L, E, requires_grad=True)
+    bias = torch.zeros(B, H, L, L)
+    bias[:, :, 1, :] = -math.inf  # a query row with nothing to attend to
+    out, _ = ours(x, attn_bias=bias)
+    out.sum().backward()
+    with torch.no_grad():  # inference takes SDPA
+        ref, _ = ours.eval()(x, attn_bias=bias)
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    torch.testing.assert_close(out[:, 1], ref[:, 1])  # the empty row: the output bias alone
+    # Invalid rates fail as torch's dropout does; a near-1 rate drops everything.
+    for p in (-0.2, 1.5):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            BiasedMultiheadAttention(E, H, dropout=p)
+    drop, scale = drop_mask((4, 5), 1 - 1e-7)
+    assert drop.all() and scale == 0.0
+    q = torch.randn(2, 2, 5, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="bool mask"):
+        biased_attention(q, q, q, torch.ones(5, 5, dtype=torch.bool))
+    # Under CPU autocast a direct call computes in its inputs' dtype, backward included.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = biased_attention(q, q, q, torch.zeros(5, 5), 0.1)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+
+
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch's vmap of SDPA
+def test_torch_func_transforms_fall_back_to_torch_kernels():
+    _, ours = pair()
+    ours.train()
+    ours.dropout = 0.0
+    x = torch.randn(B, L, E)
+    params = dict(ours.named_parameters())
+
+    def loss(p, xi):
+        out, _ = torch.func.functional_call(ours, p, (xi.unsqueeze(0),))
+        return out.square().sum()
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+    assert per_sample["q_proj.weight"].shape == (B, E, E)

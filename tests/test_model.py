@@ -276,3 +276,16 @@ def test_packed_layers_equal_the_padded_layers(monkeypatch, pre_layernorm):
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
     for a, b in zip(packed_grads, padded_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_hooks_and_swapped_modules_see_packed_batches():
+    # Packed batches still go through the modules' __call__: hooks fire, a wrapped q_proj is used.
+    model = tiny().train()
+    batch = batch_of(molecules([0, 5, 9, 40]))  # mixed sizes: packed
+    seen = []
+    model.layers[0].register_forward_hook(lambda *_: seen.append("layer"))
+    model.layers[0].attn.q_proj.register_forward_hook(lambda *_: seen.append("q_proj"))
+    before = model(batch)
+    assert seen == ["q_proj", "layer"]
+    model.layers[0].attn.q_proj = torch.nn.Sequential(model.layers[0].attn.q_proj, torch.nn.ReLU())
+    assert not torch.allclose(model(batch), before)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from graphormer.models.dropout import drop_mask, dropout, uses_fast_path
+from graphormer.models.dropout import check_dropout, drop_mask, dropout, uses_fast_path
 
 __all__ = ["BiasedMultiheadAttention", "biased_attention"]
 
@@ -60,6 +60,7 @@ class BiasedMultiheadAttention(nn.Module):
                 f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}); "
                 f"choose num_heads among the divisors of {embed_dim}"
             )
+        check_dropout(dropout)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -149,12 +150,22 @@ class BiasedMultiheadAttention(nn.Module):
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
         average_attn_weights: bool = True,
+        packed: tuple[Tensor, int, int] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attends ``query`` to ``key``/``value`` (self-attention when they are None).
+
+        With ``packed=(tokens, B, L)``, ``query`` holds only the ``T`` real tokens of a padded
+        batch, ``[T, E]`` (``tokens``: each one's row in the flattened ``[B * L]`` batch): the
+        projections run on those tokens alone (a padded batch of molecules of mixed sizes is
+        mostly padding), which are scattered into the padded ``[B, H, L, D]`` layout for the
+        attention itself. ``attn_bias`` must then mask the padded keys (Graphormer's does);
+        the output is ``[T, E]``, equal to :meth:`forward` on the padded batch at those rows.
 
         Returns:
             ``(output, weights)``; ``weights`` is None unless ``need_weights``.
         """
+        if packed is not None:
+            return self._forward_packed(query, *packed, attn_bias, need_weights)
         q, k, v = self.project(query, key, value)  # [B, H, L, D]
         batch, _, q_len, _ = q.shape
         mask = self._additive_mask(attn_bias, key_padding_mask, batch, q_len, k.size(2), q.dtype)
@@ -167,40 +178,21 @@ class BiasedMultiheadAttention(nn.Module):
             weights = weights.mean(dim=1)
         return out, weights
 
-    def forward_packed(
+    def _forward_packed(
         self,
         x: Tensor,
         tokens: Tensor,
         batch: int,
         length: int,
-        attn_bias: Tensor,
-        need_weights: bool = False,
+        attn_bias: Tensor | None,
+        need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
-        """Self-attention over the real tokens of a padded batch, given packed.
+        def scatter(t: Tensor) -> Tensor:  # [T, E] -> [B, H, L, D], zeros at padding
+            full = t.new_zeros(batch * length, self.embed_dim).index_copy(0, tokens, t)
+            return self._split_heads(full.view(batch, length, self.embed_dim)).contiguous()
 
-        The projections run on the ``T`` real tokens only (a padded batch of molecules of mixed
-        sizes is mostly padding); the tokens are scattered into the padded ``[B, H, L, D]``
-        layout for the attention itself, whose ``attn_bias`` must mask the padded keys (as
-        Graphormer's does). The same outputs, at the real tokens, as :meth:`forward` on the
-        padded batch.
-
-        Args:
-            x: ``[T, E]``, the real tokens in the order of ``tokens``.
-            tokens: ``[T]`` long, each token's row in the flattened ``[B * L]`` batch.
-            batch, length: ``B`` and ``L``.
-            attn_bias: ``[B, H, L, L]`` (or broadcastable), padded keys masked.
-
-        Returns:
-            ``(out [T, E], weights [B, H, L, L] or None)``
-        """
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        bias = None
-        if self.q_proj.bias is not None:
-            bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-        qkv = F.linear(x, weight, bias)  # [T, 3E], one matmul for the three projections
-        padded = qkv.new_zeros(batch * length, 3 * self.embed_dim).index_copy(0, tokens, qkv)
-        padded = padded.view(batch, length, 3, self.num_heads, self.head_dim)
-        q, k, v = padded.permute(2, 0, 3, 1, 4).contiguous().unbind(0)  # [B, H, L, D] each
+        # The modules themselves (not their weights), so that hooks and swapped-in layers apply.
+        q, k, v = (scatter(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         mask = self._additive_mask(attn_bias, None, batch, length, length, q.dtype)
         out, weights = self._attend(q, k, v, mask, need_weights)
         out = out.transpose(1, 2).reshape(batch * length, self.embed_dim)  # [B * L, E]
@@ -315,7 +307,11 @@ def _use_own_kernel(q: Tensor, dropout_p: float) -> bool:
     """Whether :func:`biased_attention` beats ``scaled_dot_product_attention`` here: on CPU, in
     float32/64, when training (SDPA's CPU flash kernel takes no dropout and no gradient for the
     bias, so it falls back to its unfused math path, which draws a float Bernoulli mask)."""
-    return uses_fast_path(q) and (dropout_p > 0 or torch.is_grad_enabled())
+    return (
+        uses_fast_path(q)
+        and (dropout_p > 0 or torch.is_grad_enabled())
+        and not torch.is_autocast_enabled("cpu")
+    )
 
 
 def biased_attention(
@@ -338,7 +334,11 @@ def biased_attention(
         - bias ``[B, H, Lq, Lk]`` or broadcastable to it (its gradient keeps its shape)
         - output ``[B, H, Lq, D]``
     """
-    return _BiasedAttention.apply(q, k, v, bias, float(dropout_p))
+    if bias.dtype == torch.bool:
+        raise ValueError("biased_attention adds a float bias; got a bool mask (use -inf instead)")
+    check_dropout(dropout_p)
+    with torch.autocast("cpu", enabled=False):  # it computes in the inputs' own dtype
+        return _BiasedAttention.apply(q, k, v, bias, float(dropout_p))
 
 
 class _BiasedAttention(torch.autograd.Function):
@@ -362,6 +362,8 @@ class _BiasedAttention(torch.autograd.Function):
             bias3 = F.pad(bias3, (0, pad), value=-math.inf)
         scores = torch.baddbmm(bias3, q3, k3.transpose(1, 2), alpha=scale)
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
+        # A row whose every score is -inf has no weights: zeros, as SDPA gives (not NaN).
+        weights.nan_to_num_(0.0)
         drop, keep_scale = None, 1.0
         if dropout_p > 0:
             drop, keep_scale = drop_mask(weights.shape, dropout_p)

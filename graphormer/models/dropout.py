@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Dropout", "drop_mask", "dropout"]
+__all__ = ["Dropout", "check_dropout", "drop_mask", "dropout"]
 
 _LEVELS = 65536  # 16-bit uniform numbers
 
@@ -24,21 +24,35 @@ def drop_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[Tensor, fl
     kept elements; drawn from torch's default CPU generator, so ``torch.manual_seed`` and saved
     RNG states reproduce it."""
     threshold = min(round(p * _LEVELS), _LEVELS)
+    if threshold >= _LEVELS:  # everything drops (the int16 threshold would overflow)
+        return torch.ones(shape, dtype=torch.bool), 0.0
     count = 1
     for size in shape:
         count *= size
     words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
     drop = words.view(torch.int16)[:count].view(shape) < threshold - _LEVELS // 2
-    keep_scale = _LEVELS / (_LEVELS - threshold) if threshold < _LEVELS else 0.0
-    return drop, keep_scale
+    return drop, _LEVELS / (_LEVELS - threshold)
+
+
+def check_dropout(p: float) -> None:
+    """Raises, as :class:`torch.nn.Dropout` does, unless ``0 <= p <= 1``."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
 
 
 def uses_fast_path(x: Tensor) -> bool:
-    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+    """CPU float32/64 tensors, outside torch.func transforms (whose vmap our autograd Functions
+    do not implement)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and not torch._C._are_functorch_transforms_active()
+    )
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """:func:`torch.nn.functional.dropout` with the cheap CPU mask (see the module docstring)."""
+    check_dropout(p)
     if not training or p == 0:
         return x
     if not uses_fast_path(x):

@@ -275,8 +275,11 @@ class Graphormer(nn.Module):
         tokens = real.reshape(-1).nonzero().squeeze(1)  # [T]
         packed = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]
         for layer in self.layers:
-            packed, weights = layer.forward_packed(
-                packed, tokens, batch, length, attn_bias, need_weights=return_attention
+            packed, weights = layer(
+                packed,
+                attn_bias,
+                need_weights=return_attention,
+                packed=(tokens, batch, length),
             )
             if return_attention:
                 attentions.append(weights)

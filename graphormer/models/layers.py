@@ -57,7 +57,11 @@ class GraphormerLayer(nn.Module):
         attn_bias: Tensor,
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
+        packed: tuple[Tensor, int, int] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
+        """With ``packed=(tokens, B, L)``, ``h`` holds only the ``T`` real tokens of a padded
+        batch, ``[T, d]``: every per-token operation (projections, LayerNorms, feed-forward) skips
+        the padding; see :meth:`BiasedMultiheadAttention.forward`."""
         residual = h
         if self.pre_layernorm:
             h = self.attn_norm(h)
@@ -67,25 +71,8 @@ class GraphormerLayer(nn.Module):
             key_padding_mask=key_padding_mask,
             need_weights=need_weights,
             average_attn_weights=False,
+            packed=packed,
         )
-        return self._finish(residual, h), weights
-
-    def forward_packed(
-        self,
-        h: Tensor,
-        tokens: Tensor,
-        batch: int,
-        length: int,
-        attn_bias: Tensor,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
-        """The layer on the ``T`` real tokens of a padded batch, packed ``[T, d]``: every
-        per-token operation (projections, LayerNorms, feed-forward) skips the padding; see
-        :meth:`BiasedMultiheadAttention.forward_packed`. ``attn_bias`` must mask padded keys."""
-        residual = h
-        if self.pre_layernorm:
-            h = self.attn_norm(h)
-        h, weights = self.attn.forward_packed(h, tokens, batch, length, attn_bias, need_weights)
         return self._finish(residual, h), weights
 
     def _finish(self, residual: Tensor, h: Tensor) -> Tensor:

@@ -75,7 +75,9 @@ def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModu
     _dataset_feature_dims(model_cfg, datamodule)
     data = {
         "dataset": absolute_paths(_container(cfg.dataset)),
-        "datamodule": _container(cfg.datamodule),
+        # As resolved for this run (pad_to_multiple: null becomes 8 or 1), so that eval.py and
+        # a resume batch exactly as training did, whatever the device they run on.
+        "datamodule": {**_container(cfg.datamodule), "pad_to_multiple": datamodule.pad_to_multiple},
     }
     try:
         return GraphormerModule(
