@@ -308,6 +308,12 @@ def test_kernel_edge_cases_behave_as_sdpa():
         out = biased_attention(q, q, q, torch.zeros(5, 5), 0.1)
     assert out.dtype == torch.float32
     out.sum().backward()
+    # Other dtypes (and devices) get torch's kernel: the same function.
+    qb, bias_b = q.detach().bfloat16(), torch.randn(5, 5).bfloat16()
+    torch.testing.assert_close(
+        biased_attention(qb, qb, qb, bias_b),
+        torch.nn.functional.scaled_dot_product_attention(qb, qb, qb, attn_mask=bias_b),
+    )
 
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch's vmap of SDPA

@@ -337,6 +337,9 @@ def biased_attention(
     if bias.dtype == torch.bool:
         raise ValueError("biased_attention adds a float bias; got a bool mask (use -inf instead)")
     check_dropout(dropout_p)
+    if not uses_fast_path(q):  # other devices and dtypes: torch's kernel computes the same
+        mask = bias.to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     with torch.autocast("cpu", enabled=False):  # it computes in the inputs' own dtype
         return _BiasedAttention.apply(q, k, v, bias, float(dropout_p))
 
