@@ -10,6 +10,8 @@ PyTorch's fused kernels.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -26,9 +28,7 @@ def drop_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[Tensor, fl
     threshold = min(round(p * _LEVELS), _LEVELS)
     if threshold >= _LEVELS:  # everything drops (the int16 threshold would overflow)
         return torch.ones(shape, dtype=torch.bool), 0.0
-    count = 1
-    for size in shape:
-        count *= size
+    count = math.prod(shape)
     words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
     drop = words.view(torch.int16)[:count].view(shape) < threshold - _LEVELS // 2
     return drop, _LEVELS / (_LEVELS - threshold)

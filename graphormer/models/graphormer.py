@@ -265,26 +265,20 @@ class Graphormer(nn.Module):
         # (little padding) skips the packing, which would then cost more than it saves.
         batch, length, width = h.shape
         real = F.pad(node_mask, (1, 0), value=True)  # [B, N+1]
+        packed = None
+        if real.sum() < _PACK_BELOW * real.numel():
+            tokens = real.reshape(-1).nonzero().squeeze(1)  # [T]
+            packed = (tokens, batch, length)
+            h = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]
         attentions = []
-        if real.sum() >= _PACK_BELOW * real.numel():
-            for layer in self.layers:
-                h, weights = layer(h, attn_bias, need_weights=return_attention)
-                if return_attention:
-                    attentions.append(weights)
-            return self.final_norm(h) * real.unsqueeze(-1).to(h.dtype), attentions
-        tokens = real.reshape(-1).nonzero().squeeze(1)  # [T]
-        packed = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]
         for layer in self.layers:
-            packed, weights = layer(
-                packed,
-                attn_bias,
-                need_weights=return_attention,
-                packed=(tokens, batch, length),
-            )
+            h, weights = layer(h, attn_bias, need_weights=return_attention, packed=packed)
             if return_attention:
                 attentions.append(weights)
-        packed = self.final_norm(packed)
-        h = packed.new_zeros(batch * length, width).index_copy(0, tokens, packed)
+        h = self.final_norm(h)
+        if packed is None:
+            return h * real.unsqueeze(-1).to(h.dtype), attentions
+        h = h.new_zeros(batch * length, width).index_copy(0, packed[0], h)
         return h.view(batch, length, width), attentions
 
     def forward(
