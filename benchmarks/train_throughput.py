@@ -98,7 +98,7 @@ def plan(sizes: list[int], scenario: Scenario, pad_to_multiple: int) -> list[lis
     import torch
 
     from graphormer.data import SizeGroupedBatchSampler
-    from graphormer.data.collate import padded_length
+    from graphormer.data.datamodule import budget_batch_size
 
     sizes_t = torch.as_tensor(sizes)
     if scenario.batching == "grouped":
@@ -110,10 +110,8 @@ def plan(sizes: list[int], scenario: Scenario, pad_to_multiple: int) -> list[lis
         )
         return list(sampler)
     batch_size = scenario.batch_size
-    if scenario.max_tokens is not None:
-        # As the datamodule without size grouping: as many random graphs as the largest allows.
-        longest = int(padded_length(max(sizes), pad_to_multiple))
-        batch_size = min(batch_size, scenario.max_tokens // longest)
+    if scenario.max_tokens is not None:  # as the datamodule without size grouping
+        batch_size = budget_batch_size(max(sizes), batch_size, scenario.max_tokens, pad_to_multiple)
     order = torch.randperm(len(sizes), generator=torch.Generator().manual_seed(0))
     return [b.tolist() for b in order.split(batch_size)]
 
@@ -213,6 +211,8 @@ def run_reference(scenario: Scenario, batches_limit: int | None, threads: int) -
         preprocess_item,
     )
 
+    from graphormer.models import GraphormerConfig
+
     from common import model_preset
 
     torch.set_num_threads(threads)
@@ -231,6 +231,7 @@ def run_reference(scenario: Scenario, batches_limit: int | None, threads: int) -
         for g in graphs
     ]
     preset = {**model_preset(PRESETS[scenario.model]), **scenario.overrides}
+    ours = GraphormerConfig(**preset)  # the settings as our model resolves them
     config = HFConfig(
         num_classes=1,
         num_hidden_layers=preset["num_layers"],
@@ -242,11 +243,7 @@ def run_reference(scenario: Scenario, batches_limit: int | None, threads: int) -
         attention_dropout=preset["attention_dropout"],
         activation_dropout=preset["activation_dropout"],
         pre_layernorm=preset["pre_layernorm"],
-        encoder_normalize_before=bool(
-            preset["pre_layernorm"]
-            if preset["embedding_layernorm"] is None
-            else preset["embedding_layernorm"]
-        ),
+        encoder_normalize_before=ours.uses_embedding_layernorm,
     )
     model = GraphormerForGraphClassification(config).train(scenario.train)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -63,6 +63,15 @@ def pack_by_tokens(lengths: Sequence[int], batch_size: int, max_tokens: int) -> 
     return counts
 
 
+def budget_batch_size(
+    largest: int, batch_size: int, max_tokens: int, pad_to_multiple: int = 1
+) -> int:
+    """Graphs per batch of uniformly random batches under a token budget: as many as fit when
+    all are padded to the ``largest`` graph, so that any draw fits (and every epoch has the
+    same number of batches)."""
+    return min(batch_size, max_tokens // int(padded_length(largest, pad_to_multiple)))
+
+
 class SizeGroupedBatchSampler(Sampler[list[int]]):
     """Shuffled batches of similar-sized graphs, so that little of a dense batch is padding.
 
@@ -395,8 +404,9 @@ class GraphDataModule(pl.LightningDataModule):
             # at what the largest training graph allows, so that any draw fits and the number
             # of batches is the same every epoch.
             if max_tokens is not None:
-                longest = padded_length(int(sizes.max()), self.pad_to_multiple)
-                batch_size = min(batch_size, max_tokens // longest)
+                batch_size = budget_batch_size(
+                    int(sizes.max()), batch_size, max_tokens, self.pad_to_multiple
+                )
             sizes, max_tokens = torch.zeros(len(sizes)), None
         return SizeGroupedBatchSampler(
             sizes,
