@@ -96,9 +96,9 @@ def describe(stats: dict) -> str:
 
 def preset_checkpoint(model: str, path: Path) -> Path:
     """A checkpoint of ``model`` (random weights) for ogbg-molhiv, as train.py would save it."""
+    from graphormer import checkpoint
     from graphormer.testing import model_preset
     from graphormer.training import GraphormerModule
-    from graphormer.training.checkpoint import save_checkpoint_file
 
     module = GraphormerModule(
         model=model_preset(model),
@@ -113,12 +113,7 @@ def preset_checkpoint(model: str, path: Path) -> Path:
             "datamodule": {"max_hops": 5, "pad_to_multiple": 8},
         },
     )
-    checkpoint = {
-        "state_dict": module.state_dict(),
-        "hyper_parameters": dict(module.hparams),
-        "graphormer": {"precision": "32-true"},
-    }
-    return save_checkpoint_file(path, checkpoint)
+    return checkpoint.save(path, module.state_dict(), dict(module.hparams), precision="32-true")
 
 
 if __name__ == "__main__":

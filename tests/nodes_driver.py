@@ -9,8 +9,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 from hydra import compose, initialize_config_dir
 
+from graphormer.checkpoint import weights_digest
 from graphormer.training import train
-from graphormer.training.checkpoint import weights_digest
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

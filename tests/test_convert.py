@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from graphormer import checkpoint
 from graphormer.data import GraphormerCollator, StructuralFeatures, shortest_paths
 from graphormer.errors import UserFacingError
 from graphormer.models import Graphormer, GraphormerConfig
@@ -21,7 +22,7 @@ from graphormer.models.convert import (
     from_microsoft,
     to_microsoft,
 )
-from graphormer.training import CheckpointError, GraphormerModule, load_module
+from graphormer.training import CheckpointError, GraphormerModule
 from graphormer.training.pretrained import convert_checkpoint, load_pretrained
 
 from molecules import model_preset, nci_graphs, nci_smiles, to_data
@@ -255,8 +256,9 @@ def test_convert_script_writes_a_checkpoint_that_loads_exactly(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert f"wrote {output.resolve()}" in result.stdout
-    module, checkpoint = load_module(output)
-    assert checkpoint["hyper_parameters"]["task"] == {
+    record = checkpoint.load(output)
+    module = GraphormerModule.from_checkpoint(record)
+    assert record.task == {
         "name": "pcqm4mv2",
         "task_type": "regression",
         "num_tasks": 1,
@@ -289,7 +291,7 @@ def test_untrusted_pickles_are_refused_in_one_clear_line(tmp_path):
     assert "weights_only" not in message and "\n" not in message
     assert not (tmp_path / "out.ckpt").exists()
     path, _ = convert_checkpoint(source, tmp_path / "out.ckpt", trust_source=True)
-    assert load_module(path)[0].config == config
+    assert GraphormerModule.from_checkpoint(path).config == config
 
     result = subprocess.run(
         [
@@ -567,9 +569,11 @@ def test_huggingface_parity(tmp_path, overrides):
     reference = hf_random_model(module, **overrides)
     reference.save_pretrained(tmp_path / "hf")
     path, config = convert_checkpoint(tmp_path / "hf", tmp_path / "ours.ckpt")
-    ours = load_module(path)[0].model
+    ours = GraphormerModule.from_checkpoint(path).model
     wrong_path, _ = convert_checkpoint(tmp_path / "hf", tmp_path / "w.ckpt", convention="microsoft")
-    shifted = load_module(wrong_path)[0].model  # atom ids one row off: must not pass
+    shifted = GraphormerModule.from_checkpoint(
+        wrong_path
+    ).model  # atom ids one row off: must not pass
     graphs, batches = hf_batches()
     worst, worst_shifted = 0.0, 0.0
     for indices in batches:
@@ -592,7 +596,7 @@ def test_huggingface_bare_model_parity(tmp_path):
     bare = classifier.encoder  # a GraphormerModel: ends at the head's LayerNorm, no output layer
     bare.save_pretrained(tmp_path / "bare")
     path, config = convert_checkpoint(tmp_path / "bare", tmp_path / "ours.ckpt", num_tasks=2)
-    ours = load_module(path)[0].model
+    ours = GraphormerModule.from_checkpoint(path).model
     assert config.num_tasks == 2
     graphs, batches = hf_batches()
     for indices in batches[:3] + batches[-1:]:

@@ -165,7 +165,8 @@ class CrashAfterFirstEpoch(pl.Callback):
 
 
 def test_training_with_a_budget_runs_and_resumes_exactly(ogb_root, tmp_path, capsys, caplog):
-    from graphormer.training import evaluate, load_checkpoint_file, train
+    from graphormer import checkpoint
+    from graphormer.training import evaluate, train
 
     def config(out, *extra):
         settings = [
@@ -184,14 +185,14 @@ def test_training_with_a_budget_runs_and_resumes_exactly(ogb_root, tmp_path, cap
     # train() resolves pad_to_multiple=null to 1 on the CPU.
     steps = len(datamodule(ogb_root, pad_to_multiple=1).train_dataloader())
     assert f"max_tokens {BUDGET}: {steps} training batches per epoch" in capsys.readouterr().out
-    final = load_checkpoint_file(whole["last_checkpoint"])
+    final = torch.load(whole["last_checkpoint"], weights_only=True)
     assert final["global_step"] == 2 * steps  # Lightning ran exactly len() batches an epoch
 
     with pytest.raises(Crash):
         train(config(tmp_path / "killed"), callbacks=[CrashAfterFirstEpoch()])
     last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
     resumed = train(config(tmp_path / "resumed", f"ckpt_path={last}"))
-    again = load_checkpoint_file(resumed["last_checkpoint"])["state_dict"]
+    again = checkpoint.load(resumed["last_checkpoint"]).state_dict
     for name, tensor in final["state_dict"].items():
         assert torch.allclose(again[name].float(), tensor.float(), atol=1e-6), name
     assert resumed["valid"] == whole["valid"] and resumed["test"] == whole["test"]

@@ -127,7 +127,7 @@ def test_training_reports_valid_mae_and_no_test_metric(pcqm_run):
 
 
 def test_eval_reproduces_valid_mae_and_writes_the_submission_file(pcqm_run, tmp_path):
-    from graphormer.training import load_module
+    from graphormer.training import GraphormerModule
 
     work, out, _ = pcqm_run
     metrics = json.loads((out / "metrics.json").read_text())
@@ -150,7 +150,7 @@ def test_eval_reproduces_valid_mae_and_writes_the_submission_file(pcqm_run, tmp_
     y_pred = np.load(path)["y_pred"]
     assert y_pred.shape == (30,) and y_pred.dtype == np.float32
     # The file lists test-dev's molecules in OGB's order, each with the model's prediction.
-    module, _ = load_module(metrics["best_checkpoint"])
+    module = GraphormerModule.from_checkpoint(metrics["best_checkpoint"])
     dm = datamodule(_root_of(metrics))
     index = dm.loaded.split["test-dev"]
     batch = GraphormerCollator(max_hops=5, pad_to_multiple=8)(
@@ -162,9 +162,9 @@ def test_eval_reproduces_valid_mae_and_writes_the_submission_file(pcqm_run, tmp_
 
 
 def _root_of(metrics):
-    from graphormer.training import load_checkpoint_file
+    from graphormer import checkpoint
 
-    hparams = load_checkpoint_file(metrics["best_checkpoint"])["hyper_parameters"]
+    hparams = checkpoint.load(metrics["best_checkpoint"]).hyper_parameters
     return hparams["data"]["dataset"]["root"]
 
 

@@ -13,11 +13,10 @@ from omegaconf import OmegaConf
 from PIL import Image
 from rdkit import Chem
 
-from graphormer import Predictor
+from graphormer import Predictor, checkpoint
 from graphormer.errors import UserFacingError
 from graphormer.inference import featurize_smiles, predict
-from graphormer.training import GraphormerModule, build_datamodule, build_module, load_module
-from graphormer.training.checkpoint import save_checkpoint_file
+from graphormer.training import GraphormerModule, build_datamodule, build_module
 
 import test_training
 from molecules import model_preset, nci_smiles
@@ -59,12 +58,7 @@ def untrained_checkpoint(path, overrides, target_mean=None, target_std=None, pre
     if target_mean is not None:
         module.target_mean.copy_(torch.tensor(target_mean))
         module.target_std.copy_(torch.tensor(target_std))
-    checkpoint = {
-        "state_dict": module.state_dict(),
-        "hyper_parameters": dict(module.hparams),
-        "graphormer": {"precision": precision},
-    }
-    return save_checkpoint_file(path, checkpoint)
+    return checkpoint.save(path, module.state_dict(), dict(module.hparams), precision=precision)
 
 
 def ogb_test_split(root, name="ogbg-molhiv"):
@@ -156,7 +150,7 @@ def test_predict_script_reproduces_eval_metric(test_split_predictions):
 
 def test_predict_script_matches_the_module_on_each_test_molecule(test_split_predictions):
     run = test_split_predictions
-    module, _ = load_module(run["metrics"]["best_checkpoint"])
+    module = GraphormerModule.from_checkpoint(run["metrics"]["best_checkpoint"])
     reference = module_outputs_on_test_split(module)
     output = run["output"]
     valid = output[output.error.isna()]
@@ -234,7 +228,7 @@ def test_multi_task_outputs_carry_ogbs_task_names(ogb_root, tmp_path):
     values = table[TOX21_TASKS].to_numpy()
     assert ((values > 0) & (values < 1)).all()
     # Column j is task j: the module's j-th output.
-    module, _ = load_module(ckpt)
+    module = GraphormerModule.from_checkpoint(ckpt)
     batch = predictor.collator(featurize_smiles(smiles).graphs)
     with torch.inference_mode():
         expected = torch.sigmoid(module(batch)).numpy()
@@ -275,7 +269,7 @@ def test_smiles_csv_model_predicts_in_target_units_under_target_names(tmp_path, 
     ok = out.error.isna()
     # De-standardised: around the training mean, spread by the training std.
     assert out.tpsa_pred[ok].between(900, 1100).all() and out.logp[ok].between(-7, -3).all()
-    module, _ = load_module(ckpt)
+    module = GraphormerModule.from_checkpoint(ckpt)
     graphs = featurize_smiles(table.SMILES.tolist()).graphs
     batch = Predictor.from_checkpoint(ckpt).collator([g for g in graphs if g is not None])
     with torch.inference_mode():
@@ -306,10 +300,7 @@ def test_a_checkpoint_without_data_settings_still_predicts(tmp_path):
     settings the model's own."""
     task = {"name": "x", "task_type": "regression", "num_tasks": 2, "metric": "rmse"}
     module = GraphormerModule(model=model_preset("graphormer_tiny"), task=task, data=None)
-    ckpt = save_checkpoint_file(
-        tmp_path / "bare.ckpt",
-        {"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)},
-    )
+    ckpt = checkpoint.save(tmp_path / "bare.ckpt", module.state_dict(), dict(module.hparams))
     predictor = Predictor.from_checkpoint(ckpt)
     assert predictor.task_names == ["task_0", "task_1"] and predictor.precision == "32-true"
     assert predictor.collator.max_hops == module.config.multi_hop_max_dist
@@ -399,7 +390,7 @@ def test_explain_script_writes_pictures_and_raw_maps(trained_run, tmp_path):
         ],
         cwd=tmp_path,
     )
-    module, _ = load_module(out / "checkpoints" / "last.ckpt")
+    module = GraphormerModule.from_checkpoint(out / "checkpoints" / "last.ckpt")
     layers, heads = module.config.num_layers, module.config.num_heads
     for i, smiles in enumerate([aspirin, nci]):
         folder = tmp_path / "pictures" / f"mol_{i}"

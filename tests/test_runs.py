@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphormer.training import CheckpointError, load_checkpoint_file, load_module
+from graphormer import checkpoint
+from graphormer.training import CheckpointError, GraphormerModule
 
 from test_training import REPO, TINY, run_failing, run_script
 
@@ -31,7 +32,7 @@ def train_args(ogb_root, out, *extra):
 
 
 def final_state(out: Path) -> dict:
-    return load_checkpoint_file(out / "checkpoints" / "last.ckpt")["state_dict"]
+    return checkpoint.load(out / "checkpoints" / "last.ckpt").state_dict
 
 
 def scores(out: Path) -> dict:
@@ -212,7 +213,7 @@ def test_pickled_objects_are_refused_without_unpickling_advice(tmp_path):
     path = tmp_path / "pickled.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": argparse.Namespace(model=1)}, path)
     with pytest.raises(CheckpointError) as error:
-        load_module(path)
+        GraphormerModule.from_checkpoint(path)
     message = str(error.value)
     assert "argparse.Namespace" in message and "never runs code" in message
     assert "weights_only" not in message and "False" not in message
@@ -236,8 +237,8 @@ def test_altered_weights_are_detected(reference_run, tmp_path):
     damaged = tmp_path / "damaged.ckpt"
     damaged.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="do not match the digest"):
-        load_module(damaged)
-    load_module(source)  # the original still loads
+        GraphormerModule.from_checkpoint(damaged)
+    GraphormerModule.from_checkpoint(source)  # the original still loads
 
 
 def test_an_unwritable_run_folder_fails_before_training(tmp_path, ogb_root):

@@ -15,7 +15,12 @@ from omegaconf import OmegaConf
 
 from graphormer.data import build_source
 from graphormer.models import Graphormer, GraphormerConfig
-from graphormer.training import CheckpointError, load_module, masked_loss, warmup_linear_decay
+from graphormer.training import (
+    CheckpointError,
+    GraphormerModule,
+    masked_loss,
+    warmup_linear_decay,
+)
 from graphormer.training.train import resolve_precision
 
 REPO = Path(__file__).resolve().parents[1]
@@ -259,22 +264,22 @@ def test_eval_reads_the_dataset_from_a_new_root(trained_run, ogb_root, tmp_path)
 def test_eval_rejects_missing_corrupt_and_foreign_checkpoints(trained_run, tmp_path):
     _, out, _ = trained_run
     with pytest.raises(CheckpointError, match="does not exist"):
-        load_module(tmp_path / "nope.ckpt")
+        GraphormerModule.from_checkpoint(tmp_path / "nope.ckpt")
     good = (out / "checkpoints" / "last.ckpt").read_bytes()
     corrupt = tmp_path / "corrupt.ckpt"
     corrupt.write_bytes(good[: len(good) // 2])
     with pytest.raises(CheckpointError, match="cannot be read"):
-        load_module(corrupt)
+        GraphormerModule.from_checkpoint(corrupt)
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"lr": 1}}, foreign)
     with pytest.raises(CheckpointError, match="not written by graphormer"):
-        load_module(foreign)
+        GraphormerModule.from_checkpoint(foreign)
     checkpoint = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     checkpoint["hyper_parameters"]["model"]["hidden_dim"] = 64
     mismatched = tmp_path / "mismatched.ckpt"
     torch.save(checkpoint, mismatched)
     with pytest.raises(CheckpointError, match="does not match"):
-        load_module(mismatched)
+        GraphormerModule.from_checkpoint(mismatched)
 
 
 def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
@@ -299,9 +304,8 @@ def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
     with pytest.warns(UserWarning, match="skipped 3 row"):
         results = train(cfg)
     assert results["metric"] == "rmse" and math.isfinite(results["test"]["rmse"])
-    module, _ = load_module(results["best_checkpoint"])
+    module = GraphormerModule.from_checkpoint(results["best_checkpoint"])
     # Plain hyperparameters: Lightning's own loader rebuilds it too, without Hydra.
-    from graphormer.training import GraphormerModule
 
     plain = GraphormerModule.load_from_checkpoint(results["best_checkpoint"], map_location="cpu")
     assert plain.task == module.task and torch.equal(plain.target_mean, module.target_mean)
@@ -383,7 +387,7 @@ def test_pretrained_weights_initialise_all_but_the_output_layer(trained_run):
     from graphormer.training.pretrained import load_pretrained
 
     _, out, _ = trained_run
-    source, _ = load_module(out / "checkpoints" / "last.ckpt")
+    source = GraphormerModule.from_checkpoint(out / "checkpoints" / "last.ckpt")
     model = dict(source.hparams["model"])
     task = {"name": "toy", "task_type": "regression", "num_tasks": 3, "metric": "rmse"}
     module = GraphormerModule(model=model, task=task)

@@ -191,9 +191,9 @@ def test_training_beats_the_mean_predictor(zinc_run):
     assert 0 < metrics["valid"]["mae"] < 0.8 * baseline["valid"], (metrics, baseline)
     assert 0 < metrics["test"]["mae"] < 0.8 * baseline["test"], (metrics, baseline)
     assert "data: zinc: train 200, valid 40, test 40" in log
-    from graphormer.training import load_checkpoint_file
+    from graphormer import checkpoint
 
-    hparams = load_checkpoint_file(metrics["best_checkpoint"])["hyper_parameters"]
+    hparams = checkpoint.load(metrics["best_checkpoint"]).hyper_parameters
     assert hparams["model"]["atom_feature_dims"] == [28]
     assert hparams["model"]["bond_feature_dims"] == [4]
 

@@ -17,12 +17,14 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from graphormer import checkpoint as checkpoints
+from graphormer.checkpoint import CheckpointError
 from graphormer.data.collate import GraphormerCollator
 from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, atom_labels
 from graphormer.models.graphormer import ogb_atom_feature_dims, ogb_bond_feature_dims
-from graphormer.training.checkpoint import CheckpointError, load_module
+from graphormer.training.module import GraphormerModule
 
 __all__ = [
     "Predictions",
@@ -115,7 +117,7 @@ class Predictor:
     precision. A SMILES that cannot be featurised keeps its row, with NaN predictions and a reason.
 
     Args:
-        module (GraphormerModule): a trained module (see :func:`graphormer.training.load_module`).
+        module (GraphormerModule): a trained module (see :meth:`GraphormerModule.from_checkpoint`).
         task_names (Sequence[str] | None, optional): one name per task; default ``task_i``.
         max_hops (int | None, optional): path edges per pair in the batches (training's
             ``datamodule.max_hops``); None for the model's ``multi_hop_max_dist``.
@@ -198,7 +200,8 @@ class Predictor:
         The checkpoint is read as data (weights only, digest verified), never as code. Its
         structural settings and, unless ``precision`` is given, its training precision are used.
         """
-        module, checkpoint = load_module(path)
+        record = checkpoints.load(path)
+        module = GraphormerModule.from_checkpoint(record)
         data = module.hparams.get("data") or {}
         datamodule = dict(data.get("datamodule") or {})
         dataset = dict(data.get("dataset") or {})
@@ -209,15 +212,13 @@ class Predictor:
                 "SMILES the OGB way (smiles2graph), which this model cannot read: score it on "
                 "ZINC with scripts/eval.py instead"
             )
-        meta = checkpoint.get("graphormer") or {}
-        trained_precision = meta.get("precision") if isinstance(meta, dict) else None
         return cls(
             module,
             read_task_names(module),
             max_hops=datamodule.get("max_hops"),
             pad_to_multiple=int(datamodule.get("pad_to_multiple") or 1),
             device=device,
-            precision=precision or trained_precision or "32-true",
+            precision=precision or record.precision or "32-true",
             batch_size=batch_size,
             max_atoms=max_atoms,
             training_smiles_column=dataset.get("smiles_column") if "targets" in dataset else None,

@@ -1,4 +1,4 @@
-from graphormer.training.checkpoint import CheckpointError, load_checkpoint_file, load_module
+from graphormer.checkpoint import CheckpointError
 from graphormer.training.evaluate import evaluate
 from graphormer.training.module import GraphormerModule, masked_loss
 from graphormer.training.schedule import warmup_linear_decay
@@ -10,8 +10,6 @@ __all__ = [
     "build_datamodule",
     "build_module",
     "evaluate",
-    "load_checkpoint_file",
-    "load_module",
     "masked_loss",
     "train",
     "warmup_linear_decay",

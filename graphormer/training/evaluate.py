@@ -11,9 +11,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from graphormer import checkpoint as checkpoints
+from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
 from graphormer.errors import ConfigError
-from graphormer.training.checkpoint import CheckpointError, load_module
+from graphormer.training.module import GraphormerModule
 from graphormer.training.train import (
     absolute_paths,
     build_datamodule,
@@ -94,7 +96,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Evaluates ``cfg.ckpt`` on ``cfg.split`` (valid, test or all; PCQM4Mv2's unlabelled
     test-dev and test-challenge get a submission file); writes and returns the JSON."""
     quiet_third_parties()
-    module, checkpoint = load_module(cfg.ckpt)
+    record = checkpoints.load(cfg.ckpt)
+    module = GraphormerModule.from_checkpoint(record)
     data = module.hparams["data"] or {}
     if not isinstance(data.get("dataset"), dict) or not isinstance(data.get("datamodule"), dict):
         raise CheckpointError(
@@ -126,7 +129,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         )
 
     # The training run's precision by default, so that the recorded numbers are reproduced.
-    precision = cfg.get("precision") or checkpoint.get("graphormer", {}).get("precision") or "32"
+    precision = cfg.get("precision") or record.precision or "32"
     trainer = pl.Trainer(
         accelerator=cfg.accelerator,
         devices=1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -12,11 +13,10 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-import graphormer
+from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
 from graphormer.data.tasks import TaskInfo
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
-from graphormer.training.checkpoint import DIGEST_KEY, META_KEY, weights_digest
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
 from graphormer.training.schedule import warmup_linear_decay
 
@@ -189,6 +189,30 @@ class GraphormerModule(pl.LightningModule):
         self.register_buffer("target_mean", torch.zeros(num_tasks))
         self.register_buffer("target_std", torch.ones(num_tasks))
         self._eval_outputs: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    @classmethod
+    def from_checkpoint(
+        cls, checkpoint: str | Path | checkpoints.CheckpointRecord
+    ) -> GraphormerModule:
+        """The module a checkpoint (a path, or a record read with
+        :func:`graphormer.checkpoint.load`) describes, with its weights, on the CPU, in eval mode.
+
+        Raises:
+            CheckpointError: the file cannot be read, or its weights do not fit its own settings.
+        """
+        record = checkpoint
+        if not isinstance(record, checkpoints.CheckpointRecord):
+            record = checkpoints.load(record)
+        try:
+            module = cls(**record.hyper_parameters)
+            module.load_state_dict(record.state_dict)
+        except (RuntimeError, ValueError, TypeError) as error:
+            raise checkpoints.CheckpointError(
+                f"checkpoint {record.path} does not match the model its own settings describe "
+                f"({str(error).splitlines()[0]}); it was edited or written by an incompatible "
+                "version"
+            ) from error
+        return module.eval()
 
     def setup(self, stage: str) -> None:
         # Runs on every rank after the data is set up, and before a resumed run restores its
@@ -382,11 +406,10 @@ class GraphormerModule(pl.LightningModule):
         }
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[META_KEY] = {
-            "version": graphormer.__version__,
-            "precision": str(self.trainer.precision) if self._trainer is not None else None,
-            DIGEST_KEY: weights_digest(checkpoint["state_dict"]),
-        }
+        precision = str(self.trainer.precision) if self._trainer is not None else None
+        checkpoint[checkpoints.META_KEY] = checkpoints.meta_entry(
+            checkpoint["state_dict"], precision
+        )
         # The random streams (dropout, ...), so that a resumed run continues exactly where the
         # interrupted one stopped; stored as tensors and plain values (weights_only-loadable).
         checkpoint[RNG_KEY] = capture_rng_state()

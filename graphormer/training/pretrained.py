@@ -9,18 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import lightning
 import torch
 
-import graphormer
+from graphormer import checkpoint as checkpoints
+from graphormer.checkpoint import CheckpointError
 from graphormer.models.convert import convert_source, read_source
 from graphormer.models.graphormer import GraphormerConfig
-from graphormer.training.checkpoint import (
-    META_KEY,
-    CheckpointError,
-    load_checkpoint_file,
-    save_checkpoint_file,
-)
 from graphormer.training.module import GraphormerModule
 
 __all__ = ["PretrainedReport", "convert_checkpoint", "load_pretrained"]
@@ -149,13 +143,11 @@ def load_pretrained(module: GraphormerModule, path: str, strict: bool = True) ->
             f"pretrained={path} does not exist; give a checkpoint written by train.py or "
             "scripts/convert.py"
         )
-    checkpoint = load_checkpoint_file(path)
-    state = checkpoint["state_dict"]
+    record = checkpoints.load(path)
+    state = record.state_dict
     own = module.state_dict()
     report = PretrainedReport(str(path))
-    report.setting_differences = _setting_differences(
-        checkpoint["hyper_parameters"].get("model") or {}, module.config, path
-    )
+    report.setting_differences = _setting_differences(record.model, module.config, path)
     theirs = {k: v for k, v in state.items() if k.startswith("model.") and not _is_output_layer(k)}
     mine = {k: v for k, v in own.items() if k.startswith("model.")}
     report.output_layer = sorted(k for k in mine if _is_output_layer(k))
@@ -274,21 +266,12 @@ def convert_checkpoint(
     # The module the checkpoint describes must accept these weights exactly.
     module = GraphormerModule(**hyper_parameters)
     module.load_state_dict(state_dict)
-    checkpoint = {
-        "state_dict": state_dict,
-        "hyper_parameters": hyper_parameters,
-        "pytorch-lightning_version": lightning.__version__,
-        META_KEY: {
-            "version": graphormer.__version__,
-            "precision": None,
-            "converted_from": {
-                "source": str(read.path.resolve()),
-                "layout": read.layout,
-                "convention": convention or read.layout,
-            },
-        },
+    converted_from = {
+        "source": str(read.path.resolve()),
+        "layout": read.layout,
+        "convention": convention or read.layout,
     }
-    path = save_checkpoint_file(output, checkpoint)
+    path = checkpoints.save(output, state_dict, hyper_parameters, converted_from=converted_from)
     return path, config
 
 

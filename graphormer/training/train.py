@@ -17,12 +17,12 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from graphormer import checkpoint as checkpoints
 from graphormer.console import report
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.sources import build_source
 from graphormer.errors import ConfigError
 from graphormer.training.callbacks import EpochSummary, RunCheckpoint
-from graphormer.training.checkpoint import load_checkpoint_file
 from graphormer.training.module import GraphormerModule
 from graphormer.training.pretrained import load_pretrained
 from graphormer.training.rundir import is_first_process
@@ -227,7 +227,7 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
             "scripts/convert.py; see README 'Reproducing the paper')"
         )
     if cfg.get("ckpt_path"):
-        load_checkpoint_file(cfg.ckpt_path)  # a missing, corrupt or altered file fails now
+        checkpoints.load(cfg.ckpt_path)  # a missing, corrupt or altered file fails now
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     output_dir = Path(cfg.output_dir)
