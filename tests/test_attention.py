@@ -46,6 +46,43 @@ def test_parity_with_torch_mha(batch_first, masked):
     assert avg.shape == (B, L, L) and heads.shape == (B, H, L, L)
 
 
+@pytest.mark.parametrize("average", [True, False])
+def test_packed_tokens_honour_the_padding_mask_and_weight_averaging(average):
+    """A packed batch (only the real tokens, no bias) masked by key_padding_mask alone equals
+    torch's MHA on the padded batch at the real rows, weights averaged or per head as asked."""
+    mha, ours = pair()
+    x = torch.randn(B, L, E)
+    mask = padding_mask()
+    tokens = (~mask).view(-1).nonzero().view(-1)  # rows of the real tokens in [B * L]
+    ref_out, ref_weights = mha(
+        x, x, x, key_padding_mask=mask, need_weights=True, average_attn_weights=average
+    )
+    out, weights = ours(
+        x.reshape(B * L, E)[tokens],
+        key_padding_mask=mask,
+        need_weights=True,
+        average_attn_weights=average,
+        packed=(tokens, B, L),
+    )
+    torch.testing.assert_close(out, ref_out.reshape(B * L, E)[tokens], atol=1e-5, rtol=0)
+    assert weights.shape == ((B, L, L) if average else (B, H, L, L))
+    real = ~mask  # compare the real query rows
+    torch.testing.assert_close(
+        weights[real] if average else weights.transpose(1, 2)[real],
+        ref_weights[real] if average else ref_weights.transpose(1, 2)[real],
+        atol=1e-5,
+        rtol=0,
+    )
+
+
+def test_packed_tokens_refuse_a_separate_key_and_value():
+    _, ours = pair()
+    x = torch.randn(5, E)
+    tokens = torch.arange(5)
+    with pytest.raises(ValueError, match="packed=.*self-attention"):
+        ours(x, x, x, packed=(tokens, 1, 5))
+
+
 def test_cross_attention_parity():
     mha, ours = pair()
     q, kv = torch.randn(B, 3, E), torch.randn(B, L, E)

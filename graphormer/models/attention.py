@@ -158,14 +158,26 @@ class BiasedMultiheadAttention(nn.Module):
         batch, ``[T, E]`` (``tokens``: each one's row in the flattened ``[B * L]`` batch): the
         projections run on those tokens alone (a padded batch of molecules of mixed sizes is
         mostly padding), which are scattered into the padded ``[B, H, L, D]`` layout for the
-        attention itself. ``attn_bias`` must then mask the padded keys (Graphormer's does);
-        the output is ``[T, E]``, equal to :meth:`forward` on the padded batch at those rows.
+        attention itself. ``attn_bias`` or ``key_padding_mask`` (``[B, L]``) must then mask the
+        padded keys (Graphormer's bias does); the output is ``[T, E]``, equal to :meth:`forward`
+        on the padded batch at those rows. Packed batches are self-attention: ``key`` and
+        ``value`` must be None.
 
         Returns:
             ``(output, weights)``; ``weights`` is None unless ``need_weights``.
         """
         if packed is not None:
-            return self._forward_packed(query, *packed, attn_bias, need_weights)
+            if key is not None or value is not None:
+                raise ValueError(
+                    "packed=(tokens, B, L) is self-attention over the packed tokens: pass key "
+                    "and value as None (or attend the padded [B, L, E] batch without packed=)"
+                )
+            out, weights = self._forward_packed(
+                query, *packed, attn_bias, key_padding_mask, need_weights
+            )
+            if weights is not None and average_attn_weights:
+                weights = weights.mean(dim=1)
+            return out, weights
         q, k, v = self.project(query, key, value)  # [B, H, L, D]
         batch, _, q_len, _ = q.shape
         mask = self._additive_mask(attn_bias, key_padding_mask, batch, q_len, k.size(2), q.dtype)
@@ -185,6 +197,7 @@ class BiasedMultiheadAttention(nn.Module):
         batch: int,
         length: int,
         attn_bias: Tensor | None,
+        key_padding_mask: Tensor | None,
         need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
         def scatter(t: Tensor) -> Tensor:  # [T, E] -> [B, H, L, D], zeros at padding
@@ -193,7 +206,7 @@ class BiasedMultiheadAttention(nn.Module):
 
         # The modules themselves (not their weights), so that hooks and swapped-in layers apply.
         q, k, v = (scatter(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
-        mask = self._additive_mask(attn_bias, None, batch, length, length, q.dtype)
+        mask = self._additive_mask(attn_bias, key_padding_mask, batch, length, length, q.dtype)
         out, weights = self._attend(q, k, v, mask, need_weights)
         out = out.transpose(1, 2).reshape(batch * length, self.embed_dim)  # [B * L, E]
         return self.out_proj(out.index_select(0, tokens)), weights
