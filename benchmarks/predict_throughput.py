@@ -38,8 +38,8 @@ def main() -> None:
     import pandas as pd
     import torch
 
+    from graphormer.cli.predict import read_input
     from graphormer.inference import Predictor, UnpredictableMoleculeWarning
-    from graphormer.inference.predict import read_input
     from graphormer.testing import NCI_SMILES
 
     torch.set_num_threads(args.threads)

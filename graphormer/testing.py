@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 # The repository's configs/ folder (an editable install, as the README sets up).
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parent / "configs"
 
 NCI_SMILES = Path(RDConfig.RDDataDir) / "NCI" / "first_5K.smi"
 NCI_TPSA = Path(RDConfig.RDDataDir) / "NCI" / "first_5k.tpsa.csv"

@@ -1,16 +1,10 @@
-"""Evaluate a checkpoint: python scripts/eval.py ckpt=PATH [split=valid|test|all] [dataset.root=DIR]"""
+"""Evaluate a checkpoint: python scripts/eval.py ckpt=PATH [split=valid|test|all] [dataset.root=DIR]
 
-import hydra
-from omegaconf import DictConfig
+The same as the installed command ``graphormer-eval`` (graphormer/cli/eval.py), which takes the
+same KEY=VALUE overrides.
+"""
 
-from graphormer.errors import run_reporting_errors
-from graphormer.training import evaluate
-
-
-@hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    run_reporting_errors(evaluate, cfg)
-
+from graphormer.cli.eval import main
 
 if __name__ == "__main__":
     main()

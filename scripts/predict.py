@@ -1,20 +1,10 @@
-"""Predict molecules with a checkpoint:
+"""Predict molecules with a checkpoint: python scripts/predict.py ckpt=PATH input=mols.csv
 
-python scripts/predict.py ckpt=PATH input=mols.csv [smiles_column=smiles] [output=preds.csv]
-python scripts/predict.py ckpt=PATH smiles=[CCO,c1ccccc1O] [embeddings=FILE.npy|.parquet]
+The same as the installed command ``graphormer-predict`` (graphormer/cli/predict.py), which takes the
+same KEY=VALUE overrides.
 """
 
-import hydra
-from omegaconf import DictConfig
-
-from graphormer.errors import run_reporting_errors
-from graphormer.inference import predict
-
-
-@hydra.main(config_path="../configs", config_name="predict", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    run_reporting_errors(predict, cfg)
-
+from graphormer.cli.predict import main
 
 if __name__ == "__main__":
     main()

@@ -4,13 +4,13 @@ from pathlib import Path
 
 import pytest
 
-# tests/molecules.py is a helper module shared by the tests.
+# tests/helpers.py holds the helpers the tests share.
 sys.path.insert(0, str(Path(__file__).parent))
 
 # Keep test runs quiet and fast on 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from molecules import nci_ogb_dataset, nci_table  # noqa: E402
+from helpers import TINY, nci_ogb_dataset, nci_table, run_script  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,3 +46,23 @@ def nci_csv(tmp_path_factory) -> Path:
     csv = tmp_path_factory.mktemp("csv") / "molecules.csv"
     pd.concat(rows).to_csv(csv, index=False)
     return csv
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory, ogb_root):
+    """train.py on OGB-layout ogbg-molhiv (real NCI molecules) with a tiny model, as a user runs
+    it: ``(work folder, run folder, output)``. Shared: tests read it, never change it."""
+    work = tmp_path_factory.mktemp("train")
+    out = work / "run"
+    log = run_script(
+        "train.py",
+        [
+            "dataset=ogbg-molhiv",
+            f"dataset.root={ogb_root}",
+            "trainer.max_epochs=3",
+            f"hydra.run.dir={out}",
+            *TINY,
+        ],
+        cwd=work,
+    )
+    return work, out, log

@@ -10,9 +10,9 @@ import lightning.pytorch as pl
 from hydra import compose, initialize_config_dir
 
 from graphormer.checkpoint import weights_digest
+from graphormer.cli import CONFIGS
+from graphormer.cli.train import build_loggers, settings_from
 from graphormer.training import train
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 class Recorder(pl.Callback):
@@ -40,7 +40,7 @@ def main() -> None:
     record, *overrides = sys.argv[1:]
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=overrides)
-    train(cfg, callbacks=[Recorder(Path(record))])
+    train(settings_from(cfg), callbacks=[Recorder(Path(record))], loggers=build_loggers(cfg))
     print(f"rank {os.environ.get('RANK')} done", flush=True)
 
 

@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import REPO, TINY
 
 from graphormer.data import GraphDataModule, OGBGraphDataset, SmilesCsvSource, StructuralFeatures
 from graphormer.errors import DataError
 
 from molecules import nci_table
-from test_training import REPO, TINY
 
 
 def write_csv(path, smiles, **columns):

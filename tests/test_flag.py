@@ -5,12 +5,12 @@ import json
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers import TINY, run_script
 
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.training import GraphormerModule, masked_loss
 
 from molecules import nci_graphs, to_data
-from test_training import TINY, run_script
 
 MODEL = {
     "num_layers": 2,
@@ -148,10 +148,9 @@ def test_flag_settings_are_checked():
 
 
 def test_flag_refuses_gradient_accumulation(tmp_path, ogb_root):
-    from graphormer.errors import ConfigError
-    from graphormer.training import train
+    from helpers import compose_train, train_config
 
-    from test_training import compose_train
+    from graphormer.errors import ConfigError
 
     cfg = compose_train(
         [
@@ -164,7 +163,7 @@ def test_flag_refuses_gradient_accumulation(tmp_path, ogb_root):
         ]
     )
     with pytest.raises(ConfigError, match="trainer.accumulate_grad_batches=1"):
-        train(cfg)
+        train_config(cfg)
 
 
 def test_flag_trains_with_bf16_and_clipping_and_under_ddp(tmp_path, ogb_root):

@@ -4,13 +4,13 @@ import json
 
 import pytest
 import torch
+from helpers import TINY, evaluate_run, run_script
 from torch import nn
 
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.models import BiasedMultiheadAttention, Graphormer, GraphormerConfig
 
 from molecules import nci_graphs, to_data
-from test_training import TINY, evaluate_run, run_script
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,12 +8,10 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from helpers import TINY, compose_config, compose_train, train_config
 
 from graphormer.data import GraphDataModule, OGBSource, SizeGroupedBatchSampler
 from graphormer.errors import ConfigError
-
-from test_training import CONFIGS, TINY, compose_train
 
 BUDGET = 256  # binds: NCI molecules pad to 24-64 tokens, so 4-10 of them, never batch_size=32
 
@@ -166,7 +164,7 @@ class CrashAfterFirstEpoch(pl.Callback):
 
 def test_training_with_a_budget_runs_and_resumes_exactly(ogb_root, tmp_path, capsys, caplog):
     from graphormer import checkpoint
-    from graphormer.training import evaluate, train
+    from graphormer.cli.eval import run as run_eval
 
     def config(out, *extra):
         settings = [
@@ -181,7 +179,7 @@ def test_training_with_a_budget_runs_and_resumes_exactly(ogb_root, tmp_path, cap
         ]
         return compose_train(settings)
 
-    whole = train(config(tmp_path / "whole"))
+    whole = train_config(config(tmp_path / "whole"))
     # train() resolves pad_to_multiple=null to 1 on the CPU.
     steps = len(datamodule(ogb_root, pad_to_multiple=1).train_dataloader())
     assert f"max_tokens {BUDGET}: {steps} training batches per epoch" in capsys.readouterr().out
@@ -189,21 +187,20 @@ def test_training_with_a_budget_runs_and_resumes_exactly(ogb_root, tmp_path, cap
     assert final["global_step"] == 2 * steps  # Lightning ran exactly len() batches an epoch
 
     with pytest.raises(Crash):
-        train(config(tmp_path / "killed"), callbacks=[CrashAfterFirstEpoch()])
+        train_config(config(tmp_path / "killed"), callbacks=[CrashAfterFirstEpoch()])
     last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
-    resumed = train(config(tmp_path / "resumed", f"ckpt_path={last}"))
+    resumed = train_config(config(tmp_path / "resumed", f"ckpt_path={last}"))
     again = checkpoint.load(resumed["last_checkpoint"]).state_dict
     for name, tensor in final["state_dict"].items():
         assert torch.allclose(again[name].float(), tensor.float(), atol=1e-6), name
     assert resumed["valid"] == whole["valid"] and resumed["test"] == whole["test"]
 
     # eval.py reads the budget from the checkpoint, or takes a smaller one: the same scores.
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        overrides = [f"ckpt={whole['best_checkpoint']}", "split=all", f"output_dir={tmp_path}"]
-        for budget in ("null", "24"):
-            cfg = compose("eval", overrides=[*overrides, f"max_tokens={budget}"])
-            with caplog.at_level(logging.WARNING):
-                scores = evaluate(cfg)
-            for split in ("valid", "test"):
-                assert scores[split]["rocauc"] == pytest.approx(whole[split]["rocauc"], abs=1e-6)
+    overrides = [f"ckpt={whole['best_checkpoint']}", "split=all", f"output_dir={tmp_path}"]
+    for budget in ("null", "24"):
+        cfg = compose_config("eval", [*overrides, f"max_tokens={budget}"])
+        with caplog.at_level(logging.WARNING):
+            scores = run_eval(cfg)
+        for split in ("valid", "test"):
+            assert scores[split]["rocauc"] == pytest.approx(whole[split]["rocauc"], abs=1e-6)
     assert "on their own" in caplog.text  # the smaller budget was used: some graphs went alone

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from test_training import REPO, TINY
+from helpers import REPO, TINY
 
 
 def free_port() -> int:

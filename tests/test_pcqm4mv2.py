@@ -8,14 +8,13 @@ import urllib.error
 import numpy as np
 import pytest
 import torch
+from helpers import TINY, evaluate_run, run_failing, run_script
 from ogb.utils import smiles2graph
 
 from graphormer.data import GraphDataModule, GraphormerCollator, StructuralFeatures, build_source
 from graphormer.data.ogb import DatasetNotFoundError
 from graphormer.data.pcqm4mv2 import featurise_smiles, write_compact
 from graphormer.testing import nci_pcqm4mv2, nci_table
-
-from test_training import TINY, evaluate_run, run_failing, run_script
 
 
 @pytest.fixture(scope="module")

@@ -7,23 +7,21 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from helpers import compose_config, compose_train, evaluate_run, run_failing, run_script
 from ogb.graphproppred import Evaluator
-from omegaconf import OmegaConf
 from PIL import Image
 from rdkit import Chem
 
 from graphormer import Predictor, checkpoint
+from graphormer.cli.predict import run as predict
+from graphormer.cli.train import settings_from
 from graphormer.errors import UserFacingError
-from graphormer.inference import featurize_smiles, predict
+from graphormer.inference import featurize_smiles
 from graphormer.training import GraphormerModule, build_datamodule, build_module
 
-import test_training
 from molecules import model_preset, nci_smiles
-from test_training import CONFIGS, compose_train, evaluate_run, run_failing, run_script
 
 # train.py's run on OGB-layout ogbg-molhiv (tiny model, 3 epochs), as test_training uses it.
-trained_run = test_training.trained_run
 
 # OGB's own label columns of ogbg-moltox21 (its mapping/mol.csv.gz, before `smiles`, `mol_id`).
 TOX21_TASKS = [
@@ -45,16 +43,15 @@ INVALID = {3: "C1CC", 7: "", 8: "not_a_smiles", 12: "C" * 61}
 
 
 def compose_predict(overrides):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("predict", overrides=overrides)
+    return compose_config("predict", overrides)
 
 
 def untrained_checkpoint(path, overrides, target_mean=None, target_std=None, precision="32-true"):
     """A checkpoint as train.py writes it (hyperparameters, weights, digest), without training:
     the model train.py would build from ``overrides``, with chosen regression statistics."""
     cfg = compose_train([f"output_dir={path.parent}", "model=graphormer_tiny", *overrides])
-    container = OmegaConf.to_container(cfg, resolve=True)
-    module = build_module(cfg, build_datamodule(container["dataset"], container["datamodule"]))
+    settings = settings_from(cfg)
+    module = build_module(settings, build_datamodule(settings.dataset, settings.datamodule))
     if target_mean is not None:
         module.target_mean.copy_(torch.tensor(target_mean))
         module.target_std.copy_(torch.tensor(target_std))

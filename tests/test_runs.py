@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO, TINY, run_failing, run_script
 
 from graphormer import checkpoint
 from graphormer.training import CheckpointError, GraphormerModule
-
-from test_training import REPO, TINY, run_failing, run_script
 
 # Dropout on, so that the random streams matter for exactness.
 NOISY = [*TINY, "model.dropout=0.1", "model.attention_dropout=0.1", "trainer.max_epochs=4"]
@@ -137,13 +136,16 @@ def test_a_used_run_folder_is_never_overwritten(reference_run, ogb_root, tmp_pat
 
 
 def test_run_folders_are_claimed_once(tmp_path):
-    from graphormer.training.rundir import claim_run_dir
+    from graphormer.rundir import claim_run_dir
 
     assert claim_run_dir(tmp_path / "a", resuming=False) is None
     assert "already holds a run" in claim_run_dir(tmp_path / "a", resuming=False)
     assert claim_run_dir(tmp_path / "a", resuming=True) is None
     # The default folder carries microseconds: runs started in the same second do not share it.
-    assert "${now:%Y-%m-%d_%H-%M-%S_%f}" in (REPO / "configs" / "train.yaml").read_text()
+    assert (
+        "${now:%Y-%m-%d_%H-%M-%S_%f}"
+        in (REPO / "graphormer" / "configs" / "train.yaml").read_text()
+    )
 
 
 def test_metrics_name_the_real_last_checkpoint_and_the_log_has_the_results(reference_run):
@@ -184,25 +186,10 @@ def test_a_checkpoint_never_chooses_code(reference_run, tmp_path, dataset):
         checkpoint["hyper_parameters"]["data"]["dataset"] = dataset
 
     path = tampered(reference_run, tmp_path, "tampered.ckpt", edit)
-    from omegaconf import OmegaConf
-
     from graphormer.training import evaluate
 
-    cfg = OmegaConf.create(
-        {
-            "ckpt": str(path),
-            "split": "test",
-            "dataset": {"root": None, "path": None},
-            "accelerator": "cpu",
-            "precision": None,
-            "batch_size": None,
-            "num_workers": None,
-            "output": str(tmp_path / "out.json"),
-            "output_dir": str(tmp_path),
-        }
-    )
     with pytest.raises(CheckpointError, match="unusable data settings"):
-        evaluate(cfg)
+        evaluate(path, accelerator="cpu", output=tmp_path / "out.json")
     assert victim.read_text() == "precious"
     assert not (tmp_path / "out.json").exists()
 
@@ -242,10 +229,9 @@ def test_altered_weights_are_detected(reference_run, tmp_path):
 
 
 def test_an_unwritable_run_folder_fails_before_training(tmp_path, ogb_root):
-    from graphormer.errors import ConfigError
-    from graphormer.training import train
+    from helpers import compose_train, train_config
 
-    from test_training import compose_train
+    from graphormer.errors import ConfigError
 
     out = tmp_path / "run"
     out.mkdir()
@@ -255,12 +241,12 @@ def test_an_unwritable_run_folder_fails_before_training(tmp_path, ogb_root):
     )
     started = time.perf_counter()
     with pytest.raises(ConfigError, match=f"cannot write checkpoints to {out / 'checkpoints'}"):
-        train(cfg)
+        train_config(cfg)
     assert time.perf_counter() - started < 10  # before any data is loaded or any epoch runs
 
 
 def test_distributed_ranks_may_write_hydra_files_before_rank_zero_claims(tmp_path, monkeypatch):
-    from graphormer.training.rundir import claim_run_dir
+    from graphormer.rundir import claim_run_dir
 
     folder = tmp_path / "shared"
     (folder / ".hydra").mkdir(parents=True)  # written by another rank of the same launch

@@ -1,19 +1,27 @@
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from helpers import (
+    TINY,
+    compose_config,
+    compose_train,
+    evaluate_run,
+    options,
+    run_failing,
+    run_script,
+    train_config,
+)
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from graphormer.cli.train import settings_from
 from graphormer.data import build_source
+from graphormer.devices import resolve_pad_to_multiple, resolve_precision
 from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import (
     CheckpointError,
@@ -21,76 +29,6 @@ from graphormer.training import (
     masked_loss,
     warmup_linear_decay,
 )
-from graphormer.training.train import resolve_precision
-
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
-
-
-def compose_train(overrides):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=overrides)
-
-
-def options(group):
-    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
-
-
-def run_script(script, args, cwd, timeout=600):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / script), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return result.stdout + result.stderr
-
-
-def run_failing(script, args, cwd, timeout=300) -> subprocess.CompletedProcess:
-    """Runs a script that must stop on a user error: exit status 1 and no traceback."""
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / script), *args],
-        cwd=cwd,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
-    assert "Traceback" not in result.stderr, result.stderr[-5000:]
-    return result
-
-
-def evaluate_run(metrics: dict, work: Path, *overrides: str) -> tuple[dict, str]:
-    """scripts/eval.py on a run's best checkpoint, all splits: the JSON it wrote, and its output."""
-    result_path = work / "eval.json"
-    log = run_script(
-        "eval.py",
-        [
-            f"ckpt={metrics['best_checkpoint']}",
-            "split=all",
-            f"output={result_path}",
-            f"hydra.run.dir={work / 'eval'}",
-            *overrides,
-        ],
-        cwd=work,
-    )
-    return json.loads(result_path.read_text()), log
-
-
-TINY = [
-    "model=graphormer_tiny",
-    "trainer.enable_progress_bar=false",
-    "datamodule.batch_size=32",
-    "optim.lr=1e-3",
-]
-
 
 # -- configs -----------------------------------------------------------------------------------
 
@@ -122,8 +60,9 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
         cfg = compose_train(
             [f"trainer={name}", "trainer.accelerator=cpu", f"output_dir={tmp_path}"]
         )
-        precision = resolve_precision(OmegaConf.to_container(cfg.trainer))
-        trainer = hydra.utils.instantiate(cfg.trainer, precision=precision)
+        settings = settings_from(cfg).trainer
+        precision = resolve_precision(settings.precision, gpu=False)
+        trainer = pl.Trainer(**{**settings.lightning_kwargs(), "precision": precision})
         assert isinstance(trainer, pl.Trainer)
         # CPU runs never switch to bf16 behind the user's back (trainer=ddp says auto).
         assert str(trainer.precision) == "32-true", name
@@ -161,7 +100,7 @@ def test_model_hops_beyond_cached_hops_is_rejected(tmp_path, ogb_root):
         OmegaConf.to_container(cfg.dataset), OmegaConf.to_container(cfg.datamodule)
     )
     with pytest.raises(ValueError, match="datamodule.max_hops"):
-        build_module(cfg, dm)
+        build_module(settings_from(cfg), dm)
 
 
 # -- pieces --------------------------------------------------------------------------------------
@@ -191,25 +130,6 @@ def test_warmup_then_linear_decay():
 
 
 # -- end to end ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, ogb_root):
-    """train.py on OGB-layout ogbg-molhiv (real NCI molecules) with a tiny model, as a user runs it."""
-    work = tmp_path_factory.mktemp("train")
-    out = work / "run"
-    log = run_script(
-        "train.py",
-        [
-            "dataset=ogbg-molhiv",
-            f"dataset.root={ogb_root}",
-            "trainer.max_epochs=3",
-            f"hydra.run.dir={out}",
-            *TINY,
-        ],
-        cwd=work,
-    )
-    return work, out, log
 
 
 def test_train_writes_checkpoints_logs_and_metrics(trained_run):
@@ -285,7 +205,7 @@ def test_eval_rejects_missing_corrupt_and_foreign_checkpoints(trained_run, tmp_p
 def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
     import shutil
 
-    from graphormer.training import evaluate, train
+    from graphormer.cli.eval import run as run_eval
 
     csv = tmp_path / "molecules.csv"
     shutil.copy(nci_csv, csv)
@@ -302,7 +222,7 @@ def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
         ]
     )
     with pytest.warns(UserWarning, match="skipped 3 row"):
-        results = train(cfg)
+        results = train_config(cfg)
     assert results["metric"] == "rmse" and math.isfinite(results["test"]["rmse"])
     module = GraphormerModule.from_checkpoint(results["best_checkpoint"])
     # Plain hyperparameters: Lightning's own loader rebuilds it too, without Hydra.
@@ -317,19 +237,18 @@ def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
     moved = tmp_path / "elsewhere" / "molecules.csv"
     moved.parent.mkdir()
     csv.rename(moved)
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        eval_cfg = compose(
-            "eval",
-            overrides=[
-                f"ckpt={results['best_checkpoint']}",
-                "split=all",
-                f"dataset.path={moved}",
-                f"output={tmp_path / 'eval.json'}",
-                f"output_dir={tmp_path}",
-            ],
-        )
+    eval_cfg = compose_config(
+        "eval",
+        [
+            f"ckpt={results['best_checkpoint']}",
+            "split=all",
+            f"dataset.path={moved}",
+            f"output={tmp_path / 'eval.json'}",
+            f"output_dir={tmp_path}",
+        ],
+    )
     with pytest.warns(UserWarning, match="skipped 3 row"):
-        scores = evaluate(eval_cfg)
+        scores = run_eval(eval_cfg)
     for split in ("valid", "test"):
         assert scores[split]["rmse"] == pytest.approx(results[split]["rmse"], abs=1e-5)
 
@@ -423,7 +342,7 @@ def test_prepare_script_caches_the_dataset(tmp_path, ogb_root):
 
 
 def test_checkpoints_store_absolute_dataset_paths(tmp_path, monkeypatch):
-    from graphormer.training.train import absolute_paths
+    from graphormer.training.run import absolute_paths
 
     monkeypatch.chdir(tmp_path)
     stored = absolute_paths({"root": "data", "path": "mols.csv", "name": "x"})
@@ -436,11 +355,9 @@ def test_checkpoints_store_absolute_dataset_paths(tmp_path, monkeypatch):
 
 
 def test_resume_from_a_missing_checkpoint_is_a_clear_error(tmp_path):
-    from graphormer.training import train
-
     cfg = compose_train([f"output_dir={tmp_path}", f"ckpt_path={tmp_path / 'gone.ckpt'}"])
     with pytest.raises(CheckpointError, match="does not exist"):
-        train(cfg)
+        train_config(cfg)
 
 
 def test_the_default_loss_follows_the_metric():
@@ -454,14 +371,13 @@ def test_the_default_loss_follows_the_metric():
 
 def test_fine_tuning_recipes_need_a_pretrained_checkpoint(tmp_path):
     from graphormer.errors import ConfigError
-    from graphormer.training import train
 
     for recipe in ("molhiv_finetune", "molpcba_finetune"):
         cfg = compose_train([f"experiment={recipe}", f"output_dir={tmp_path}"])
         assert cfg.flag.m > 0
         assert cfg.optim.total_steps > cfg.optim.warmup_steps > 0
         with pytest.raises(ConfigError, match="pass pretrained=FILE.ckpt"):
-            train(cfg)
+            train_config(cfg)
     # molhiv: Microsoft's base (post-LN) as hiv_pre.sh; molpcba: v1's large model as pcba.sh.
     hiv = compose_train(["experiment=molhiv_finetune", f"output_dir={tmp_path}"])
     assert hiv.model.pre_layernorm is False and hiv.model.hidden_dim == 768
@@ -504,8 +420,6 @@ def test_the_zinc_recipe_is_microsofts_slim(tmp_path):
 
 
 def test_limited_evaluation_batches_warn_rather_than_fail(tmp_path, ogb_root):
-    from graphormer.training import train
-
     cfg = compose_train(
         [
             "dataset=ogbg-molhiv",
@@ -517,16 +431,14 @@ def test_limited_evaluation_batches_warn_rather_than_fail(tmp_path, ogb_root):
         ]
     )
     with pytest.warns(UserWarning, match=r"val/rocauc is computed on 32 of the 40 valid graphs"):
-        results = train(cfg)
+        results = train_config(cfg)
     assert results["test"]["rocauc"] > 0  # the test split is still scored whole
 
 
 def test_padding_follows_the_device_unless_set():
-    from graphormer.training.train import resolve_padding
-
-    assert resolve_padding({"pad_to_multiple": None}, on_gpu=True)["pad_to_multiple"] == 8
-    assert resolve_padding({"pad_to_multiple": None}, on_gpu=False)["pad_to_multiple"] == 1
-    assert resolve_padding({"pad_to_multiple": 4}, on_gpu=True)["pad_to_multiple"] == 4
+    assert resolve_pad_to_multiple(None, gpu=True) == 8
+    assert resolve_pad_to_multiple(None, gpu=False) == 1
+    assert resolve_pad_to_multiple(4, gpu=True) == 4
     cfg = compose_train(["output_dir=."])
     assert cfg.datamodule.pad_to_multiple is None
 

@@ -13,16 +13,15 @@ import numpy as np
 import pytest
 import torch
 import torch_geometric.datasets.zinc as pyg_zinc
-from omegaconf import OmegaConf
+from helpers import TINY, compose_train, evaluate_run, run_script
 from torch_geometric.datasets import ZINC
 
+from graphormer.cli.train import settings_from
 from graphormer.data import StructuralFeatures, build_source
 from graphormer.data.ogb import DatasetCacheError, DatasetNotFoundError
 from graphormer.errors import ConfigError, DataError
 from graphormer.testing import nci_zinc, nci_zinc_splits, write_zinc_layout
 from graphormer.training import CheckpointError, build_datamodule, build_module
-
-from test_training import TINY, compose_train, evaluate_run, run_script
 
 SPLITS = {"train": "train", "valid": "val", "test": "test"}  # ours -> ZINC's file names
 
@@ -114,11 +113,9 @@ def _module(root, tmp_path, *overrides):
         ["dataset=zinc", f"dataset.root={root}", "model=graphormer_tiny", f"output_dir={tmp_path}"]
         + list(overrides)
     )
-    datamodule = build_datamodule(
-        OmegaConf.to_container(cfg.dataset, resolve=True),
-        OmegaConf.to_container(cfg.datamodule, resolve=True),
-    )
-    return build_module(cfg, datamodule), datamodule
+    settings = settings_from(cfg)
+    datamodule = build_datamodule(settings.dataset, settings.datamodule)
+    return build_module(settings, datamodule), datamodule
 
 
 def test_the_models_embedding_tables_follow_zincs_vocabularies(zinc_root, tmp_path):
@@ -137,13 +134,8 @@ def test_the_models_embedding_tables_follow_zincs_vocabularies(zinc_root, tmp_pa
 
     # OGB-featurised datasets keep OGB's 9 atom and 3 bond columns.
     cfg = compose_train(["model=graphormer_tiny", f"output_dir={tmp_path}"])
-    ogb = build_module(
-        cfg,
-        build_datamodule(
-            OmegaConf.to_container(cfg.dataset, resolve=True),
-            OmegaConf.to_container(cfg.datamodule, resolve=True),
-        ),
-    )
+    settings = settings_from(cfg)
+    ogb = build_module(settings, build_datamodule(settings.dataset, settings.datamodule))
     assert len(ogb.config.atom_feature_dims) == 9 and len(ogb.config.bond_feature_dims) == 3
 
     # A user's own sizes are kept where they hold the data, refused where they cannot.

@@ -2,8 +2,7 @@
 
 from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles
 from graphormer.inference.attention import AttentionMaps, atom_labels, attention_rollout
-from graphormer.inference.explain import explain, write_explanation
-from graphormer.inference.predict import predict
+from graphormer.inference.explain import write_explanation
 from graphormer.inference.predictor import (
     Predictions,
     Predictor,
@@ -19,9 +18,7 @@ __all__ = [
     "UnpredictableMoleculeWarning",
     "atom_labels",
     "attention_rollout",
-    "explain",
     "featurize_smiles",
-    "predict",
     "read_task_names",
     "write_explanation",
 ]

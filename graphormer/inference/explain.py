@@ -1,57 +1,16 @@
-"""``explain(cfg)``: attention pictures (PNG) and raw maps (``.npy``) of molecules."""
+"""Attention pictures (PNG) and raw maps (``.npy``) of a molecule: :func:`write_explanation`."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig, ListConfig
 
-from graphormer.console import report
-from graphormer.data.featurize import featurize_smiles
-from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps
 from graphormer.inference.pictures import draw_heads, draw_molecule, draw_molecules, value_range
-from graphormer.inference.predictor import Predictor
 
-__all__ = ["explain", "write_explanation"]
-
-# Molecules whose attention is computed in one batch.
-_BATCH = 16
-
-
-def explain(cfg: DictConfig) -> list[Path]:
-    """Writes, for each SMILES of ``cfg.smiles``, a folder ``cfg.output/mol_<i>`` of pictures and
-    maps (see :func:`write_explanation`); returns the folders."""
-    smiles = _smiles_list(cfg.get("smiles"))
-    if not cfg.get("output"):
-        raise ConfigError("give output=DIR, the folder to write the pictures to")
-    predictor = Predictor.from_checkpoint(
-        cfg.ckpt, device=cfg.device, precision=cfg.get("precision"), max_atoms=cfg.get("max_atoms")
-    )
-    # Every molecule is checked before anything is written.
-    featurized = featurize_smiles(smiles, predictor.max_atoms)
-    bad = [
-        f"{s!r} (item {i}): {e}"
-        for i, (s, e) in enumerate(zip(smiles, featurized.errors, strict=True))
-        if e
-    ]
-    if bad:
-        raise DataError(f"cannot explain {'; '.join(bad)}")
-
-    output = Path(cfg.output).expanduser()
-    width = len(str(len(smiles) - 1))
-    folders = []
-    for start in range(0, len(smiles), _BATCH):
-        for offset, maps in enumerate(predictor.attention_maps(smiles[start : start + _BATCH])):
-            folder = output / f"mol_{start + offset:0{width}d}"
-            write_explanation(maps, folder, size=cfg.size)
-            folders.append(folder)
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in maps.predictions.items())
-            report(f"{maps.smiles}: {shown}\n  pictures: {folder.resolve()}")
-    return folders
+__all__ = ["write_explanation"]
 
 
 def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> list[Path]:
@@ -117,14 +76,3 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     written.append(folder / "summary.json")
     return written
-
-
-def _smiles_list(value: object) -> list[str]:
-    if isinstance(value, str) and value:
-        return [value]
-    if isinstance(value, ListConfig | Sequence) and not isinstance(value, str) and len(value):
-        return [str(s) for s in value]
-    raise ConfigError(
-        "give smiles=SMILES or smiles=[...], the molecules to explain; quote SMILES with "
-        "( ) = # [ ] or dots: 'smiles=\"CC(=O)Oc1ccccc1C(=O)O\"'"
-    )

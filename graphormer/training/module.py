@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,9 @@ from graphormer.data.tasks import TaskInfo
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
 from graphormer.training.schedule import warmup_linear_decay
+from graphormer.training.settings import FlagSettings
 
-__all__ = ["FlagConfig", "GraphormerModule", "auto_loss", "masked_loss"]
+__all__ = ["GraphormerModule", "auto_loss", "masked_loss"]
 
 _LOSSES = ("bce", "l1", "mse")
 
@@ -40,34 +40,6 @@ def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
     if loss == "l1":
         return F.l1_loss(pred, target)
     return F.mse_loss(pred, target)
-
-
-@dataclass(frozen=True)
-class FlagConfig:
-    """FLAG's settings (``flag.*`` in the config).
-
-    Attributes:
-        m: ascent steps per optimiser step; 0 turns FLAG off.
-        step_size: the ascent step on the perturbation (and the range of its random start).
-        mag: if > 0, the largest norm a node's perturbation may reach (and the radius of its
-            random start); 0 leaves it unbounded.
-    """
-
-    m: int = 0
-    step_size: float = 1e-3
-    mag: float = 0.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.m, bool) or not isinstance(self.m, int) or self.m < 0:
-            raise ValueError(f"flag.m must be an integer >= 0 (0 = off), got {self.m!r}")
-        if self.step_size <= 0 or self.mag < 0:
-            raise ValueError(
-                f"flag.step_size must be > 0 and flag.mag >= 0, got {self.step_size}, {self.mag}"
-            )
-
-    @property
-    def enabled(self) -> bool:
-        return self.m > 0
 
 
 def build_adamw(
@@ -140,7 +112,7 @@ class GraphormerModule(pl.LightningModule):
         data (dict | None, optional): the dataset and datamodule settings, stored so that
             ``scripts/eval.py`` can rebuild the data from the checkpoint alone.
         flag (dict | None, optional): FLAG adversarial augmentation (Kong et al., 2020), as
-            :class:`FlagConfig` fields ``m``, ``step_size``, ``mag``; off when ``m`` is 0.
+            :class:`~graphormer.training.settings.FlagSettings` fields ``m``, ``step_size``, ``mag``; off when ``m`` is 0.
             (default: :obj:`None`)
         fused (bool | None, optional): a fused AdamW step; None fuses where it is safe (see
             :func:`build_adamw`). (default: :obj:`None`)
@@ -166,7 +138,7 @@ class GraphormerModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.flag = FlagConfig(**(flag or {}))
+        self.flag = FlagSettings(**(flag or {}))
         # FLAG takes several backward passes per optimiser step: manual optimisation, with the
         # clipping the trainer would have done (``gradient_clip_val``, set by train()).
         self.automatic_optimization = not self.flag.enabled

@@ -1,4 +1,5 @@
-"""``evaluate(cfg)``: rebuild model and data from a checkpoint alone and score it with OGB."""
+"""``evaluate(checkpoint)``: rebuild model and data from a checkpoint alone and score it with
+OGB's Evaluator (or the dataset's own metric)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
+from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
 from graphormer.training.module import GraphormerModule
-from graphormer.training.train import (
+from graphormer.training.run import (
     absolute_paths,
     build_datamodule,
     is_terminal,
@@ -92,46 +93,73 @@ def write_submission(task_name: str, split: str, y_pred: torch.Tensor, folder: P
     return path
 
 
-def evaluate(cfg: DictConfig) -> dict[str, Any]:
-    """Evaluates ``cfg.ckpt`` on ``cfg.split`` (valid, test or all; PCQM4Mv2's unlabelled
-    test-dev and test-challenge get a submission file); writes and returns the JSON."""
+def evaluate(
+    checkpoint: str | Path,
+    *,
+    split: str = "test",
+    output: str | Path | None = None,
+    dataset_root: str | None = None,
+    dataset_path: str | None = None,
+    accelerator: str = "auto",
+    precision: str | None = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    num_workers: int | None = None,
+) -> dict[str, Any]:
+    """Evaluates a checkpoint on ``split``; writes and returns the JSON of its scores.
+
+    Args:
+        checkpoint (str | Path): a checkpoint written by training (its settings rebuild the
+            model and the data).
+        split (str, optional): ``valid``, ``test`` or ``all`` (the labelled evaluation splits);
+            a split without labels gets the dataset's prediction file. (default: :obj:`"test"`)
+        output (str | Path | None, optional): the JSON file. (default: :obj:`eval_metrics.json`
+            in the current folder)
+        dataset_root, dataset_path (str | None, optional): where the data lives now, if it
+            moved since training (the task must stay the same).
+        accelerator (str, optional): Lightning's accelerator. (default: :obj:`"auto"`)
+        precision (str | None, optional): None is the training run's precision, so that the
+            recorded numbers are reproduced.
+        batch_size, max_tokens, num_workers (int | None, optional): None keeps the training
+            run's evaluation batching.
+    """
     quiet_third_parties()
-    record = checkpoints.load(cfg.ckpt)
+    record = checkpoints.load(checkpoint)
     module = GraphormerModule.from_checkpoint(record)
     data = module.hparams["data"] or {}
     if not isinstance(data.get("dataset"), dict) or not isinstance(data.get("datamodule"), dict):
         raise CheckpointError(
-            f"checkpoint {cfg.ckpt} records no dataset to evaluate on (a converted or hand-made "
+            f"checkpoint {checkpoint} records no dataset to evaluate on (a converted or hand-made "
             "checkpoint?): fine-tune it with train.py pretrained=... and evaluate that run"
         )
     dataset_cfg = dict(data["dataset"])
     # Where the data lives now, if it moved since training (the task must stay the same).
-    moved = {key: str(cfg.dataset[key]) for key in ("root", "path") if cfg.dataset.get(key)}
+    moved = {k: str(v) for k, v in (("root", dataset_root), ("path", dataset_path)) if v}
     dataset_cfg.update(absolute_paths(moved))
     datamodule_cfg = dict(data["datamodule"])
-    if cfg.get("batch_size"):
-        datamodule_cfg["eval_batch_size"] = cfg.batch_size
-    if cfg.get("max_tokens") is not None:
-        datamodule_cfg["max_tokens"] = cfg.max_tokens
-    if cfg.get("num_workers") is not None:
-        datamodule_cfg["num_workers"] = cfg.num_workers
+    if batch_size:
+        datamodule_cfg["eval_batch_size"] = batch_size
+    if max_tokens is not None:
+        datamodule_cfg["max_tokens"] = max_tokens
+    if num_workers is not None:
+        datamodule_cfg["num_workers"] = num_workers
     try:
         datamodule = build_datamodule(dataset_cfg, datamodule_cfg)
     except ConfigError as error:
         # Settings read from a checkpoint: it names something graphormer does not build.
         raise CheckpointError(
-            f"checkpoint {cfg.ckpt} has unusable data settings: {error}"
+            f"checkpoint {checkpoint} has unusable data settings: {error}"
         ) from error
     if datamodule.task != module.task:
         raise CheckpointError(
-            f"checkpoint {cfg.ckpt} was trained for {module.task} but its dataset settings now "
+            f"checkpoint {checkpoint} was trained for {module.task} but its dataset settings now "
             f"describe {datamodule.task}"
         )
 
     # The training run's precision by default, so that the recorded numbers are reproduced.
-    precision = cfg.get("precision") or record.precision or "32"
+    precision = precision or record.precision or DEFAULT_PRECISION
     trainer = pl.Trainer(
-        accelerator=cfg.accelerator,
+        accelerator=accelerator,
         devices=1,
         precision=precision,
         logger=False,
@@ -140,18 +168,18 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         enable_progress_bar=is_terminal(),
         use_distributed_sampler=False,
     )
-    report(f"checkpoint: {Path(cfg.ckpt).resolve()}; precision: {trainer.precision}")
+    report(f"checkpoint: {Path(checkpoint).resolve()}; precision: {trainer.precision}")
     metric = module.task.metric
     datamodule.prepare_data()
     datamodule.setup("validate")
-    splits = _chosen_splits(str(cfg.split), datamodule)
+    splits = _chosen_splits(str(split), datamodule)
     results: dict[str, Any] = {
-        "checkpoint": str(Path(cfg.ckpt).resolve()),
+        "checkpoint": str(Path(checkpoint).resolve()),
         "dataset": module.task.name,
         "metric": metric,
         "precision": str(trainer.precision),
     }
-    output = Path(cfg.output) if cfg.get("output") else Path(cfg.output_dir) / "eval_metrics.json"
+    output = Path(output) if output else Path("eval_metrics.json")
     scored = []
     for split in splits:
         if not datamodule.is_labelled(split):

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
-from typing import Any
 
-from hydra.experimental.callback import Callback
-
-__all__ = ["RUN_MARKER", "RunDirGuard", "claim_run_dir", "is_first_process"]
+__all__ = ["RUN_MARKER", "claim_run_dir", "is_first_process"]
 
 RUN_MARKER = ".graphormer-run"
 # What a run leaves in its folder: finding any of them means the folder is taken.
@@ -49,13 +45,3 @@ def claim_run_dir(run_dir: str | Path, resuming: bool) -> str | None:
         f"overwritten. Continue that run with ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}, "
         "or choose another folder with hydra.run.dir=DIR (or leave it out for a new one)"
     )
-
-
-class RunDirGuard(Callback):
-    """Hydra callback: claims the run folder before Hydra writes ``.hydra/`` into it."""
-
-    def on_run_start(self, config: Any, **kwargs: Any) -> None:
-        message = claim_run_dir(config.hydra.run.dir, resuming=bool(config.get("ckpt_path")))
-        if message:
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(1)

@@ -1,8 +1,7 @@
-"""``train(cfg)``: compose data, model and trainer from a Hydra config, fit, test, record."""
+"""``train(settings)``: build data, model and trainer from typed settings, fit, test, record."""
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -12,82 +11,84 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import hydra
 import lightning.pytorch as pl
 import torch
-from omegaconf import DictConfig, OmegaConf
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.loggers import Logger
 
 from graphormer import checkpoint as checkpoints
 from graphormer.console import report
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.sources import build_source
+from graphormer.devices import on_gpu, resolve_pad_to_multiple, resolve_precision
 from graphormer.errors import ConfigError
+from graphormer.rundir import is_first_process
 from graphormer.training.callbacks import EpochSummary, RunCheckpoint
 from graphormer.training.module import GraphormerModule
 from graphormer.training.pretrained import load_pretrained
-from graphormer.training.rundir import is_first_process
+from graphormer.training.settings import DataModuleSettings, RunSettings
 
 __all__ = [
     "absolute_paths",
     "build_datamodule",
     "build_module",
     "quiet_third_parties",
-    "resolve_precision",
     "train",
 ]
 
 log = logging.getLogger(__name__)
 
 
-def _container(cfg: DictConfig) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-
 def build_datamodule(
-    dataset_cfg: dict[str, Any], datamodule_cfg: dict[str, Any], seed: int = 0
+    dataset: dict[str, Any],
+    datamodule: DataModuleSettings | dict[str, Any],
+    seed: int = 0,
+    gpu: bool | None = None,
 ) -> GraphDataModule:
-    """The datamodule from plain dataset and datamodule settings. The dataset source is chosen
-    by name from graphormer's own table (:func:`~graphormer.data.build_source`): settings read
-    from a checkpoint are data, and never name code to run."""
-    source = build_source(dataset_cfg)
-    datamodule_cfg = resolve_padding(datamodule_cfg, on_gpu=torch.cuda.is_available())
-    accepted = set(inspect.signature(GraphDataModule).parameters) - {"source", "seed"}
-    unknown = sorted(set(datamodule_cfg) - accepted)
-    if unknown:
-        raise ConfigError(
-            f"datamodule settings {unknown} do not exist; the settings are {sorted(accepted)}"
-        )
-    return GraphDataModule(source, **datamodule_cfg, seed=seed)
+    """The datamodule from plain dataset settings and the datamodule settings (checked by
+    :class:`DataModuleSettings`, whether from the command line or read from a checkpoint). The
+    dataset source is chosen by name from graphormer's own table
+    (:func:`~graphormer.data.build_source`): settings read from a checkpoint are data, and never
+    name code to run. ``pad_to_multiple: null`` is resolved for ``gpu`` (default: whether a GPU
+    is visible)."""
+    source = build_source(dataset)
+    if not isinstance(datamodule, DataModuleSettings):
+        datamodule = DataModuleSettings.from_dict(datamodule)
+    values = datamodule.to_dict()
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    values["pad_to_multiple"] = resolve_pad_to_multiple(values["pad_to_multiple"], gpu)
+    return GraphDataModule(source, **values, seed=seed)
 
 
-def build_module(cfg: DictConfig, datamodule: GraphDataModule) -> GraphormerModule:
-    model_cfg = _container(cfg.model)
-    hops = model_cfg.get("multi_hop_max_dist", 5)
-    if (
-        model_cfg.get("edge_encoding", "multi_hop") == "multi_hop"
-        and hops > cfg.datamodule.max_hops
-    ):
+def build_module(settings: RunSettings, datamodule: GraphDataModule) -> GraphormerModule:
+    """The LightningModule of a run: the network sized for the data, the task, the optimiser."""
+    model = dict(settings.model)
+    hops = model.get("multi_hop_max_dist", 5)
+    max_hops = settings.datamodule.max_hops
+    if model.get("edge_encoding", "multi_hop") == "multi_hop" and hops > max_hops:
         raise ConfigError(
-            f"model.multi_hop_max_dist={hops} exceeds datamodule.max_hops="
-            f"{cfg.datamodule.max_hops}: the cached edge paths would be too short; raise "
-            "datamodule.max_hops"
+            f"model.multi_hop_max_dist={hops} exceeds datamodule.max_hops={max_hops}: the cached "
+            "edge paths would be too short; raise datamodule.max_hops"
         )
-    _dataset_feature_dims(model_cfg, datamodule)
+    _dataset_feature_dims(model, datamodule)
     data = {
-        "dataset": absolute_paths(_container(cfg.dataset)),
+        "dataset": absolute_paths(dict(settings.dataset)),
         # As resolved for this run (pad_to_multiple: null becomes 8 or 1), so that eval.py and
         # a resume batch exactly as training did, whatever the device they run on.
-        "datamodule": {**_container(cfg.datamodule), "pad_to_multiple": datamodule.pad_to_multiple},
+        "datamodule": {
+            **settings.datamodule.to_dict(),
+            "pad_to_multiple": datamodule.pad_to_multiple,
+        },
     }
     try:
         return GraphormerModule(
-            model=model_cfg,
+            model=model,
             task=datamodule.task.to_dict(),
-            **_container(cfg.optim),
-            loss=cfg.loss,
-            normalize_targets=cfg.normalize_targets,
+            **settings.optim.to_dict(),
+            loss=settings.loss,
+            normalize_targets=settings.normalize_targets,
             data=data,
-            flag=_container(cfg.flag) if cfg.get("flag") else None,
+            flag=settings.flag.to_dict() if settings.flag.enabled else None,
         )
     except (ValueError, TypeError) as error:
         # The model's and the module's own checks name the key ("model.hidden_dim ...").
@@ -129,43 +130,6 @@ def absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
     return dataset_cfg
 
 
-def resolve_padding(datamodule_cfg: dict[str, Any], on_gpu: bool) -> dict[str, Any]:
-    """The datamodule settings with ``pad_to_multiple: null`` resolved for the device: 8 on GPUs
-    (tensor cores and the fused attention kernels want aligned lengths), 1 on the CPU, where
-    padding is pure extra work (slim trains 4-8% faster unpadded)."""
-    if datamodule_cfg.get("pad_to_multiple") is not None:
-        return datamodule_cfg
-    return {**datamodule_cfg, "pad_to_multiple": 8 if on_gpu else 1}
-
-
-def uses_gpu(trainer_cfg: dict[str, Any]) -> bool:
-    """Whether the trainer settings put training on a GPU."""
-    accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-
-
-def resolve_precision(trainer_cfg: dict[str, Any]) -> str:
-    """The trainer's precision; ``auto`` is bf16-mixed on GPUs (16-mixed on those without
-    bfloat16) and 32-true on the CPU."""
-    precision = str(trainer_cfg.get("precision") or "32-true")
-    if precision != "auto":
-        return precision
-    if not uses_gpu(trainer_cfg):
-        return "32-true"
-    return "bf16-mixed" if _native_bf16() else "16-mixed"
-
-
-def _native_bf16() -> bool:
-    """Whether the GPU computes bfloat16 natively (Ampere and later): torch's check also counts
-    emulation, which is slow, on older GPUs."""
-    if not torch.cuda.is_available():
-        return True  # the accelerator is chosen elsewhere; bf16 is the GPU default
-    try:
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    except TypeError:  # older torch: no emulation to exclude
-        return torch.cuda.is_bf16_supported()
-
-
 def is_terminal() -> bool:
     """Whether stdout is a terminal a progress bar can be drawn in (some report 0 columns:
     tqdm then draws nothing, so those get the plain per-epoch lines)."""
@@ -203,41 +167,47 @@ def quiet_third_parties() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
-def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[str, Any]:
-    """Trains a Graphormer as ``cfg`` says; returns what it writes to ``metrics.json``.
+def train(
+    settings: RunSettings,
+    callbacks: list[pl.Callback] | None = None,
+    loggers: list[Logger] | None = None,
+) -> dict[str, Any]:
+    """Trains a Graphormer as ``settings`` say; returns what it writes to ``metrics.json``.
 
     Args:
-        cfg (DictConfig): the composed ``configs/train.yaml``.
+        settings (RunSettings): the run (``RunSettings.from_dict`` checks plain values).
         callbacks (list[Callback] | None, optional): extra Lightning callbacks, for code that
-            embeds training (the scripts pass none). (default: :obj:`None`)
+            embeds training. (default: :obj:`None`)
+        loggers (list[Logger] | None, optional): Lightning loggers (the command line builds
+            them from ``logger=``); with any, the learning rate is logged too.
+            (default: :obj:`None`)
     """
     quiet_third_parties()
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        # OmegaConf's get() would read a missing value (???) as None and carry on.
-        raise ConfigError(
-            f"{', '.join(missing)} must be given (this configuration has no default for "
-            f"{'them' if len(missing) > 1 else 'it'}): pass "
-            + " ".join(f"{key}=..." for key in missing)
-        )
-    if cfg.get("require_pretrained") and not cfg.get("pretrained"):
+    if settings.require_pretrained and not settings.pretrained:
         raise ConfigError(
             "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
             "pre-training run's checkpoint, or published weights converted with "
             "scripts/convert.py; see README 'Reproducing the paper')"
         )
-    if cfg.get("ckpt_path"):
-        checkpoints.load(cfg.ckpt_path)  # a missing, corrupt or altered file fails now
-    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    if settings.ckpt_path:
+        checkpoints.load(settings.ckpt_path)  # a missing, corrupt or altered file fails now
+    trainer_settings = settings.trainer
+    flag = settings.flag
+    if flag.enabled and trainer_settings.accumulate_grad_batches > 1:
+        raise ConfigError(
+            "flag.m > 0 (FLAG) takes its own gradient steps and cannot accumulate gradients over "
+            "batches: set trainer.accumulate_grad_batches=1, or use a larger datamodule.batch_size"
+        )
+    pl.seed_everything(settings.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
-    output_dir = Path(cfg.output_dir)
+    output_dir = Path(settings.output_dir)
     _check_writable(output_dir / "checkpoints")
-    datamodule_cfg = resolve_padding(_container(cfg.datamodule), uses_gpu(_container(cfg.trainer)))
-    datamodule = build_datamodule(_container(cfg.dataset), datamodule_cfg, cfg.seed)
+    gpu = on_gpu(trainer_settings.accelerator)
+    datamodule = build_datamodule(settings.dataset, settings.datamodule, settings.seed, gpu)
     task = datamodule.task
-    module = build_module(cfg, datamodule)
-    if cfg.get("pretrained"):
-        loaded = load_pretrained(module, cfg.pretrained, strict=cfg.get("pretrained_strict", True))
+    module = build_module(settings, datamodule)
+    if settings.pretrained:
+        loaded = load_pretrained(module, settings.pretrained, strict=settings.pretrained_strict)
         if is_first_process():
             report(loaded.summary())
 
@@ -251,46 +221,41 @@ def train(cfg: DictConfig, callbacks: list[pl.Callback] | None = None) -> dict[s
         auto_insert_metric_name=False,
     )
     callbacks = [checkpoint, *(callbacks or [])]
-    trainer_cfg = _container(cfg.trainer)
-    precision = resolve_precision(trainer_cfg)
-    progress_bar = trainer_cfg.get("enable_progress_bar")
+    kwargs = trainer_settings.lightning_kwargs()
+    progress_bar = kwargs.pop("enable_progress_bar")
     if progress_bar is None:  # a bar in a terminal, plain lines in a log file or a pipe
         progress_bar = is_terminal()
     if not progress_bar:
         callbacks.append(EpochSummary())
-    loggers = []
-    if cfg.get("logger"):
-        loggers.append(hydra.utils.instantiate(cfg.logger))
+    if loggers:
         callbacks.append(pl.callbacks.LearningRateMonitor(logging_interval="step"))
-    overrides = {}
-    if module.flag.enabled and (trainer_cfg.get("accumulate_grad_batches") or 1) > 1:
-        raise ConfigError(
-            "flag.m > 0 (FLAG) takes its own gradient steps and cannot accumulate gradients over "
-            "batches: set trainer.accumulate_grad_batches=1, or use a larger datamodule.batch_size"
-        )
     if module.flag.enabled:
         # FLAG optimises manually (several backward passes per update), and Lightning refuses
         # its own clipping then: the module clips with the same value instead.
-        module.gradient_clip_val = trainer_cfg.get("gradient_clip_val")
-        module.gradient_clip_algorithm = trainer_cfg.get("gradient_clip_algorithm") or "norm"
-        overrides["gradient_clip_val"] = None
-        overrides["gradient_clip_algorithm"] = None
-    trainer: pl.Trainer = hydra.utils.instantiate(
-        cfg.trainer,
-        **overrides,
-        callbacks=callbacks,
-        logger=loggers or False,
-        default_root_dir=output_dir,
-        precision=precision,
-        enable_progress_bar=progress_bar,
-        enable_model_summary=False,
-    )
+        module.gradient_clip_val = kwargs["gradient_clip_val"]
+        module.gradient_clip_algorithm = kwargs["gradient_clip_algorithm"] or "norm"
+        kwargs["gradient_clip_val"] = None
+        kwargs["gradient_clip_algorithm"] = None
+    kwargs["precision"] = resolve_precision(kwargs["precision"], gpu)
+    try:
+        trainer = pl.Trainer(
+            **kwargs,
+            callbacks=callbacks,
+            logger=list(loggers or []) or False,
+            default_root_dir=output_dir,
+            enable_progress_bar=progress_bar,
+            enable_model_summary=False,
+        )
+    except (MisconfigurationException, ValueError, TypeError) as error:
+        # Lightning's own refusal of a combination (no GPU for accelerator=gpu, ...).
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f"the trainer settings are not usable: {first}") from error
     if trainer.is_global_zero:
         report(
             f"model: {sum(p.numel() for p in module.parameters()):,} parameters; "
             f"precision: {trainer.precision}; devices: {trainer.world_size}"
         )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"), weights_only=True)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=settings.ckpt_path, weights_only=True)
 
     best = checkpoint.best_model_path
     if not best or not Path(best).is_file():

@@ -1,4 +1,9 @@
-"""``predict(cfg)``: score the molecules of a CSV (or of the command line) with a checkpoint."""
+"""``graphormer-predict`` (``python scripts/predict.py``): score the molecules of a CSV (or of the
+command line) with a checkpoint.
+
+graphormer-predict ckpt=PATH input=mols.csv [smiles_column=smiles] [output=preds.csv]
+graphormer-predict ckpt=PATH smiles=[CCO,c1ccccc1O] [embeddings=FILE.npy|.parquet]
+"""
 
 from __future__ import annotations
 
@@ -7,39 +12,42 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import hydra
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 
+from graphormer.cli.common import plain, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
-from graphormer.inference.predictor import (
-    Predictions,
-    Predictor,
-    UnpredictableMoleculeWarning,
-)
 
-__all__ = ["format_table", "predict", "read_input", "write_embeddings"]
+if TYPE_CHECKING:
+    from graphormer.inference.predictor import Predictions
+
+__all__ = ["format_table", "main", "read_input", "run", "write_embeddings"]
 
 _EMBEDDING_FORMATS = (".npy", ".parquet")
 _SHOWN_ROWS = 5
 
 
-def predict(cfg: DictConfig) -> pd.DataFrame:
-    """Predicts ``cfg.input`` (a CSV) or ``cfg.smiles`` (a list) with ``cfg.ckpt``; writes
-    ``cfg.output`` (a CSV) or prints the table, and ``cfg.embeddings`` (``.npy``/``.parquet``)."""
+def run(cfg: DictConfig) -> pd.DataFrame:
+    """Predicts ``input`` (a CSV) or ``smiles`` (a list) with ``ckpt``; writes ``output`` (a CSV)
+    or prints the table, and ``embeddings`` (``.npy``/``.parquet``)."""
+    from graphormer.inference.predictor import Predictor, UnpredictableMoleculeWarning
+
+    cfg = plain(cfg)
     embeddings = _embeddings_path(cfg.get("embeddings"))
-    output = Path(str(cfg.output)).expanduser() if cfg.get("output") else None
+    output = Path(str(cfg["output"])).expanduser() if cfg.get("output") else None
     for key, path in (("output", output), ("embeddings", embeddings)):
         if path is not None and path.is_dir():
             raise ConfigError(f"{key}={path} is a folder; give a file name, e.g. {path}/out.csv")
     predictor = Predictor.from_checkpoint(
-        cfg.ckpt,
-        device=cfg.device,
+        cfg["ckpt"],
+        device=cfg["device"],
         precision=cfg.get("precision"),
-        batch_size=cfg.batch_size,
+        batch_size=cfg["batch_size"],
         max_atoms=cfg.get("max_atoms"),
     )
     column = cfg.get("smiles_column") or predictor.training_smiles_column or "smiles"
@@ -49,7 +57,7 @@ def predict(cfg: DictConfig) -> pd.DataFrame:
         # The summary below names the rows without a prediction.
         warnings.simplefilter("ignore", UnpredictableMoleculeWarning)
         result = predictor.run(
-            table[column].tolist(), embeddings=embeddings is not None, progress=cfg.progress
+            table[column].tolist(), embeddings=embeddings is not None, progress=cfg["progress"]
         )
     out = predictor.table(table, result)
     try:
@@ -90,7 +98,7 @@ def read_input(
     if path and smiles is not None:
         raise ConfigError("give either input=FILE.csv or smiles=[...], not both")
     if smiles is not None:
-        if isinstance(smiles, ListConfig | list | tuple):
+        if isinstance(smiles, list | tuple):
             smiles = list(smiles)
         else:
             smiles = [smiles]  # one SMILES (Hydra reads a bare `smiles=C` as a string)
@@ -174,3 +182,12 @@ def _report(result: Predictions, rows: int, output: Path | None, embeddings: Pat
     # The table itself goes to stdout when there is no output file; the summary to stderr then,
     # so that `predict.py ... > table.txt` holds the table alone.
     report("\n".join(lines), stream=sys.stdout if output is not None else sys.stderr)
+
+
+@hydra.main(config_path="../configs", config_name="predict", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_reporting_errors(run, cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The tests' shared helpers, in one place: real molecules (from :mod:`graphormer.testing`, which
+the benchmarks share), composing the packaged configs, running the commands as a user does."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from graphormer.cli import CONFIGS
+from graphormer.cli.train import build_loggers, settings_from
+from graphormer.testing import (  # noqa: F401 (re-exported for the tests)
+    NCI_SMILES,
+    NCI_TPSA,
+    model_preset,
+    nci_graphs,
+    nci_ogb_dataset,
+    nci_smiles,
+    nci_table,
+    to_data,
+    write_ogb_layout,
+)
+from graphormer.training import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A tiny, quiet, fast training run.
+TINY = [
+    "model=graphormer_tiny",
+    "trainer.enable_progress_bar=false",
+    "datamodule.batch_size=32",
+    "optim.lr=1e-3",
+]
+
+
+def compose_config(name: str, overrides) -> object:
+    """A packaged config (``train``, ``eval``, ...) composed with ``overrides``, as the command
+    line would."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(name, overrides=list(overrides))
+
+
+def compose_train(overrides):
+    return compose_config("train", overrides)
+
+
+def train_config(cfg, **kwargs) -> dict:
+    """Trains in-process from a composed ``train`` config, as ``graphormer-train`` does (its
+    settings and its logger), with extra ``train()`` arguments (callbacks)."""
+    return train(settings_from(cfg), loggers=build_loggers(cfg), **kwargs)
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+def _run(script: str, args, cwd, timeout):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def run_script(script, args, cwd, timeout=600) -> str:
+    """Runs ``scripts/<script>`` that must succeed; returns its stdout and stderr."""
+    result = _run(script, args, cwd, timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result.stdout + result.stderr
+
+
+def run_failing(script, args, cwd, timeout=300) -> subprocess.CompletedProcess:
+    """Runs a script that must stop on a user error: exit status 1 and no traceback."""
+    result = _run(script, args, cwd, timeout)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "Traceback" not in result.stderr, result.stderr[-5000:]
+    return result
+
+
+def evaluate_run(metrics: dict, work: Path, *overrides: str) -> tuple[dict, str]:
+    """scripts/eval.py on a run's best checkpoint, all splits: the JSON it wrote, and its output."""
+    result_path = work / "eval.json"
+    log = run_script(
+        "eval.py",
+        [
+            f"ckpt={metrics['best_checkpoint']}",
+            "split=all",
+            f"output={result_path}",
+            f"hydra.run.dir={work / 'eval'}",
+            *overrides,
+        ],
+        cwd=work,
+    )
+    return json.loads(result_path.read_text()), log
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
