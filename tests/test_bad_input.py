@@ -139,9 +139,13 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path, ogb_root):
     molhiv = ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", *TINY]
     csv = write_csv(tmp_path / "m.csv", SMILES, y=np.linspace(0, 1, 40))
     cases = [
-        ("train.py", ["datamodule.batch_size=-4"], "datamodule.batch_size must be an integer >= 1"),
+        (
+            "train.py",
+            ["datamodule.batch_size=-4"],
+            "datamodule.batch_size=-4 is not allowed: an integer >= 1",
+        ),
         ("train.py", ["model.num_heads=7"], "must be divisible by model.num_heads"),
-        ("train.py", ["loss=hinge"], "loss must be one of"),
+        ("train.py", ["loss=hinge"], "loss='hinge' is not allowed: one of auto, bce, l1, mse"),
         ("train.py", ["datamodule.max_nodes=2"], "raise datamodule.max_nodes"),
         ("train.py", ["dataset.source=somewhere"], "dataset.source='somewhere' is not a dataset"),
         (

@@ -140,9 +140,9 @@ def test_perturbations_are_trained_on_bounded_and_never_used_in_evaluation():
 
 
 def test_flag_settings_are_checked():
-    with pytest.raises(ValueError, match="flag.m must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"flag.m=-1 is not allowed: an integer >= 0"):
         GraphormerModule(model=MODEL, task=TASK, flag={"m": -1})
-    with pytest.raises(ValueError, match="flag.step_size must be > 0"):
+    with pytest.raises(ValueError, match="flag.step_size=0.0 is not allowed: a finite number > 0"):
         GraphormerModule(model=MODEL, task=TASK, flag={"m": 2, "step_size": 0.0})
     assert GraphormerModule(model=MODEL, task=TASK).automatic_optimization
 

@@ -41,10 +41,11 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
     would read it as None and carry on)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
+        verb = "are" if len(missing) > 1 else "is"
         raise ConfigError(
-            f"{', '.join(missing)} must be given (this configuration has no default for "
-            f"{'them' if len(missing) > 1 else 'it'}): pass "
+            f"{', '.join(missing)} {verb} required: pass "
             + " ".join(f"{key}=..." for key in missing)
+            + " on the command line (see --help)"
         )
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
