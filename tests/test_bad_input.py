@@ -225,7 +225,7 @@ class _Payload:
 def test_a_tampered_cache_marker_is_never_unpickled(tmp_path, ogb_root):
     import torch
 
-    from graphormer.data.ogb import DatasetCacheError
+    from graphormer.data import DatasetCacheError
 
     root = tmp_path / "ogb"
     shutil.copytree(ogb_root / "ogbg_molesol", root / "ogbg_molesol")

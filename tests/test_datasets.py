@@ -13,9 +13,9 @@ from graphormer.data import (
     OGBSource,
     SmilesCsvSource,
     StructuralFeatures,
+    ogb_task_info,
     scaffold_split,
 )
-from graphormer.data.ogb import ogb_task_info
 from graphormer.errors import DataError
 
 from molecules import nci_table

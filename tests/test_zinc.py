@@ -16,8 +16,12 @@ import torch_geometric.datasets.zinc as pyg_zinc
 from omegaconf import OmegaConf
 from torch_geometric.datasets import ZINC
 
-from graphormer.data import StructuralFeatures, build_source
-from graphormer.data.ogb import DatasetCacheError, DatasetNotFoundError
+from graphormer.data import (
+    DatasetCacheError,
+    DatasetNotFoundError,
+    StructuralFeatures,
+    build_source,
+)
 from graphormer.errors import ConfigError, DataError
 from graphormer.testing import nci_zinc, nci_zinc_splits, write_zinc_layout
 from graphormer.training import CheckpointError, build_datamodule, build_module

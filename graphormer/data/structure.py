@@ -42,6 +42,7 @@ __all__ = [
     "structural_features",
 ]
 
+
 class PairLayout:
     """Flat row-major layout of the ``N_g x N_g`` pair matrices of many graphs.
 
