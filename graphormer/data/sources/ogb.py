@@ -37,7 +37,13 @@ from graphormer.data.tasks import TaskInfo, ogb_master_table
 from graphormer.errors import ConfigError
 from graphormer.safe_io import PYG_DATA, allow, download_timeout
 
-__all__ = ["OGB_MOLECULE_DATASETS", "OGBGraphDataset", "OGBSource", "ogb_task_info"]
+__all__ = [
+    "OGB_MOLECULE_DATASETS",
+    "OGBGraphDataset",
+    "OGBSource",
+    "ogb_folder",
+    "ogb_task_info",
+]
 
 OGB_MOLECULE_DATASETS = (
     "ogbg-molhiv",
@@ -70,6 +76,13 @@ def ogb_task_info(name: str) -> TaskInfo:
     )
 
 
+def ogb_folder(name: str, root: str) -> str:
+    """The folder OGB keeps ``name`` in under ``root``: ``ogbg_molhiv``, or ``ogbg_molhiv_pyg``
+    where that exists (a PyG-specific download)."""
+    folder = osp.join(root, "_".join(name.split("-")))
+    return folder + "_pyg" if osp.exists(folder + "_pyg") else folder
+
+
 class OGBGraphDataset(PygGraphPropPredDataset):
     """OGB's ``PygGraphPropPredDataset`` with safe loading, no prompts and a keyed cache.
 
@@ -89,10 +102,7 @@ class OGBGraphDataset(PygGraphPropPredDataset):
     ) -> None:
         task = ogb_task_info(name)  # validates the name first
         self.task = task
-        dir_name = "_".join(name.split("-"))
-        if osp.exists(osp.join(root, dir_name + "_pyg")):
-            dir_name += "_pyg"
-        folder = osp.join(root, dir_name)
+        folder = ogb_folder(name, root)
         version = ogb_master_table()[name]["version"]
         check_release(name, folder, f"RELEASE_v{version}.txt")
         # Processed files live under a folder named by the preprocessing settings.
@@ -176,14 +186,11 @@ class OGBSource(Source):
     def task_names(self) -> list[str] | None:
         """OGB's label columns: every column of the dataset folder's ``mapping/mol.csv.gz`` but
         ``smiles`` and ``mol_id``; None when the folder does not hold it."""
-        folder = osp.join(self.root, "_".join(self.name.split("-")))
-        # OGB names a folder `<name>_pyg` when it holds a PyG-specific download.
-        for candidate in (folder + "_pyg", folder):
-            path = osp.join(candidate, "mapping", "mol.csv.gz")
-            if osp.isfile(path):
-                try:
-                    columns = pd.read_csv(path, nrows=0).columns
-                except (OSError, ValueError):
-                    return None
-                return [str(c) for c in columns if c not in ("smiles", "mol_id")]
-        return None
+        path = osp.join(ogb_folder(self.name, self.root), "mapping", "mol.csv.gz")
+        if not osp.isfile(path):
+            return None
+        try:
+            columns = pd.read_csv(path, nrows=0).columns
+        except (OSError, ValueError):
+            return None
+        return [str(c) for c in columns if c not in ("smiles", "mol_id")]

@@ -208,7 +208,8 @@ class PCQM4Mv2Source(Source):
         return dataset.node_counts
 
     def writes_predictions(self, split: str) -> bool:
-        return split in OFFICIAL_SIZES
+        """test-dev and test-challenge: the leaderboard's submission files."""
+        return split in PCQM4MV2_SPLITS and split not in LABELLED_SPLITS
 
     def write_predictions(self, split: str, y_pred: torch.Tensor, folder: Path) -> Path:
         """The leaderboard file for ``split`` (``y_pred_pcqm4m-v2_<split>.npz``), written by
