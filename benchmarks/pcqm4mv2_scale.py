@@ -111,7 +111,7 @@ def run_measured(command: list[str], env: dict | None = None) -> tuple[float, Tr
 
 def step_process(root: Path, processes: int) -> dict:
     code = (
-        "from graphormer.data.pcqm4mv2 import PCQM4Mv2Source; import json; "
+        "from graphormer.data.sources.pcqm4mv2 import PCQM4Mv2Source; import json; "
         f"print(json.dumps(PCQM4Mv2Source(root={str(root)!r}, processes={processes}).prepare()))"
     )
     seconds, memory, output = run_measured([sys.executable, "-c", code])

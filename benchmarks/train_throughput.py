@@ -98,7 +98,7 @@ def plan(sizes: list[int], scenario: Scenario, pad_to_multiple: int) -> list[lis
     import torch
 
     from graphormer.data import SizeGroupedBatchSampler
-    from graphormer.data.datamodule import budget_batch_size
+    from graphormer.data.sampling import budget_batch_size
 
     sizes_t = torch.as_tensor(sizes)
     if scenario.batching == "grouped":

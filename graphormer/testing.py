@@ -139,7 +139,7 @@ def nci_ogb_dataset(root: Path, name: str = "ogbg-molhiv", limit: int = 400) -> 
     ``TPSA > median`` (a real, learnable property), regression labels the TPSA itself."""
     table = nci_table().iloc[:limit]
     tpsa = table.tpsa.to_numpy()
-    from graphormer.data.ogb import ogb_task_info
+    from graphormer.data.sources.ogb import ogb_task_info
 
     task = ogb_task_info(name)
     if task.is_classification:
@@ -203,7 +203,7 @@ def zinc_molecule(smiles: str) -> dict | None:
     ``bond_type`` ``[N, N]`` long adjacency of kekulised bond types 1/2/3, ``num_atom``), or None
     when an atom has no type in ZINC's 28-type vocabulary or the molecule is in pieces. The
     target is left to :func:`nci_zinc_molecules`."""
-    from graphormer.data.zinc import ZINC_ATOM_TYPES
+    from graphormer.data.sources.zinc import ZINC_ATOM_TYPES
 
     vocabulary = {token: i for i, token in enumerate(ZINC_ATOM_TYPES)}
     mol = Chem.MolFromSmiles(smiles)

@@ -9,12 +9,11 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import REPO, TINY
 
 from graphormer.data import GraphDataModule, OGBGraphDataset, SmilesCsvSource, StructuralFeatures
 from graphormer.errors import DataError
 
-from molecules import nci_table
+from helpers import REPO, TINY, nci_table
 
 
 def write_csv(path, smiles, **columns):
@@ -229,7 +228,7 @@ class _Payload:
 def test_a_tampered_cache_marker_is_never_unpickled(tmp_path, ogb_root):
     import torch
 
-    from graphormer.data.ogb import DatasetCacheError
+    from graphormer.data import DatasetCacheError
 
     root = tmp_path / "ogb"
     shutil.copytree(ogb_root / "ogbg_molesol", root / "ogbg_molesol")

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_failing, run_script
 
 from graphormer import Predictor, checkpoint
 from graphormer.checkpoint import FORMAT_VERSION, META_KEY, CheckpointError
 from graphormer.testing import model_preset
 from graphormer.training import GraphormerModule
+
+from helpers import run_failing, run_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FORMAT1 = FIXTURES / "format1_tiny.ckpt"

@@ -3,7 +3,7 @@ import torch
 
 from graphormer.data import GraphormerCollator, StructuralFeatures, shortest_paths
 
-from molecules import nci_graphs, to_data
+from helpers import nci_graphs, to_data
 
 
 def molecules(n=12):

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from molecules import model_preset, nci_graphs, nci_smiles, to_data
 
 from graphormer import checkpoint
 from graphormer.data import GraphormerCollator, StructuralFeatures, shortest_paths
@@ -24,8 +25,6 @@ from graphormer.models.convert import (
 )
 from graphormer.training import CheckpointError, GraphormerModule
 from graphormer.training.pretrained import convert_checkpoint, load_pretrained
-
-from molecules import model_preset, nci_graphs, nci_smiles, to_data
 
 REPO = Path(__file__).resolve().parents[1]
 ENC = "encoder.graph_encoder."

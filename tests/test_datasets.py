@@ -13,12 +13,12 @@ from graphormer.data import (
     OGBSource,
     SmilesCsvSource,
     StructuralFeatures,
+    ogb_task_info,
     scaffold_split,
 )
-from graphormer.data.ogb import ogb_task_info
 from graphormer.errors import DataError
 
-from molecules import nci_table
+from helpers import nci_table
 
 
 def test_task_info_comes_from_ogb_metadata():
@@ -184,3 +184,46 @@ def test_dataset_settings_that_cannot_build_a_source_are_config_errors():
         build_source({"source": "zinc", "unknown": 1})
     with pytest.raises(ConfigError, match="is not a dataset source"):
         build_source({"source": "builtins.open"})
+
+
+def test_every_source_answers_the_contract(ogb_root, tmp_path):
+    """Training, evaluation and prediction ask sources, never name a dataset: every source in
+    the table keeps the contract, and each dataset's quirks are its own answers."""
+    import subprocess
+    import sys
+
+    from graphormer.data import SOURCES, Source, build_source
+
+    settings = {
+        "ogb": {"name": "ogbg-moltox21", "root": str(ogb_root)},
+        "smiles_csv": {"path": "x.csv", "targets": ["a", "b"]},
+        "pcqm4mv2": {"root": str(tmp_path)},
+        "zinc": {"root": str(tmp_path)},
+    }
+    assert set(settings) == set(SOURCES)
+    sources = {kind: build_source({"source": kind, **s}) for kind, s in settings.items()}
+    for kind, source in sources.items():
+        assert isinstance(source, Source), kind
+        assert source.name and source.root, kind
+        assert source.task_info().num_tasks >= 1, kind
+    # Only ZINC has vocabularies of its own, and so only ZINC refuses SMILES.
+    assert [k for k, s in sources.items() if s.feature_dims() is not None] == ["zinc"]
+    assert [k for k, s in sources.items() if s.smiles_refusal() is not None] == ["zinc"]
+    assert sources["smiles_csv"].task_names() == ["a", "b"]
+    assert sources["ogb"].task_names() == []  # the test layout maps molecules, not labels
+    # Only PCQM4Mv2's unlabelled splits have a file format of their own.
+    writes = [(k, s) for k, s in sources.items() for s in ("test-dev", "valid", "test")]
+    assert [ks for ks in writes if sources[ks[0]].writes_predictions(ks[1])] == [
+        ("pcqm4mv2", "test-dev")
+    ]
+    path = sources["pcqm4mv2"].write_predictions("test-dev", torch.arange(3.0), tmp_path / "out")
+    assert path.name == "y_pred_pcqm4m-v2_test-dev.npz"
+    assert np.load(path)["y_pred"].tolist() == [0.0, 1.0, 2.0]
+
+    # The data package stands on its own: nothing above it, no Hydra.
+    code = (
+        "import sys, graphormer.data; print(sorted(k for k in sys.modules if k.startswith("
+        "('graphormer.training', 'graphormer.inference', 'hydra', 'omegaconf'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -12,7 +12,7 @@ from graphormer.inference import Predictor, attention_rollout, featurize_smiles
 from graphormer.inference.pictures import draw_heads, draw_molecule
 from graphormer.training import GraphormerModule
 
-from molecules import model_preset, nci_smiles
+from helpers import model_preset, nci_smiles
 
 TASK = {"name": "toy", "task_type": "binary classification", "num_tasks": 2, "metric": "rocauc"}
 

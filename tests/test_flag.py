@@ -5,12 +5,11 @@ import json
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import TINY, run_script
 
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.training import GraphormerModule, masked_loss
 
-from molecules import nci_graphs, to_data
+from helpers import TINY, nci_graphs, run_script, to_data
 
 MODEL = {
     "num_layers": 2,
@@ -148,9 +147,9 @@ def test_flag_settings_are_checked():
 
 
 def test_flag_refuses_gradient_accumulation(tmp_path, ogb_root):
-    from helpers import compose_train, train_config
-
     from graphormer.errors import ConfigError
+
+    from helpers import compose_train, train_config
 
     cfg = compose_train(
         [

@@ -4,13 +4,12 @@ import json
 
 import pytest
 import torch
-from helpers import TINY, evaluate_run, run_script
 from torch import nn
 
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.models import BiasedMultiheadAttention, Graphormer, GraphormerConfig
 
-from molecules import nci_graphs, to_data
+from helpers import TINY, evaluate_run, nci_graphs, run_script, to_data
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,10 +8,11 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import TINY, compose_config, compose_train, train_config
 
 from graphormer.data import GraphDataModule, OGBSource, SizeGroupedBatchSampler
 from graphormer.errors import ConfigError
+
+from helpers import TINY, compose_config, compose_train, train_config
 
 BUDGET = 256  # binds: NCI molecules pad to 24-64 tokens, so 4-10 of them, never batch_size=32
 

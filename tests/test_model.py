@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.models import Graphormer, GraphormerConfig
 
-from molecules import model_preset, nci_graphs, to_data
+from helpers import model_preset, nci_graphs, to_data
 
 
 def tiny(**overrides) -> Graphormer:

@@ -8,13 +8,20 @@ import urllib.error
 import numpy as np
 import pytest
 import torch
-from helpers import TINY, evaluate_run, run_failing, run_script
 from ogb.utils import smiles2graph
 
-from graphormer.data import GraphDataModule, GraphormerCollator, StructuralFeatures, build_source
-from graphormer.data.ogb import DatasetNotFoundError
-from graphormer.data.pcqm4mv2 import featurise_smiles, write_compact
+from graphormer.data import (
+    DatasetNotFoundError,
+    GraphDataModule,
+    GraphormerCollator,
+    StructuralFeatures,
+    build_source,
+)
+from graphormer.data.featurize import featurize_compact
+from graphormer.data.sources.pcqm4mv2 import write_compact
 from graphormer.testing import nci_pcqm4mv2, nci_table
+
+from helpers import TINY, evaluate_run, run_failing, run_script
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +83,7 @@ def test_several_processes_write_what_one_does(tmp_path):
     for name in ("x", "edge_index", "edge_attr", "node_ptr", "edge_ptr", "y"):
         a, b = (np.load(tmp_path / d / f"{name}.npy") for d in ("one", "two"))
         assert np.array_equal(a, b, equal_nan=True), name
-    whole = featurise_smiles(smiles)
+    whole = featurize_compact(smiles)
     assert whole["failed"].tolist() == [120] and whole["num_nodes"][120] == 0
     assert not any(p.name.endswith(".partial") for p in tmp_path.iterdir())
 

@@ -7,7 +7,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import compose_config, compose_train, evaluate_run, run_failing, run_script
 from ogb.graphproppred import Evaluator
 from PIL import Image
 from rdkit import Chem
@@ -19,7 +18,15 @@ from graphormer.errors import UserFacingError
 from graphormer.inference import featurize_smiles
 from graphormer.training import GraphormerModule, build_datamodule, build_module
 
-from molecules import model_preset, nci_smiles
+from helpers import (
+    compose_config,
+    compose_train,
+    evaluate_run,
+    model_preset,
+    nci_smiles,
+    run_failing,
+    run_script,
+)
 
 # train.py's run on OGB-layout ogbg-molhiv (tiny model, 3 epochs), as test_training uses it.
 

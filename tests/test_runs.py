@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, TINY, run_failing, run_script
 
 from graphormer import checkpoint
 from graphormer.training import CheckpointError, GraphormerModule
+
+from helpers import REPO, TINY, run_failing, run_script
 
 # Dropout on, so that the random streams matter for exactness.
 NOISY = [*TINY, "model.dropout=0.1", "model.attention_dropout=0.1", "trainer.max_epochs=4"]
@@ -229,9 +230,9 @@ def test_altered_weights_are_detected(reference_run, tmp_path):
 
 
 def test_an_unwritable_run_folder_fails_before_training(tmp_path, ogb_root):
-    from helpers import compose_train, train_config
-
     from graphormer.errors import ConfigError
+
+    from helpers import compose_train, train_config
 
     out = tmp_path / "run"
     out.mkdir()

@@ -5,7 +5,7 @@ import torch
 
 from graphormer.data import batched_shortest_paths, shortest_paths
 
-from molecules import nci_graphs
+from helpers import nci_graphs
 
 
 def undirected(edges):

@@ -6,16 +6,6 @@ import hydra
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import (
-    TINY,
-    compose_config,
-    compose_train,
-    evaluate_run,
-    options,
-    run_failing,
-    run_script,
-    train_config,
-)
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -28,6 +18,17 @@ from graphormer.training import (
     GraphormerModule,
     masked_loss,
     warmup_linear_decay,
+)
+
+from helpers import (
+    TINY,
+    compose_config,
+    compose_train,
+    evaluate_run,
+    options,
+    run_failing,
+    run_script,
+    train_config,
 )
 
 # -- configs -----------------------------------------------------------------------------------

@@ -13,15 +13,20 @@ import numpy as np
 import pytest
 import torch
 import torch_geometric.datasets.zinc as pyg_zinc
-from helpers import TINY, compose_train, evaluate_run, run_script
 from torch_geometric.datasets import ZINC
 
 from graphormer.cli.train import settings_from
-from graphormer.data import StructuralFeatures, build_source
-from graphormer.data.ogb import DatasetCacheError, DatasetNotFoundError
+from graphormer.data import (
+    DatasetCacheError,
+    DatasetNotFoundError,
+    StructuralFeatures,
+    build_source,
+)
 from graphormer.errors import ConfigError, DataError
 from graphormer.testing import nci_zinc, nci_zinc_splits, write_zinc_layout
 from graphormer.training import CheckpointError, build_datamodule, build_module
+
+from helpers import TINY, compose_train, evaluate_run, run_script
 
 SPLITS = {"train": "train", "valid": "val", "test": "test"}  # ours -> ZINC's file names
 

@@ -1,29 +1,32 @@
 from graphormer.data.collate import GraphormerBatch, GraphormerCollator
-from graphormer.data.datamodule import (
-    GraphDataModule,
-    IndexedSubset,
-    SizeGroupedBatchSampler,
-)
+from graphormer.data.datamodule import GraphDataModule, IndexedSubset
 from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles
-from graphormer.data.ogb import (
-    OGB_MOLECULE_DATASETS,
-    DatasetNotFoundError,
-    OGBGraphDataset,
-    add_structural_features,
-    ogb_task_info,
-)
-from graphormer.data.shortest_paths import batched_shortest_paths, shortest_paths
-from graphormer.data.smiles import SmilesCsvDataset, random_split, scaffold_split
+from graphormer.data.sampling import SizeGroupedBatchSampler
 from graphormer.data.sources import (
     SOURCES,
+    DatasetCacheError,
+    DatasetNotFoundError,
     LoadedDataset,
     OGBSource,
+    PCQM4Mv2Source,
     SmilesCsvSource,
+    Source,
+    ZINCSource,
     build_source,
 )
+from graphormer.data.sources.ogb import OGB_MOLECULE_DATASETS, OGBGraphDataset, ogb_task_info
+from graphormer.data.sources.smiles_csv import SmilesCsvDataset
+from graphormer.data.sources.zinc import ZINC_ATOM_TYPES, ZINC_BOND_TYPES, ZINCDataset
+from graphormer.data.splits import random_split, scaffold_split
+from graphormer.data.structure import (
+    STRUCTURAL_KEYS,
+    StructuralFeatures,
+    add_structural_features,
+    batched_shortest_paths,
+    shortest_paths,
+    structural_features,
+)
 from graphormer.data.tasks import TaskEvaluator, TaskInfo
-from graphormer.data.transforms import STRUCTURAL_KEYS, StructuralFeatures, structural_features
-from graphormer.data.zinc import ZINC_ATOM_TYPES, ZINC_BOND_TYPES, ZINCDataset, ZINCSource
 
 __all__ = [
     "OGB_MOLECULE_DATASETS",
@@ -31,6 +34,7 @@ __all__ = [
     "STRUCTURAL_KEYS",
     "ZINC_ATOM_TYPES",
     "ZINC_BOND_TYPES",
+    "DatasetCacheError",
     "DatasetNotFoundError",
     "FeaturizedMolecules",
     "GraphDataModule",
@@ -40,9 +44,11 @@ __all__ = [
     "LoadedDataset",
     "OGBGraphDataset",
     "OGBSource",
+    "PCQM4Mv2Source",
     "SizeGroupedBatchSampler",
     "SmilesCsvDataset",
     "SmilesCsvSource",
+    "Source",
     "StructuralFeatures",
     "TaskEvaluator",
     "TaskInfo",

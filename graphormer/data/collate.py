@@ -10,7 +10,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from graphormer.batch import GraphormerBatch
-from graphormer.data.transforms import STRUCTURAL_KEYS, structural_features
+from graphormer.data.structure import STRUCTURAL_KEYS, structural_features
 
 __all__ = ["GraphormerBatch", "GraphormerCollator", "padded_length"]
 

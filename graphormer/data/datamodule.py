@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -13,12 +13,13 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from graphormer.console import report
 from graphormer.data.collate import GraphormerCollator, padded_length
 from graphormer.data.locks import exclusive_lock
-from graphormer.data.sources import LoadedDataset, OGBSource, SmilesCsvSource
+from graphormer.data.sampling import SizeGroupedBatchSampler, budget_batch_size, pack_by_tokens
+from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import TaskInfo
-from graphormer.data.transforms import StructuralFeatures
 from graphormer.errors import ConfigError, DataError
 
-__all__ = ["GraphDataModule", "IndexedSubset", "SizeGroupedBatchSampler", "pack_by_tokens"]
+__all__ = ["GraphDataModule", "IndexedSubset"]
 
 log = logging.getLogger(__name__)
 
@@ -38,145 +39,11 @@ class IndexedSubset(Dataset):
         return index, self.dataset[index]
 
 
-def pack_by_tokens(lengths: Sequence[int], batch_size: int, max_tokens: int) -> list[int]:
-    """Greedy batches over items in the given order: the item counts of consecutive batches,
-    each holding at most ``batch_size`` items and ``count x longest length <= max_tokens``.
-
-    An item longer than ``max_tokens`` alone gets a batch of its own (the caller decides
-    whether that may happen). fairseq's ``batch_by_size`` packs the same way.
-
-    Args:
-        lengths (Sequence[int]): each item's padded length (:func:`padded_length`).
-        batch_size (int): most items per batch.
-        max_tokens (int): most ``items x padded length`` per batch.
-    """
-    counts: list[int] = []
-    count = longest = 0
-    for length in lengths:
-        grown = max(longest, length)
-        if count and (count == batch_size or (count + 1) * grown > max_tokens):
-            counts.append(count)
-            count, grown = 0, length
-        count, longest = count + 1, grown
-    if count:
-        counts.append(count)
-    return counts
-
-
-def budget_batch_size(
-    largest: int, batch_size: int, max_tokens: int, pad_to_multiple: int = 1
-) -> int:
-    """Graphs per batch of uniformly random batches under a token budget: as many as fit when
-    all are padded to the ``largest`` graph, so that any draw fits (and every epoch has the
-    same number of batches)."""
-    return min(batch_size, max_tokens // int(padded_length(largest, pad_to_multiple)))
-
-
-class SizeGroupedBatchSampler(Sampler[list[int]]):
-    """Shuffled batches of similar-sized graphs, so that little of a dense batch is padding.
-
-    Each epoch: shuffle, cut into pools of ``pool_batches`` batches, sort each pool by graph size,
-    split it into batches, shuffle the batch order (as fairseq's ``batch_by_size``, which
-    Microsoft's Graphormer trained with). Under DDP the batches are dealt to ranks in turn, each
-    rank getting the same number (a few batches repeat to even them out).
-
-    With ``max_tokens``, the whole set is sorted by size instead (ties in a new random order
-    each epoch) and packed greedily under both ``batch_size`` and ``max_tokens``
-    (:func:`pack_by_tokens`), then the batch order is shuffled. The packing depends only on the
-    sorted sizes, so every epoch has the same number of batches (Lightning reads it once, for
-    the epoch length and the learning-rate schedule) while their members change.
-
-    Args:
-        sizes (torch.Tensor): ``[n]`` node counts of the items.
-        batch_size (int): most items per batch.
-        num_replicas (int, optional): ranks. (default: :obj:`1`)
-        rank (int, optional): this rank. (default: :obj:`0`)
-        seed (int, optional): base seed; the epoch is added. (default: :obj:`0`)
-        pool_batches (int, optional): batches per sorted pool; larger pools pad less but mix
-            less. (default: :obj:`32`)
-        epoch (int, optional): the epoch of the first pass; each pass over the data advances
-            it by one (Lightning calls ``set_epoch`` on samplers, not on batch samplers).
-            (default: :obj:`0`)
-        max_tokens (int | None, optional): most ``items x padded length`` per batch; every
-            item's padded length must fit. (default: :obj:`None`, no budget)
-        pad_to_multiple (int, optional): the collator's padding multiple, for the padded
-            lengths. (default: :obj:`1`)
-    """
-
-    def __init__(
-        self,
-        sizes: torch.Tensor,
-        batch_size: int,
-        num_replicas: int = 1,
-        rank: int = 0,
-        seed: int = 0,
-        pool_batches: int = 32,
-        epoch: int = 0,
-        max_tokens: int | None = None,
-        pad_to_multiple: int = 1,
-    ) -> None:
-        self.sizes = torch.as_tensor(sizes)
-        self.batch_size = batch_size
-        self.num_replicas, self.rank = num_replicas, rank
-        self.seed = seed
-        self.pool = pool_batches * batch_size
-        self.epoch = epoch
-        self.max_tokens = max_tokens
-        # Items per batch, in size order: fixed once, so the count never changes.
-        self.counts: list[int] | None = None
-        if max_tokens is not None:
-            lengths = padded_length(self.sizes.sort().values, pad_to_multiple)
-            too_long = int(lengths.max()) if len(lengths) else 0
-            if too_long > max_tokens:
-                raise ValueError(
-                    f"an item of padded length {too_long} exceeds max_tokens={max_tokens}"
-                )
-            self.counts = pack_by_tokens(lengths.tolist(), batch_size, max_tokens)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def _batches(self) -> list[list[int]]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.sizes), generator=generator)
-        if self.counts is not None:
-            # Sorted by size, ties in this epoch's random order: the sorted sizes, and so the
-            # cuts, are the same every epoch; which equal-sized graphs share a batch is not.
-            order = order[torch.argsort(self.sizes[order], stable=True)]
-            batches = [b.tolist() for b in order.split(self.counts)]
-        else:
-            batches = []
-            for start in range(0, len(order), self.pool):
-                pool = order[start : start + self.pool]
-                pool = pool[torch.argsort(self.sizes[pool], stable=True)]
-                batches += [b.tolist() for b in pool.split(self.batch_size)]
-        shuffled = torch.randperm(len(batches), generator=generator).tolist()
-        return [batches[i] for i in shuffled]
-
-    def __iter__(self) -> Iterator[list[int]]:
-        # A generator: the epoch is drawn (and `epoch` advanced to the next one, which the
-        # datamodule saves in checkpoints) only when the first batch is asked for. A DataLoader
-        # with workers calls iter() twice per pass and discards the first iterator unread.
-        batches = self._batches()
-        self.epoch += 1
-        per_rank = len(self)
-        total = per_rank * self.num_replicas
-        batches = (batches * (total // max(len(batches), 1) + 1))[:total]
-        yield from batches[self.rank :: self.num_replicas]
-
-    def __len__(self) -> int:
-        if self.counts is not None:
-            num_batches = len(self.counts)
-        else:
-            num_batches = -(-len(self.sizes) // self.batch_size)
-        return -(-num_batches // self.num_replicas)
-
-
 class GraphDataModule(pl.LightningDataModule):
     """Loads a dataset source with cached structural features and serves dense Graphormer batches.
 
     Args:
-        source (OGBSource | SmilesCsvSource): where the graphs come from.
+        source (Source): where the graphs come from.
         batch_size (int, optional): training graphs per batch (per device). (default: :obj:`64`)
         eval_batch_size (int | None, optional): evaluation batch size; defaults to ``batch_size``.
         num_workers (int, optional): DataLoader worker processes. (default: :obj:`0`)
@@ -202,7 +69,7 @@ class GraphDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        source: OGBSource | SmilesCsvSource,
+        source: Source,
         batch_size: int = 64,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
@@ -260,7 +127,7 @@ class GraphDataModule(pl.LightningDataModule):
         # the nodes of a multi-node run that share a file system take turns: the first one
         # processes, the others find the finished cache (never a half-written one).
         if self.loaded is None:
-            name = str(getattr(self.source, "name", "dataset"))
+            name = self.source.name
             lock = os.path.join(str(self.source.root), f".graphormer-prepare-{name}.lock")
             with exclusive_lock(lock):  # one per dataset: other datasets' runs are not held
                 self.loaded = self.source.load(self.pre_transform)
@@ -272,7 +139,7 @@ class GraphDataModule(pl.LightningDataModule):
             return
         if self.loaded is None:  # ranks that did not prepare the data
             self.loaded = self.source.load(self.pre_transform)
-        sizes = self.sizes = _num_nodes(self.loaded.dataset)
+        sizes = self.sizes = self.source.node_counts(self.loaded.dataset)
         train = self.loaded.split["train"]
         too_big = sizes[train] > self.max_nodes
         if too_big.any():
@@ -481,13 +348,6 @@ class GraphDataModule(pl.LightningDataModule):
 
     def split_size(self, split: str) -> int:
         return len(self.loaded.split[split])
-
-
-def _num_nodes(dataset) -> torch.Tensor:
-    if hasattr(dataset, "node_counts"):  # PCQM4Mv2's compact graphs
-        return dataset.node_counts
-    ptr = dataset.slices["x"]
-    return ptr[1:] - ptr[:-1]
 
 
 def _sizes_text(sizes: dict[str, int]) -> str:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os.path as osp
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +19,11 @@ from torch import Tensor
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.data.collate import GraphormerCollator
-from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles
+from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles, smiles_feature_dims
+from graphormer.data.sampling import pack_by_tokens
+from graphormer.data.sources import Source, build_source
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, atom_labels
-from graphormer.models.graphormer import ogb_atom_feature_dims, ogb_bond_feature_dims
 from graphormer.training.module import GraphormerModule
 
 __all__ = [
@@ -79,34 +79,26 @@ class Predictions:
 
 
 def read_task_names(module: Any) -> list[str]:
-    """The names of a checkpoint's tasks: a SMILES-CSV model's target columns; an OGB model's
-    label columns in ``mapping/mol.csv.gz`` of its dataset folder (every column but ``smiles``
-    and ``mol_id``); ``task_i`` when neither can be found."""
+    """The names of a checkpoint's tasks, as its dataset source names them (a SMILES-CSV
+    model's target columns, an OGB model's label columns); ``task_i`` when it cannot."""
     num_tasks = module.task.num_tasks
-    dataset = dict((module.hparams.get("data") or {}).get("dataset") or {})
-    names: list[str] | None = None
-    if dataset.get("targets"):
-        targets = dataset["targets"]
-        names = [str(targets)] if isinstance(targets, str) else [str(t) for t in targets]
-    elif dataset.get("name") and dataset.get("root"):
-        names = _ogb_label_columns(str(dataset["name"]), str(dataset["root"]))
+    source = _stored_source(module)
+    names = source.task_names() if source is not None else None
     if names is None or len(names) != num_tasks or len(set(names)) != num_tasks:
         names = [f"task_{i}" for i in range(num_tasks)]
     return names
 
 
-def _ogb_label_columns(name: str, root: str) -> list[str] | None:
-    folder = osp.join(root, "_".join(name.split("-")))
-    # OGB names a folder `<name>_pyg` when it holds a PyG-specific download.
-    for candidate in (folder + "_pyg", folder):
-        path = osp.join(candidate, "mapping", "mol.csv.gz")
-        if osp.isfile(path):
-            try:
-                columns = pd.read_csv(path, nrows=0).columns
-            except (OSError, ValueError):
-                return None
-            return [str(c) for c in columns if c not in ("smiles", "mol_id")]
-    return None
+def _stored_source(module: Any) -> Source | None:
+    """The dataset source a checkpoint's settings describe; None when it records none (a
+    converted checkpoint) or one graphormer cannot build (prediction needs no dataset)."""
+    dataset = (module.hparams.get("data") or {}).get("dataset")
+    if not isinstance(dataset, Mapping) or not dataset:
+        return None
+    try:
+        return build_source(dataset)
+    except ConfigError:
+        return None
 
 
 class Predictor:
@@ -205,13 +197,10 @@ class Predictor:
         data = module.hparams.get("data") or {}
         datamodule = dict(data.get("datamodule") or {})
         dataset = dict(data.get("dataset") or {})
-        if dataset.get("source") == "zinc":
-            raise CheckpointError(
-                f"checkpoint {path} was trained on ZINC ({dataset.get('name')}), whose graphs "
-                "carry ZINC's own atom-type and bond-type vocabularies; prediction featurises "
-                "SMILES the OGB way (smiles2graph), which this model cannot read: score it on "
-                "ZINC with scripts/eval.py instead"
-            )
+        source = _stored_source(module)
+        refusal = source.smiles_refusal() if source is not None else None
+        if refusal is not None:
+            raise CheckpointError(f"checkpoint {path} {refusal}")
         return cls(
             module,
             read_task_names(module),
@@ -355,16 +344,10 @@ class Predictor:
         if not len(valid):
             return
         order = valid[torch.argsort(featurized.num_atoms[valid], stable=True)]
-        sizes = featurized.num_atoms[order].tolist()
-        budget = self.batch_size * _PAIRS_PER_MOLECULE
-        start = 0
-        for end in range(1, len(order)):
-            # Sorted ascending: the next molecule would be the batch's largest.
-            width = sizes[end] + 1
-            if end - start >= self.batch_size or (end - start + 1) * width * width > budget:
-                yield order[start:end]
-                start = end
-        yield order[start:]
+        # A molecule's cost: its attention pairs, graph token included.
+        pairs = ((featurized.num_atoms[order] + 1) ** 2).tolist()
+        counts = pack_by_tokens(pairs, self.batch_size, self.batch_size * _PAIRS_PER_MOLECULE)
+        yield from order.split(counts)
 
     def _predict_batch(
         self, graphs: list, embeddings: bool
@@ -440,7 +423,7 @@ def _device(name: str) -> torch.device:
 
 def _check_molecule_features(config: Any) -> None:
     """SMILES become OGB's 9 atom and 3 bond features: the model's tables must take them."""
-    atoms, bonds = ogb_atom_feature_dims(), ogb_bond_feature_dims()
+    atoms, bonds = smiles_feature_dims()
     model_atoms, model_bonds = list(config.atom_feature_dims), list(config.bond_feature_dims)
     fits = (
         len(model_atoms) == len(atoms)

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 
 from graphormer import checkpoint as checkpoints
@@ -68,29 +67,6 @@ def predict_split(trainer: pl.Trainer, module, datamodule, split: str) -> torch.
     # Back to the split's own order (the order OGB's files list the molecules in).
     position = torch.searchsorted(index, expected)
     return pred[position]
-
-
-def write_submission(task_name: str, split: str, y_pred: torch.Tensor, folder: Path) -> Path:
-    """PCQM4Mv2's leaderboard file for ``split`` (``y_pred_pcqm4m-v2_<split>.npz``), written by
-    ``ogb.lsc.PCQM4Mv2Evaluator.save_test_submission`` when the split has the official size."""
-    from ogb.lsc import PCQM4Mv2Evaluator
-
-    from graphormer.data.pcqm4mv2 import OFFICIAL_SIZES
-
-    y_pred = y_pred.view(-1).cpu().numpy().astype(np.float32)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"y_pred_pcqm4m-v2_{split}.npz"
-    if len(y_pred) == OFFICIAL_SIZES[split]:
-        PCQM4Mv2Evaluator().save_test_submission({"y_pred": y_pred}, str(folder), split)
-        report(f"submission: {path.resolve()} ({len(y_pred):,} predictions, {task_name})")
-    else:
-        # OGB's writer asserts the official size; a subset gets the same file format, flagged.
-        np.savez_compressed(path, y_pred=y_pred)
-        report(
-            f"submission: {path.resolve()} ({len(y_pred):,} predictions; the official {split} "
-            f"split has {OFFICIAL_SIZES[split]:,}, so this is NOT a valid leaderboard submission)"
-        )
-    return path
 
 
 def evaluate(
@@ -183,10 +159,10 @@ def evaluate(
     scored = []
     for split in splits:
         if not datamodule.is_labelled(split):
-            if module.task.name != "pcqm4mv2" and data["dataset"].get("source") != "pcqm4mv2":
+            if not datamodule.source.writes_predictions(split):
                 raise ConfigError(f"split={split} has no labels, so no {metric} can be computed")
             pred = predict_split(trainer, module, datamodule, split)
-            path = write_submission(module.task.name, split, pred, output.parent)
+            path = datamodule.source.write_predictions(split, pred, output.parent)
             results[split] = {"submission": str(path.resolve()), "num_graphs": len(pred)}
             continue
         if split == "valid":

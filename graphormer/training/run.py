@@ -99,9 +99,8 @@ def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule
     """Sizes the model's embedding tables by the dataset's own vocabularies (ZINC's atom and bond
     types), where the config leaves them null; the filled values are saved with the checkpoint's
     model settings, so eval.py and fine-tuning rebuild the same tables. Sources featurised like
-    OGB (no ``feature_dims``, or None) keep the model's default, OGB's featurisation."""
-    feature_dims = getattr(datamodule.source, "feature_dims", None)
-    dims = feature_dims() if feature_dims is not None else None
+    OGB (``feature_dims()`` is None) keep the model's default, OGB's featurisation."""
+    dims = datamodule.source.feature_dims()
     if dims is None:
         return
     for key, needed, kind in zip(

@@ -30,19 +30,18 @@ import torch
 from torch_geometric.data import Data, InMemoryDataset
 from torch_geometric.datasets import ZINC
 
-from graphormer.data.ogb import (
+from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.sources.folders import (
     DatasetCacheError,
     DatasetNotFoundError,
-    _remove_empty_tree,
-    _socket_timeout,
-    add_structural_features,
-    allow_pyg_classes,
     check_pyg_markers,
     corrupt_cache_message,
+    remove_empty_tree,
 )
+from graphormer.data.structure import StructuralFeatures, add_structural_features
 from graphormer.data.tasks import TaskInfo
-from graphormer.data.transforms import StructuralFeatures
 from graphormer.errors import ConfigError, DataError
+from graphormer.safe_io import PYG_DATA, download_timeout, load_data, numpy_core
 
 __all__ = [
     "ZINC_ATOM_TYPES",
@@ -64,7 +63,6 @@ ZINC_BOND_TYPES = ("NONE", "SINGLE", "DOUBLE", "TRIPLE")
 
 SPLITS = {"train": "train", "valid": "val", "test": "test"}  # ours -> ZINC's file names
 _KEYS = ("atom_type", "bond_type", "logP_SA_cycle_normalized")
-_DOWNLOAD_TIMEOUT_S = 60
 
 
 # -- reading ZINC's raw pickles as data ----------------------------------------------------------
@@ -73,11 +71,11 @@ _DOWNLOAD_TIMEOUT_S = 60
 def _storage_from_bytes(data: bytes):
     # torch pickles a tensor's storage as torch.save'd bytes, rebuilt by
     # torch.storage._load_from_bytes, which unpickles them in full: read them as data only.
-    return torch.load(io.BytesIO(data), weights_only=True)
+    return load_data(io.BytesIO(data))
 
 
 def _allowed_globals() -> dict[tuple[str, str], object]:
-    scalar = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
+    scalar = numpy_core().multiarray.scalar
     allowed = {
         ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
         ("torch._utils", "_rebuild_tensor"): torch._utils._rebuild_tensor,
@@ -86,7 +84,7 @@ def _allowed_globals() -> dict[tuple[str, str], object]:
         ("numpy", "dtype"): np.dtype,  # a numpy integer as num_atom
     }
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        allowed[(module, "scalar")] = scalar.multiarray.scalar
+        allowed[(module, "scalar")] = scalar
     return allowed
 
 
@@ -230,9 +228,8 @@ class ZINCDataset(ZINC):
         # fallback unpickles in full: the folders, URLs and download stay ZINC's, the rest is ours.
         InMemoryDataset.__init__(self, root, transform, pre_transform)
         path = self.processed_paths[0]
-        allow_pyg_classes()
         try:
-            stored = torch.load(path, weights_only=True)
+            stored = load_data(path, [PYG_DATA])
             data, slices, sizes = stored["data"], stored["slices"], stored["split_sizes"]
         except Exception as error:  # truncated, corrupt, or holding more than data
             raise DatasetCacheError(corrupt_cache_message(path, error)) from error
@@ -267,13 +264,13 @@ class ZINCDataset(ZINC):
                 f"{self.raw_dir}, or delete {self.raw_dir} to download everything again"
             )
         try:
-            with _socket_timeout(_DOWNLOAD_TIMEOUT_S):
+            with download_timeout():
                 super().download()
         except Exception as error:  # no network, DNS failure, HTTP error, timeout ...
             for leftover in ("molecules.zip", "molecules.zip?dl=1"):
                 if osp.isfile(osp.join(self.root, leftover)):
                     os.unlink(osp.join(self.root, leftover))
-            _remove_empty_tree(self.root)
+            remove_empty_tree(self.root)
             reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
             raise DatasetNotFoundError(
                 f"ZINC is not in {osp.abspath(self.raw_dir)} and could not be downloaded from "
@@ -336,7 +333,7 @@ def _collate(parts: dict[str, list[torch.Tensor]]) -> tuple[Data, dict[str, torc
 # -- the source --------------------------------------------------------------------------------
 
 
-class ZINCSource:
+class ZINCSource(Source):
     """ZINC: constrained solubility (penalised logP) regression scored by MAE, with the official
     train/val/test split (``val`` is our ``valid``), on ZINC's own atom and bond vocabularies.
 
@@ -367,8 +364,13 @@ class ZINCSource:
     def folder(self) -> str:
         return osp.join(self.root, "ZINC")
 
-    def load(self, pre_transform: StructuralFeatures | None):
-        from graphormer.data.sources import LoadedDataset
-
+    def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         dataset = ZINCDataset(self.folder, self.subset, pre_transform=pre_transform)
         return LoadedDataset(dataset, dataset.split, self._task)
+
+    def smiles_refusal(self) -> str:
+        return (
+            f"was trained on ZINC ({self.name}), whose graphs carry ZINC's own atom-type and "
+            "bond-type vocabularies; prediction featurises SMILES the OGB way (smiles2graph), "
+            "which this model cannot read: score it on ZINC with scripts/eval.py instead"
+        )

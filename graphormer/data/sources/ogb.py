@@ -16,31 +16,33 @@ import os
 import os.path as osp
 import pickle
 import shutil
-import socket
 import zipfile
 from collections.abc import Callable
-from contextlib import contextmanager
 
-import torch
+import pandas as pd
 from ogb.graphproppred import PygGraphPropPredDataset
 from torch_geometric.data import Data, InMemoryDataset
-from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
-from torch_geometric.data.storage import EdgeStorage, GlobalStorage, NodeStorage
 
+from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.sources.folders import (
+    DatasetCacheError,
+    DatasetNotFoundError,
+    check_pyg_markers,
+    check_release,
+    corrupt_cache_message,
+    remove_empty_tree,
+)
+from graphormer.data.structure import StructuralFeatures, add_structural_features
 from graphormer.data.tasks import TaskInfo, ogb_master_table
-from graphormer.data.transforms import STRUCTURAL_KEYS, StructuralFeatures, structural_features
-from graphormer.errors import ConfigError, DataError, UserFacingError
+from graphormer.errors import ConfigError
+from graphormer.safe_io import PYG_DATA, allow, download_timeout
 
 __all__ = [
-    "DatasetCacheError",
-    "DatasetNotFoundError",
     "OGB_MOLECULE_DATASETS",
     "OGBGraphDataset",
-    "add_structural_features",
+    "OGBSource",
+    "ogb_folder",
     "ogb_task_info",
-    "allow_pyg_classes",
-    "check_pyg_markers",
-    "corrupt_cache_message",
 ]
 
 OGB_MOLECULE_DATASETS = (
@@ -58,56 +60,6 @@ OGB_MOLECULE_DATASETS = (
     "ogbg-mollipo",
 )
 
-# The classes a collated PyG ``Data`` pickles to, beyond those PyG allow-lists itself.
-_PYG_CLASSES = [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage, NodeStorage, EdgeStorage]
-
-_DOWNLOAD_TIMEOUT_S = 60
-
-
-class DatasetNotFoundError(UserFacingError, FileNotFoundError):
-    """A dataset is neither on disk nor downloadable; the message says where to put it."""
-
-
-class DatasetCacheError(DataError):
-    """A processed dataset file cannot be read; the message names it and how to rebuild it."""
-
-
-def allow_pyg_classes() -> None:
-    """Let ``torch.load(weights_only=True)`` read collated PyG ``Data`` objects (and nothing else
-    new). Idempotent; a process-wide allow-list, as PyG itself keeps for ``Data``. (torch's
-    ``safe_globals`` context manager is not used: on exit it removes its classes even when they
-    were allow-listed before, which breaks PyG's own list when contexts nest.)"""
-    torch.serialization.add_safe_globals(_PYG_CLASSES)
-
-
-def corrupt_cache_message(path: str, error: Exception, folder: str | None = None) -> str:
-    """What to say when a dataset cache (a file, or the ``folder`` of several) cannot be read:
-    the cache, the reason, the folder to delete so that the next run rebuilds it."""
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    reason = reason.split(". ")[0][:160]
-    return (
-        f"the dataset cache {path} cannot be read ({type(error).__name__}: {reason}); it is "
-        f"truncated or corrupt. Delete the folder {folder or osp.dirname(path)} and run again to "
-        "rebuild it"
-    )
-
-
-def check_pyg_markers(processed_dir: str) -> None:
-    """PyG reads ``pre_transform.pt`` and ``pre_filter.pt`` of a processed folder with
-    ``torch.load(weights_only=False)``, i.e. it unpickles them in full. It writes plain strings
-    there, so anything a safe load refuses was put there by someone else: refuse it first."""
-    for name in ("pre_transform.pt", "pre_filter.pt"):
-        path = osp.join(processed_dir, name)
-        if not osp.isfile(path):
-            continue
-        try:
-            torch.load(path, weights_only=True)
-        except Exception as error:
-            raise DatasetCacheError(
-                f"the dataset cache file {path} holds more than data ({type(error).__name__}), "
-                f"so it is not read. Delete the folder {processed_dir} and run again to rebuild it"
-            ) from error
-
 
 def ogb_task_info(name: str) -> TaskInfo:
     """Task type, number of tasks and metric of an OGB dataset, from OGB's own metadata."""
@@ -124,25 +76,11 @@ def ogb_task_info(name: str) -> TaskInfo:
     )
 
 
-def add_structural_features(data: Data, slices: dict, transform: StructuralFeatures) -> None:
-    """Adds ``transform``'s features to a collated ``InMemoryDataset`` storage, all graphs at once.
-
-    The collated storage already holds every graph's ``edge_index`` with local node ids, which is
-    exactly what the batched shortest-path search takes: no per-graph ``Data`` is ever built.
-    """
-    node_ptr = slices["x"] if "x" in slices else None
-    if node_ptr is None:
-        raise ValueError("graphs need node features `x` for Graphormer")
-    edge_ptr = slices["edge_index"]
-    num_nodes = (node_ptr[1:] - node_ptr[:-1]).numpy()
-    num_edges = (edge_ptr[1:] - edge_ptr[:-1]).numpy()
-    feats = structural_features(data.edge_index, num_nodes, num_edges, transform.max_hops)
-    for key in STRUCTURAL_KEYS:
-        data[key] = feats[key]
-    slices["in_degree"] = node_ptr.clone()
-    slices["out_degree"] = node_ptr.clone()
-    slices["spatial_pos"] = feats["pair_ptr"].clone()
-    slices["edge_path"] = feats["pair_ptr"].clone()
+def ogb_folder(name: str, root: str) -> str:
+    """The folder OGB keeps ``name`` in under ``root``: ``ogbg_molhiv``, or ``ogbg_molhiv_pyg``
+    where that exists (a PyG-specific download)."""
+    folder = osp.join(root, "_".join(name.split("-")))
+    return folder + "_pyg" if osp.exists(folder + "_pyg") else folder
 
 
 class OGBGraphDataset(PygGraphPropPredDataset):
@@ -164,15 +102,12 @@ class OGBGraphDataset(PygGraphPropPredDataset):
     ) -> None:
         task = ogb_task_info(name)  # validates the name first
         self.task = task
-        dir_name = "_".join(name.split("-"))
-        if osp.exists(osp.join(root, dir_name + "_pyg")):
-            dir_name += "_pyg"
-        folder = osp.join(root, dir_name)
+        folder = ogb_folder(name, root)
         version = ogb_master_table()[name]["version"]
-        _check_release(name, folder, f"RELEASE_v{version}.txt")
+        check_release(name, folder, f"RELEASE_v{version}.txt")
         # Processed files live under a folder named by the preprocessing settings.
         self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
-        allow_pyg_classes()
+        allow(PYG_DATA)  # OGB reads its processed file with torch.load(weights_only=True)
         check_pyg_markers(osp.join(folder, "processed", self.cache_key))
         try:
             super().__init__(name, root, transform=transform, pre_transform=pre_transform)
@@ -192,10 +127,10 @@ class OGBGraphDataset(PygGraphPropPredDataset):
         try:
             from ogb.utils.url import download_url, extract_zip
 
-            with _socket_timeout(_DOWNLOAD_TIMEOUT_S):
+            with download_timeout():
                 path = download_url(url, self.original_root)
         except Exception as error:  # no network, DNS failure, HTTP error, timeout ...
-            _remove_empty_tree(self.root)
+            remove_empty_tree(self.root)
             raise DatasetNotFoundError(
                 f"{self.name} is not in {osp.abspath(self.root)} and could not be downloaded from "
                 f"{url} ({type(error).__name__}: {error}).\n"
@@ -227,35 +162,35 @@ class OGBGraphDataset(PygGraphPropPredDataset):
         return data, slices
 
 
-def _check_release(name: str, folder: str, release_file: str) -> None:
-    """OGB would ask ``input()`` here; an empty leftover folder is removed, anything else errors."""
-    if not osp.isdir(folder) or osp.exists(osp.join(folder, release_file)):
-        return
-    if _remove_empty_tree(folder):
-        return
-    raise DatasetNotFoundError(
-        f"{folder} holds a copy of {name} without {release_file}, which OGB uses to mark an "
-        f"outdated release. Fix: delete {folder} to download the current release, or, if it is a "
-        f"current copy, create an empty {osp.join(folder, release_file)}."
-    )
+class OGBSource(Source):
+    """An OGB graph-property dataset with its official split.
 
+    Args:
+        name (str): e.g. ``ogbg-molhiv``.
+        root (str, optional): folder holding datasets. (default: :obj:`"data"`)
+    """
 
-def _remove_empty_tree(folder: str) -> bool:
-    """Removes ``folder`` if it holds no files at any depth (the leftovers of a failed download)."""
-    if not osp.isdir(folder):
-        return True
-    for _, _, files in os.walk(folder):
-        if files:
-            return False
-    shutil.rmtree(folder)
-    return True
+    def __init__(self, name: str, root: str = "data") -> None:
+        self.name = name
+        self.root = root
+        self._task = ogb_task_info(name)
 
+    def task_info(self) -> TaskInfo:
+        return self._task
 
-@contextmanager
-def _socket_timeout(seconds: float):
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(seconds)
-    try:
-        yield
-    finally:
-        socket.setdefaulttimeout(previous)
+    def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
+        dataset = OGBGraphDataset(self.name, self.root, pre_transform=pre_transform)
+        split = dataset.get_idx_split()
+        return LoadedDataset(dataset, {k: split[k] for k in ("train", "valid", "test")}, self._task)
+
+    def task_names(self) -> list[str] | None:
+        """OGB's label columns: every column of the dataset folder's ``mapping/mol.csv.gz`` but
+        ``smiles`` and ``mol_id``; None when the folder does not hold it."""
+        path = osp.join(ogb_folder(self.name, self.root), "mapping", "mol.csv.gz")
+        if not osp.isfile(path):
+            return None
+        try:
+            columns = pd.read_csv(path, nrows=0).columns
+        except (OSError, ValueError):
+            return None
+        return [str(c) for c in columns if c not in ("smiles", "mol_id")]

@@ -7,7 +7,6 @@ import io
 import json
 import os.path as osp
 import warnings
-from collections import defaultdict
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,16 +16,15 @@ from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import InMemoryDataset
 
 from graphormer.data.featurize import featurize_smiles
-from graphormer.data.ogb import (
-    add_structural_features,
-    allow_pyg_classes,
-    check_pyg_markers,
-    corrupt_cache_message,
-)
-from graphormer.data.transforms import StructuralFeatures
+from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
+from graphormer.data.splits import group_split, random_split
+from graphormer.data.structure import StructuralFeatures, add_structural_features
+from graphormer.data.tasks import TaskInfo
 from graphormer.errors import ConfigError, DataError
+from graphormer.safe_io import PYG_DATA, allow, load_data
 
-__all__ = ["SmilesCsvDataset", "group_split", "random_split", "scaffold_split"]
+__all__ = ["SmilesCsvDataset", "SmilesCsvSource", "load_cache", "resolve_path"]
 
 _SHOWN_ROWS = 5
 
@@ -79,7 +77,7 @@ class SmilesCsvDataset(InMemoryDataset):
         digest.update(json.dumps([smiles_column, self.targets, self.columns, comment]).encode())
         stem = osp.splitext(osp.basename(path))[0]
         folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
-        allow_pyg_classes()
+        allow(PYG_DATA)
         check_pyg_markers(osp.join(folder, "processed", self.cache_key))
         super().__init__(folder, pre_transform=pre_transform, log=False)
         # Not PyG's load(): when the safe load fails it unpickles the file in full, and a
@@ -204,9 +202,8 @@ class SmilesCsvDataset(InMemoryDataset):
 def load_cache(path: str) -> tuple:
     """A cached ``(data, slices)`` pair, read as data only (tensors, plain values and PyG's
     allow-listed storage classes); an unreadable file is an error naming it and the fix."""
-    allow_pyg_classes()
     try:
-        data, slices = torch.load(path, weights_only=True)
+        data, slices = load_data(path, [PYG_DATA])
     except Exception as error:  # truncated, corrupt, or holding objects other than data
         raise DataError(corrupt_cache_message(path, error)) from error
     return data, slices
@@ -236,58 +233,105 @@ def _skipped_message(path: str, rows: list[int]) -> str:
     )
 
 
-def _check_ratios(ratios: Sequence[float]) -> tuple[float, float, float]:
-    if len(ratios) != 3 or min(ratios) < 0 or abs(sum(ratios) - 1.0) > 1e-6:
-        raise ConfigError(
-            f"dataset.split_ratios must be three non-negative fractions summing to 1, got "
-            f"{list(ratios)}"
+class SmilesCsvSource(Source):
+    """A CSV of SMILES and targets, featurised like OGB, with a scaffold or random split.
+
+    Args:
+        path (str): the CSV file.
+        targets (Sequence[str]): target columns.
+        task_type (str): ``"binary"`` (0/1 targets, BCE, ROC-AUC) or ``"regression"`` (MSE, RMSE).
+        smiles_column (str, optional): (default: :obj:`"smiles"`)
+        split (str, optional): ``"scaffold"`` or ``"random"``. (default: :obj:`"scaffold"`)
+        split_ratios (Sequence[float], optional): train/valid/test fractions.
+        split_seed (int, optional): seed of the random split. (default: :obj:`0`)
+        metric (str | None, optional): OGB metric name; default ``rocauc`` / ``rmse``.
+        root (str, optional): cache folder. (default: :obj:`"data"`)
+        name (str, optional): label used in outputs. (default: :obj:`"smiles_csv"`)
+        columns (Sequence[str] | None, optional): column names for a CSV without a header row.
+        comment (str | None, optional): skip lines starting with this character.
+    """
+
+    _TASK_TYPES = {"binary": "binary classification", "regression": "regression"}
+    _METRICS = {"binary": ("rocauc", "ap"), "regression": ("rmse",)}
+
+    def __init__(
+        self,
+        path: str,
+        targets: Sequence[str],
+        task_type: str = "regression",
+        smiles_column: str = "smiles",
+        split: str = "scaffold",
+        split_ratios: Sequence[float] = (0.8, 0.1, 0.1),
+        split_seed: int = 0,
+        metric: str | None = None,
+        root: str = "data",
+        name: str = "smiles_csv",
+        columns: Sequence[str] | None = None,
+        comment: str | None = None,
+    ) -> None:
+        if task_type not in self._TASK_TYPES:
+            raise ConfigError(
+                f"dataset.task_type must be 'binary' or 'regression', got {task_type!r}"
+            )
+        if split not in ("scaffold", "random"):
+            raise ConfigError(f"dataset.split must be 'scaffold' or 'random', got {split!r}")
+        if isinstance(targets, str):
+            targets = [targets]
+        metric = metric or self._METRICS[task_type][0]
+        if metric not in self._METRICS[task_type]:
+            raise ConfigError(
+                f"dataset.metric={metric!r} does not fit task_type={task_type!r}; choose one of "
+                f"{list(self._METRICS[task_type])}"
+            )
+        self.path = path
+        self.targets = list(targets)
+        self.smiles_column = smiles_column
+        self.split = split
+        self.split_ratios = tuple(split_ratios)
+        self.split_seed = split_seed
+        self.root = root
+        self.name = name
+        self.columns = list(columns) if columns else None
+        self.comment = comment
+        self._task = TaskInfo(name, self._TASK_TYPES[task_type], len(self.targets), metric)
+
+    def task_info(self) -> TaskInfo:
+        return self._task
+
+    def task_names(self) -> list[str]:
+        """The target columns."""
+        return [str(t) for t in self.targets]
+
+    def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
+        dataset = SmilesCsvDataset(
+            self.path,
+            self.smiles_column,
+            self.targets,
+            self.root,
+            pre_transform=pre_transform,
+            columns=self.columns,
+            comment=self.comment,
         )
-    return float(ratios[0]), float(ratios[1]), float(ratios[2])
-
-
-def scaffold_split(
-    smiles: Sequence[str], ratios: Sequence[float] = (0.8, 0.1, 0.1)
-) -> dict[str, torch.Tensor]:
-    """Bemis-Murcko scaffold split, as OGB made its molecule splits: whole scaffold groups, the
-    largest first, fill train, then valid, then test; deterministic."""
-    scaffolds = [
-        MurckoScaffold.MurckoScaffoldSmiles(smiles=s, includeChirality=True) for s in smiles
-    ]
-    return group_split(scaffolds, ratios)
-
-
-def group_split(
-    groups_of: Sequence[str], ratios: Sequence[float] = (0.8, 0.1, 0.1)
-) -> dict[str, torch.Tensor]:
-    """Splits items by group key (a scaffold): whole groups, the largest first, fill train, then
-    valid, then test; deterministic."""
-    train_ratio, valid_ratio, _ = _check_ratios(ratios)
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, key in enumerate(groups_of):
-        groups[key].append(i)
-    ordered = sorted(groups.values(), key=lambda g: (-len(g), g[0]))
-    n = len(groups_of)
-    train_cut, valid_cut = train_ratio * n, (train_ratio + valid_ratio) * n
-    split: dict[str, list[int]] = {"train": [], "valid": [], "test": []}
-    for group in ordered:
-        if len(split["train"]) + len(group) <= train_cut:
-            split["train"] += group
-        elif len(split["train"]) + len(split["valid"]) + len(group) <= valid_cut:
-            split["valid"] += group
+        if self._task.is_classification:
+            _check_binary_labels(dataset, self.targets, self.path)
+        if self.split == "scaffold":
+            split = group_split(dataset.scaffolds, self.split_ratios)
         else:
-            split["test"] += group
-    return {k: torch.tensor(sorted(v), dtype=torch.long) for k, v in split.items()}
+            split = random_split(len(dataset), self.split_ratios, self.split_seed)
+        return LoadedDataset(dataset, split, self._task)
 
 
-def random_split(
-    num_graphs: int, ratios: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0
-) -> dict[str, torch.Tensor]:
-    """A seeded random split."""
-    train_ratio, valid_ratio, _ = _check_ratios(ratios)
-    order = torch.randperm(num_graphs, generator=torch.Generator().manual_seed(seed))
-    a, b = int(train_ratio * num_graphs), int((train_ratio + valid_ratio) * num_graphs)
-    return {
-        "train": order[:a].sort().values,
-        "valid": order[a:b].sort().values,
-        "test": order[b:].sort().values,
-    }
+def _check_binary_labels(dataset: SmilesCsvDataset, targets: list[str], path: str) -> None:
+    y = dataset.y.view(len(dataset), -1)
+    bad = ~(torch.isnan(y) | (y == 0) | (y == 1))
+    if bad.any():
+        column = int(bad.any(0).nonzero()[0])
+        graphs = bad[:, column].nonzero().view(-1)
+        rows = dataset.row.view(-1)[graphs].tolist()
+        values = sorted({float(v) for v in y[graphs, column].tolist()})[:5]
+        raise DataError(
+            f"target column {targets[column]!r} of {path} holds values other than 0 and 1 "
+            f"({values}) at rows {rows[:5]}{' and more' if len(rows) > 5 else ''} (0-based, "
+            "header excluded), but dataset.task_type=binary: use 0/1 labels (empty = missing), "
+            "or dataset.task_type=regression"
+        )

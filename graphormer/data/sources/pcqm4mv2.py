@@ -3,9 +3,9 @@ loader and held compactly.
 
 ``ogb.lsc.PygPCQM4Mv2Dataset`` builds one int64 ``Data`` per SMILES in a Python loop and collates
 all 3.7M in memory (several GB). Here ``ogb.lsc.PCQM4Mv2Dataset(only_smiles=True)`` reads OGB's raw
-CSV and split, the SMILES are featurised by OGB's own ``smiles2graph`` in several processes, and
-the graphs are stored once as flat arrays of small integers (``uint8`` atom and bond features and
-local node ids), memory-mapped when read: DataLoader workers share the pages instead of copying
+CSV and split, the SMILES are featurised by the one featuriser (``featurize_compact``: OGB's own
+``smiles2graph``) in several processes, and the graphs are stored once as flat arrays of small
+integers (``uint8`` atom and bond features and local node ids), memory-mapped when read: DataLoader workers share the pages instead of copying
 them. Structural features are not cached for this dataset (3.7M molecules would need ~15 GB of
 pair features); the collator computes them per batch, inside the DataLoader workers.
 """
@@ -19,30 +19,32 @@ import os.path as osp
 import shutil
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torch_geometric.data import Data
 
-from graphormer.data.ogb import (
+from graphormer.console import report
+from graphormer.data.featurize import featurize_compact
+from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.sources.folders import (
     DatasetCacheError,
     DatasetNotFoundError,
-    _check_release,
-    _remove_empty_tree,
-    _socket_timeout,
+    check_release,
     corrupt_cache_message,
+    remove_empty_tree,
 )
 from graphormer.data.tasks import TaskInfo
 from graphormer.errors import ConfigError, DataError
+from graphormer.safe_io import NUMPY_ARRAYS, allow, download_timeout
 
 __all__ = [
     "OFFICIAL_SIZES",
     "PCQM4MV2_SPLITS",
     "PCQM4Mv2Graphs",
     "PCQM4Mv2Source",
-    "allow_numpy_arrays",
-    "featurise_smiles",
     "write_compact",
 ]
 
@@ -58,61 +60,6 @@ OFFICIAL_SIZES = {
 # Bump when the stored layout changes, so that an old cache is rebuilt rather than misread.
 FORMAT = "compact_v1"
 _ARRAYS = ("x", "edge_index", "edge_attr", "node_ptr", "edge_ptr", "y")
-
-
-def allow_numpy_arrays() -> None:
-    """Let ``torch.load(weights_only=True)`` read numpy arrays (OGB's ``split_dict.pt`` holds
-    them): numpy's array reconstruction and dtypes only, which run no other code."""
-    core = getattr(np, "_core", None) or np.core
-    dtypes = [type(np.dtype(t)) for t in (np.int64, np.int32, np.float64, np.float32, np.bool_)]
-    torch.serialization.add_safe_globals(
-        [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
-    )
-
-
-def featurise_smiles(smiles: Sequence[str]) -> dict[str, np.ndarray]:
-    """OGB featurisation (``ogb.utils.smiles2graph``) of many SMILES, as flat compact arrays.
-
-    Returns ``x`` ``[N, 9]`` uint8, ``edge_index`` ``[2, E]`` int16 local node ids (each bond in
-    both directions, as OGB lists them), ``edge_attr`` ``[E, 3]`` uint8, ``num_nodes`` and
-    ``num_edges`` ``[G]`` int32, and ``failed`` (positions whose SMILES rdkit cannot parse; they
-    are kept as graphs without atoms, so that indices stay OGB's).
-    """
-    from ogb.utils import smiles2graph
-    from rdkit import RDLogger
-
-    RDLogger.DisableLog("rdApp.*")
-    xs, edges, attrs, nodes, edge_counts, failed = [], [], [], [], [], []
-    for position, text in enumerate(smiles):
-        try:
-            graph = smiles2graph(text)
-        except Exception:  # rdkit returns None for a SMILES it cannot parse; OGB then fails
-            failed.append(position)
-            nodes.append(0)
-            edge_counts.append(0)
-            continue
-        xs.append(graph["node_feat"])
-        edges.append(graph["edge_index"])
-        attrs.append(graph["edge_feat"])
-        nodes.append(graph["num_nodes"])
-        edge_counts.append(graph["edge_index"].shape[1])
-    return {
-        "x": _stack(xs, (0, 9), np.uint8, axis=0),
-        "edge_index": _stack(edges, (2, 0), np.int16, axis=1),
-        "edge_attr": _stack(attrs, (0, 3), np.uint8, axis=0),
-        "num_nodes": np.asarray(nodes, dtype=np.int32),
-        "num_edges": np.asarray(edge_counts, dtype=np.int32),
-        "failed": np.asarray(failed, dtype=np.int64),
-    }
-
-
-def _stack(parts: list[np.ndarray], empty: tuple[int, int], dtype, axis: int) -> np.ndarray:
-    if not parts:
-        return np.zeros(empty, dtype=dtype)
-    out = np.concatenate(parts, axis=axis)
-    if out.size and (out.min() < np.iinfo(dtype).min or out.max() > np.iinfo(dtype).max):
-        raise DataError(f"a feature value does not fit {np.dtype(dtype).name}; widen the storage")
-    return out.astype(dtype)
 
 
 def write_compact(
@@ -131,9 +78,9 @@ def write_compact(
     if processes > 1 and len(chunks) > 1:
         context = multiprocessing.get_context("spawn" if os.name != "posix" else "fork")
         with context.Pool(processes) as pool:
-            parts = pool.map(featurise_smiles, chunks, chunksize=1)
+            parts = pool.map(featurize_compact, chunks, chunksize=1)
     else:
-        parts = [featurise_smiles(c) for c in chunks]
+        parts = [featurize_compact(c) for c in chunks]
     num_nodes = np.concatenate([p["num_nodes"] for p in parts])
     num_edges = np.concatenate([p["num_edges"] for p in parts])
     offsets = np.cumsum([0] + [len(c) for c in chunks[:-1]])
@@ -228,7 +175,7 @@ class PCQM4Mv2Graphs(Dataset):
         )
 
 
-class PCQM4Mv2Source:
+class PCQM4Mv2Source(Source):
     """OGB-LSC's PCQM4Mv2: HOMO-LUMO gap regression scored by MAE
     (``ogb.lsc.PCQM4Mv2Evaluator``), with the official split. ``valid`` is the labelled
     evaluation split; ``test-dev`` and ``test-challenge`` have no labels (``scripts/eval.py
@@ -257,6 +204,34 @@ class PCQM4Mv2Source:
     def task_info(self) -> TaskInfo:
         return self._task
 
+    def node_counts(self, dataset: PCQM4Mv2Graphs) -> torch.Tensor:
+        return dataset.node_counts
+
+    def writes_predictions(self, split: str) -> bool:
+        """test-dev and test-challenge: the leaderboard's submission files."""
+        return split in PCQM4MV2_SPLITS and split not in LABELLED_SPLITS
+
+    def write_predictions(self, split: str, y_pred: torch.Tensor, folder: Path) -> Path:
+        """The leaderboard file for ``split`` (``y_pred_pcqm4m-v2_<split>.npz``), written by
+        ``ogb.lsc.PCQM4Mv2Evaluator.save_test_submission`` when the split has the official size."""
+        from ogb.lsc import PCQM4Mv2Evaluator
+
+        y_pred = y_pred.view(-1).cpu().numpy().astype(np.float32)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"y_pred_pcqm4m-v2_{split}.npz"
+        if len(y_pred) == OFFICIAL_SIZES[split]:
+            PCQM4Mv2Evaluator().save_test_submission({"y_pred": y_pred}, str(folder), split)
+            report(f"submission: {path.resolve()} ({len(y_pred):,} predictions, {self.name})")
+        else:
+            # OGB's writer asserts the official size; a subset gets the same file format, flagged.
+            np.savez_compressed(path, y_pred=y_pred)
+            report(
+                f"submission: {path.resolve()} ({len(y_pred):,} predictions; the official "
+                f"{split} split has {OFFICIAL_SIZES[split]:,}, so this is NOT a valid leaderboard "
+                "submission)"
+            )
+        return path
+
     @property
     def folder(self) -> str:
         return osp.join(self.root, "pcqm4m-v2")
@@ -265,9 +240,7 @@ class PCQM4Mv2Source:
     def processed(self) -> str:
         return osp.join(self.folder, "processed", FORMAT)
 
-    def load(self, pre_transform=None):  # noqa: ARG002  (never cached here: see the module doc)
-        from graphormer.data.sources import LoadedDataset
-
+    def load(self, pre_transform=None) -> LoadedDataset:  # noqa: ARG002  (never cached here)
         if not osp.isdir(self.processed):
             self.prepare()
         dataset = PCQM4Mv2Graphs(self.processed)
@@ -277,13 +250,13 @@ class PCQM4Mv2Source:
         """Reads OGB's raw CSV and split with ``ogb.lsc`` and writes the compact cache."""
         from ogb.lsc import PCQM4Mv2Dataset
 
-        _check_release("PCQM4Mv2", self.folder, "RELEASE_v1.txt")
-        allow_numpy_arrays()
+        check_release("PCQM4Mv2", self.folder, "RELEASE_v1.txt")
+        allow(NUMPY_ARRAYS)  # OGB's split_dict.pt holds numpy arrays
         try:
-            with _socket_timeout(60):
+            with download_timeout():
                 raw = PCQM4Mv2Dataset(root=self.root, only_smiles=True)
         except (OSError, SystemExit, ValueError) as error:  # no network; OGB exits on refusal
-            _remove_empty_tree(self.folder)
+            remove_empty_tree(self.folder)
             url = "https://dgl-data.s3-accelerate.amazonaws.com/dataset/OGB-LSC/pcqm4m-v2.zip"
             raise DatasetNotFoundError(
                 f"PCQM4Mv2 is not in {osp.abspath(self.folder)} and could not be downloaded "
