@@ -17,6 +17,7 @@ from graphormer.data.sampling import SizeGroupedBatchSampler, budget_batch_size,
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import TaskInfo
+from graphormer.devices import resolve_pad_to_multiple
 from graphormer.errors import ConfigError, DataError
 
 __all__ = ["GraphDataModule", "IndexedSubset"]
@@ -51,7 +52,9 @@ class GraphDataModule(pl.LightningDataModule):
             evaluation keeps every graph. (default: :obj:`128`)
         max_hops (int, optional): shortest-path edges per pair; must be >= the model's
             ``multi_hop_max_dist``. (default: :obj:`5`)
-        pad_to_multiple (int, optional): pad node counts to a multiple of this. (default: :obj:`8`)
+        pad_to_multiple (int | None, optional): pad node counts (plus the graph token) to a
+            multiple of this; None for the device's default (8 with a GPU, 1 on the CPU).
+            (default: :obj:`None`)
         on_the_fly (bool, optional): compute structural features per batch instead of caching them
             with the dataset (for datasets too large to cache). (default: :obj:`False`)
         group_by_size (bool, optional): batch graphs of similar size together (training: shuffled
@@ -75,14 +78,15 @@ class GraphDataModule(pl.LightningDataModule):
         num_workers: int = 0,
         max_nodes: int = 128,
         max_hops: int = 5,
-        pad_to_multiple: int = 8,
+        pad_to_multiple: int | None = None,
         on_the_fly: bool = False,
         group_by_size: bool = True,
         seed: int = 0,
         max_tokens: int | None = None,
     ) -> None:
         super().__init__()
-        optional = ("eval_batch_size", "max_tokens")  # null means: the default behaviour
+        # null means: the default behaviour
+        optional = ("eval_batch_size", "max_tokens", "pad_to_multiple")
         for key, value, least in (
             ("batch_size", batch_size, 1),
             ("eval_batch_size", eval_batch_size, 1),
@@ -105,6 +109,7 @@ class GraphDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         self.max_nodes = max_nodes
         self.max_tokens = max_tokens
+        pad_to_multiple = resolve_pad_to_multiple(pad_to_multiple, torch.cuda.is_available())
         self.pad_to_multiple = pad_to_multiple
         self.pre_transform = None if on_the_fly else StructuralFeatures(max_hops)
         self.collator = GraphormerCollator(max_hops=max_hops, pad_to_multiple=pad_to_multiple)

@@ -22,6 +22,7 @@ from graphormer.data.collate import GraphormerCollator
 from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles, smiles_feature_dims
 from graphormer.data.sampling import pack_by_tokens
 from graphormer.data.sources import Source, build_source
+from graphormer.devices import DEFAULT_PRECISION, PRECISIONS, resolve_pad_to_multiple
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, atom_labels
 from graphormer.training.module import GraphormerModule
@@ -41,20 +42,6 @@ _PROGRESS_MIN = 1000
 # A batch holds at most batch_size molecules and at most batch_size * 64^2 attention entries per
 # head, so that a few very large molecules never build one huge padded batch.
 _PAIRS_PER_MOLECULE = 64 * 64
-
-# Lightning's precision names (and their short aliases): (weights dtype, autocast dtype).
-_PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
-    "32-true": (torch.float32, None),
-    "32": (torch.float32, None),
-    "64-true": (torch.float64, None),
-    "64": (torch.float64, None),
-    "bf16-mixed": (torch.float32, torch.bfloat16),
-    "bf16": (torch.float32, torch.bfloat16),
-    "16-mixed": (torch.float32, torch.float16),
-    "16": (torch.float32, torch.float16),
-    "bf16-true": (torch.bfloat16, None),
-    "16-true": (torch.float16, None),
-}
 
 
 class UnpredictableMoleculeWarning(UserWarning):
@@ -113,7 +100,8 @@ class Predictor:
         task_names (Sequence[str] | None, optional): one name per task; default ``task_i``.
         max_hops (int | None, optional): path edges per pair in the batches (training's
             ``datamodule.max_hops``); None for the model's ``multi_hop_max_dist``.
-        pad_to_multiple (int, optional): batch padding, as in training. (default: :obj:`8`)
+        pad_to_multiple (int | None, optional): batch padding, as in training; None for the
+            device's default (8 on GPUs, 1 on the CPU). (default: :obj:`None`)
         device (str, optional): ``auto`` (a GPU if one is visible), ``cpu``, ``cuda``,
             ``cuda:1``... (default: :obj:`"auto"`)
         precision (str, optional): a Lightning precision name (``32-true``, ``bf16-mixed``,
@@ -141,9 +129,9 @@ class Predictor:
         task_names: Sequence[str] | None = None,
         *,
         max_hops: int | None = None,
-        pad_to_multiple: int = 8,
+        pad_to_multiple: int | None = None,
         device: str = "auto",
-        precision: str = "32-true",
+        precision: str = DEFAULT_PRECISION,
         batch_size: int = 128,
         max_atoms: int | None = 1000,
         training_smiles_column: str | None = None,
@@ -163,14 +151,16 @@ class Predictor:
         self.training_smiles_column = training_smiles_column
         self.device = _device(device)
         self.precision = str(precision)
-        if self.precision not in _PRECISIONS:
+        if self.precision not in PRECISIONS:
             raise ConfigError(
-                f"precision={precision!r} is not one of {sorted(_PRECISIONS)}; set precision=32-true"
+                f"precision={precision!r} is not one of {sorted(PRECISIONS)}; set "
+                f"precision={DEFAULT_PRECISION}"
             )
-        weights_dtype, self._autocast_dtype = _PRECISIONS[self.precision]
+        weights_dtype, self._autocast_dtype = PRECISIONS[self.precision]
         self.module.to(device=self.device, dtype=weights_dtype)
         hops = max_hops or module.config.multi_hop_max_dist
-        self.collator = GraphormerCollator(max_hops=int(hops), pad_to_multiple=pad_to_multiple)
+        padding = resolve_pad_to_multiple(pad_to_multiple, gpu=self.device.type == "cuda")
+        self.collator = GraphormerCollator(max_hops=int(hops), pad_to_multiple=padding)
         self.batch_size = int(batch_size)
         self.max_atoms = max_atoms
         # Seconds spent so far featurising (SMILES parsing, smiles2graph, structural features,
@@ -196,7 +186,6 @@ class Predictor:
         module = GraphormerModule.from_checkpoint(record)
         data = module.hparams.get("data") or {}
         datamodule = dict(data.get("datamodule") or {})
-        dataset = dict(data.get("dataset") or {})
         source = _stored_source(module)
         refusal = source.smiles_refusal() if source is not None else None
         if refusal is not None:
@@ -205,12 +194,12 @@ class Predictor:
             module,
             read_task_names(module),
             max_hops=datamodule.get("max_hops"),
-            pad_to_multiple=int(datamodule.get("pad_to_multiple") or 1),
+            pad_to_multiple=datamodule.get("pad_to_multiple"),
             device=device,
-            precision=precision or record.precision or "32-true",
+            precision=precision or record.precision or DEFAULT_PRECISION,
             batch_size=batch_size,
             max_atoms=max_atoms,
-            training_smiles_column=dataset.get("smiles_column") if "targets" in dataset else None,
+            training_smiles_column=source.smiles_column() if source is not None else None,
         )
 
     @property

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
+from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.tasks import TaskInfo
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
@@ -192,7 +193,7 @@ class GraphormerModule(pl.LightningModule):
         if stage != "fit" or self.task.is_classification or not self.hparams.normalize_targets:
             return
         datamodule = self.trainer.datamodule
-        if not hasattr(datamodule, "train_targets"):
+        if not isinstance(datamodule, GraphDataModule):
             raise ValueError(
                 "normalize_targets=True needs the training targets: fit with a GraphDataModule, "
                 "or set normalize_targets=False"

@@ -79,6 +79,11 @@ class Source(ABC):
         ``folder``; returns the file."""
         raise NotImplementedError(f"{type(self).__name__} writes no predictions for {split}")
 
+    def smiles_column(self) -> str | None:
+        """The column of the training file that holds SMILES, which prediction reads from a
+        user's file by default; None when the source has no such file."""
+        return None
+
     def smiles_refusal(self) -> str | None:
         """Why a model trained on this source cannot predict from SMILES (the text follows
         "checkpoint <path> "), or None when it can: its graphs are featurised as SMILES are."""

@@ -285,7 +285,7 @@ class SmilesCsvSource(Source):
             )
         self.path = path
         self.targets = list(targets)
-        self.smiles_column = smiles_column
+        self.smiles_column_name = smiles_column
         self.split = split
         self.split_ratios = tuple(split_ratios)
         self.split_seed = split_seed
@@ -302,10 +302,13 @@ class SmilesCsvSource(Source):
         """The target columns."""
         return [str(t) for t in self.targets]
 
+    def smiles_column(self) -> str:
+        return self.smiles_column_name
+
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         dataset = SmilesCsvDataset(
             self.path,
-            self.smiles_column,
+            self.smiles_column_name,
             self.targets,
             self.root,
             pre_transform=pre_transform,
