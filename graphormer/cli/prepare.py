@@ -29,7 +29,7 @@ def run(cfg: DictConfig) -> None:
     )
 
 
-@hydra.main(config_path="../configs", config_name="train", version_base="1.3")
+@hydra.main(config_path="../configs", config_name="prepare", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     run_reporting_errors(run, cfg)
 
