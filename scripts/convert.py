@@ -5,7 +5,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from graphormer.console import report
 from graphormer.errors import run_reporting_errors
-from graphormer.training.pretrained import convert_checkpoint
+from graphormer.interop import convert_checkpoint
 
 
 def convert(cfg: DictConfig) -> None:

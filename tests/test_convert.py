@@ -15,15 +15,16 @@ import torch
 from graphormer import checkpoint
 from graphormer.data import GraphormerCollator, StructuralFeatures, shortest_paths
 from graphormer.errors import UserFacingError
-from graphormer.models import Graphormer, GraphormerConfig
-from graphormer.models.convert import (
+from graphormer.interop import (
     ConversionError,
+    convert_checkpoint,
     from_huggingface,
     from_microsoft,
     to_microsoft,
 )
+from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import CheckpointError, GraphormerModule
-from graphormer.training.pretrained import convert_checkpoint, load_pretrained
+from graphormer.training.pretrained import load_pretrained
 
 from molecules import model_preset, nci_graphs, nci_smiles, to_data
 
@@ -194,7 +195,7 @@ def test_a_nonzero_edge_padding_row_is_reported(caplog):
     config = microsoft_config()
     settings, theirs = to_microsoft(config, random_model(config).state_dict())
     theirs[ENC + "graph_attn_bias.edge_encoder.weight"][0] = 1.0
-    with caplog.at_level(logging.WARNING, logger="graphormer.models.convert"):
+    with caplog.at_level(logging.WARNING, logger="graphormer.interop.microsoft"):
         from_microsoft(theirs, settings)
     assert "row 0 (padding) of edge_encoder is not zero" in caplog.text
 
