@@ -1,11 +1,25 @@
 """Convert published Graphormer weights: python scripts/convert.py source=PATH output=FILE.ckpt"""
 
+import shlex
+
 import hydra
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from graphormer.console import report
 from graphormer.errors import run_reporting_errors
-from graphormer.interop import convert_checkpoint
+from graphormer.interop import convert_checkpoint, fine_tune_overrides
+
+
+def model_presets() -> dict[str, dict]:
+    """Every ``configs/model`` preset, composed as train.py composes it."""
+    loader = GlobalHydra.instance().config_loader()
+    return {
+        name: OmegaConf.to_container(
+            hydra.compose(config_name="train", overrides=[f"model={name}"]).model, resolve=True
+        )
+        for name in loader.get_group_options("model")
+    }
 
 
 def convert(cfg: DictConfig) -> None:
@@ -27,9 +41,9 @@ def convert(cfg: DictConfig) -> None:
         f"{config.num_heads} heads, {layers}, {config.edge_encoding}, {config.num_tasks} output(s)"
     )
     report(f"wrote {path.resolve()}")
-    report(
-        f"fine-tune with: python scripts/train.py pretrained={path.resolve()} model=... dataset=..."
-    )
+    overrides = [f"pretrained={path.resolve()}", *fine_tune_overrides(config, model_presets())]
+    command = " ".join(shlex.quote(o) for o in overrides)
+    report(f"fine-tune with: python scripts/train.py {command} dataset=...")
 
 
 @hydra.main(config_path="../configs", config_name="convert", version_base="1.3")

@@ -4,6 +4,7 @@ trip through Microsoft's, the path choice they share, and fine-tuning that never
 import argparse
 import datetime
 import logging
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from graphormer import checkpoint
 from graphormer.data import GraphormerCollator, StructuralFeatures, shortest_paths
@@ -18,6 +21,7 @@ from graphormer.errors import UserFacingError
 from graphormer.interop import (
     ConversionError,
     convert_checkpoint,
+    fine_tune_overrides,
     from_huggingface,
     from_microsoft,
     to_microsoft,
@@ -257,6 +261,13 @@ def test_convert_script_writes_a_checkpoint_that_loads_exactly(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert f"wrote {output.resolve()}" in result.stdout
+    assert (result.stdout + result.stderr).count("wrote ") == 1
+    # The fine-tuning command it prints works as printed (the dataset is the user's to choose)
+    # and rebuilds the converted network.
+    words = shlex.split(result.stdout.split("fine-tune with: ")[1].splitlines()[0])
+    assert words[:2] == ["python", "scripts/train.py"] and words[-1] == "dataset=..."
+    assert words[2] == f"pretrained={output.resolve()}"
+    assert trained_model(words[3:-1]) == config
     record = checkpoint.load(output)
     module = GraphormerModule.from_checkpoint(record)
     assert record.task == {
@@ -278,6 +289,41 @@ def test_convert_script_writes_a_checkpoint_that_loads_exactly(tmp_path):
     table = Predictor.from_checkpoint(output, device="cpu").predict(list(nci_smiles()[1:4]))
     got = torch.tensor(table["task_0"].to_numpy(), dtype=torch.float32)
     torch.testing.assert_close(got, expected[:, 0], atol=1e-5, rtol=0)
+
+
+def trained_model(overrides: list[str], num_tasks: int = 1) -> GraphormerConfig:
+    """The network train.py builds with ``overrides``, for a dataset of ``num_tasks`` targets."""
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        model = compose(config_name="train", overrides=overrides).model
+    return GraphormerConfig.from_dict({**OmegaConf.to_container(model), "num_tasks": num_tasks})
+
+
+def converted_config(kind: str) -> GraphormerConfig:
+    if kind == "microsoft-base-like":
+        return microsoft_config()
+    if kind == "pre-LN single-hop":
+        return microsoft_config(
+            pre_layernorm=True, embedding_layernorm=False, edge_encoding="single_hop"
+        )
+    if kind == "own vocabulary":
+        return GraphormerConfig(num_layers=2, hidden_dim=16, atom_feature_dims=[7, 3], num_tasks=2)
+    return GraphormerConfig(**{**model_preset("graphormer_large"), "num_tasks": 128})
+
+
+@pytest.mark.parametrize(
+    "kind", ["microsoft-base-like", "pre-LN single-hop", "own vocabulary", "large preset"]
+)
+def test_fine_tune_overrides_rebuild_the_converted_network(kind):
+    config = converted_config(kind)
+    presets = {p.stem: model_preset(p.stem) for p in (REPO / "configs" / "model").glob("*.yaml")}
+    overrides = fine_tune_overrides(config, presets)
+    assert overrides[0].startswith("model=")
+    assert all(o.startswith("model.") for o in overrides[1:])
+    assert trained_model(overrides, num_tasks=config.num_tasks) == config
+    if kind == "large preset":
+        assert overrides == ["model=graphormer_large"]  # a preset needs nothing more
+    if kind == "microsoft-base-like":
+        assert overrides[0] == "model=graphormer_base_microsoft"
 
 
 def test_untrusted_pickles_are_refused_in_one_clear_line(tmp_path):

@@ -12,7 +12,7 @@ from graphormer.interop.huggingface import (
 from graphormer.interop.layouts import CONVENTIONS, ConversionError, IndexConvention
 from graphormer.interop.microsoft import from_microsoft
 from graphormer.interop.read import Source, read_source
-from graphormer.interop.write import convert_checkpoint, convert_source
+from graphormer.interop.write import convert_checkpoint, convert_source, fine_tune_overrides
 
 __all__ = [
     "CONVENTIONS",
@@ -21,6 +21,7 @@ __all__ = [
     "Source",
     "convert_checkpoint",
     "convert_source",
+    "fine_tune_overrides",
     "from_huggingface",
     "from_microsoft",
     "huggingface_settings",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from graphormer.interop.microsoft import from_microsoft
 from graphormer.interop.read import Source, read_source
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 
-__all__ = ["convert_checkpoint", "convert_source"]
+__all__ = ["convert_checkpoint", "convert_source", "fine_tune_overrides"]
 
 
 def convert_source(
@@ -139,3 +140,43 @@ def _task(settings: Mapping[str, Any], num_tasks: int, given: dict[str, Any]) ->
     )
     name = given.get("name") or settings.get("dataset_name") or "converted"
     return {"name": str(name), "task_type": task_type, "num_tasks": num_tasks, "metric": metric}
+
+
+def fine_tune_overrides(
+    config: GraphormerConfig, presets: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """The ``train.py`` overrides that rebuild ``config``'s network: ``model=NAME`` for the preset
+    with the fewest differing settings, then ``model.KEY=VALUE`` for each of those.
+
+    Args:
+        config (GraphormerConfig): the converted model's settings.
+        presets (Mapping[str, Mapping[str, Any]]): the model presets by name (the composed
+            ``configs/model/*.yaml``: :class:`GraphormerConfig` fields).
+
+    ``num_tasks`` is left out: a fine-tuning run takes it from its dataset.
+    """
+    target = config.to_dict()
+    keys = [f.name for f in fields(GraphormerConfig) if f.name != "num_tasks"]
+
+    def differing(preset: Mapping[str, Any]) -> list[str]:
+        built = GraphormerConfig.from_dict({**preset, "num_tasks": config.num_tasks}).to_dict()
+        return [k for k in keys if built[k] != target[k]]
+
+    if not presets:
+        return [f"model.{k}={_override_value(target[k])}" for k in keys]
+    name, different = min(
+        ((name, differing(values)) for name, values in sorted(presets.items())),
+        key=lambda found: len(found[1]),
+    )
+    return [f"model={name}", *(f"model.{k}={_override_value(target[k])}" for k in different)]
+
+
+def _override_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    return str(value)
