@@ -357,6 +357,36 @@ def test_untrusted_pickles_are_refused_in_one_clear_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_reading_a_source_leaves_the_process_allow_list_as_it_was(tmp_path):
+    """Sources are read by graphormer.safe_io's policy: a process-wide allow-list that only grows.
+    torch's safe_globals context would un-allow its classes on leaving, even those another reader
+    had allowed (here fairseq's argparse.Namespace)."""
+    from graphormer import safe_io
+    from graphormer.interop import read_source
+
+    safe_io.allow(safe_io.ARGPARSE_NAMESPACE)
+    config = microsoft_config()
+    source = read_source(write_fairseq(tmp_path / "ms.pt", config, random_model(config)))
+    assert source.layout == "microsoft" and source.settings["criterion"] == "l1_loss"
+    assert argparse.Namespace in torch.serialization.get_safe_globals()
+    torch.save({"args": argparse.Namespace(a=1)}, tmp_path / "args.pt")
+    assert safe_io.load_data(tmp_path / "args.pt")["args"].a == 1
+
+
+def test_interop_sits_beside_the_models_not_on_training():
+    code = (
+        "import sys, graphormer.interop; "
+        "print(sorted(m for m in sys.modules if m.startswith("
+        "('graphormer.training', 'graphormer.inference'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+    models = (REPO / "graphormer" / "models").rglob("*.py")
+    assert not [p.name for p in models if "graphormer.interop" in p.read_text()]
+
+
 def test_bad_sources_are_user_facing_errors(tmp_path):
     junk = tmp_path / "junk.pt"
     junk.write_text("not a checkpoint")
