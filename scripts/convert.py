@@ -1,41 +1,10 @@
-"""Convert published Graphormer weights: python scripts/convert.py source=PATH output=FILE.ckpt"""
+"""Convert published Graphormer weights: python scripts/convert.py source=PATH output=FILE.ckpt
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
+The same as the installed command ``graphormer-convert`` (graphormer/cli/convert.py), which takes
+the same KEY=VALUE overrides.
+"""
 
-from graphormer.console import report
-from graphormer.errors import run_reporting_errors
-from graphormer.training.pretrained import convert_checkpoint
-
-
-def convert(cfg: DictConfig) -> None:
-    values = OmegaConf.to_container(cfg, resolve=True)
-    path, config = convert_checkpoint(
-        values["source"],
-        values["output"],
-        trust_source=bool(values["trust_source"]),
-        convention=values["convention"],
-        settings=values["settings"],
-        atom_feature_dims=values["atom_feature_dims"],
-        bond_feature_dims=values["bond_feature_dims"],
-        num_tasks=values["num_tasks"],
-        task=values["task"],
-    )
-    layers = "pre-LN" if config.pre_layernorm else "post-LN"
-    report(
-        f"converted {values['source']}: {config.num_layers} x {config.hidden_dim}, "
-        f"{config.num_heads} heads, {layers}, {config.edge_encoding}, {config.num_tasks} output(s)"
-    )
-    report(f"wrote {path.resolve()}")
-    report(
-        f"fine-tune with: python scripts/train.py pretrained={path.resolve()} model=... dataset=..."
-    )
-
-
-@hydra.main(config_path="../configs", config_name="convert", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    run_reporting_errors(convert, cfg)
-
+from graphormer.cli.convert import main
 
 if __name__ == "__main__":
     main()

@@ -4,6 +4,7 @@ trip through Microsoft's, the path choice they share, and fine-tuning that never
 import argparse
 import datetime
 import logging
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -11,20 +12,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from molecules import model_preset, nci_graphs, nci_smiles, to_data
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from graphormer import checkpoint
 from graphormer.data import GraphormerCollator, StructuralFeatures, shortest_paths
 from graphormer.errors import UserFacingError
-from graphormer.models import Graphormer, GraphormerConfig
-from graphormer.models.convert import (
+from graphormer.interop import (
     ConversionError,
+    convert_checkpoint,
+    fine_tune_overrides,
     from_huggingface,
     from_microsoft,
     to_microsoft,
 )
+from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import CheckpointError, GraphormerModule
-from graphormer.training.pretrained import convert_checkpoint, load_pretrained
+from graphormer.training.pretrained import load_pretrained
+
+from helpers import CONFIGS, model_preset, nci_graphs, nci_smiles, to_data
 
 REPO = Path(__file__).resolve().parents[1]
 ENC = "encoder.graph_encoder."
@@ -193,7 +199,7 @@ def test_a_nonzero_edge_padding_row_is_reported(caplog):
     config = microsoft_config()
     settings, theirs = to_microsoft(config, random_model(config).state_dict())
     theirs[ENC + "graph_attn_bias.edge_encoder.weight"][0] = 1.0
-    with caplog.at_level(logging.WARNING, logger="graphormer.models.convert"):
+    with caplog.at_level(logging.WARNING, logger="graphormer.interop.microsoft"):
         from_microsoft(theirs, settings)
     assert "row 0 (padding) of edge_encoder is not zero" in caplog.text
 
@@ -255,6 +261,13 @@ def test_convert_script_writes_a_checkpoint_that_loads_exactly(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert f"wrote {output.resolve()}" in result.stdout
+    assert (result.stdout + result.stderr).count("wrote ") == 1
+    # The fine-tuning command it prints works as printed (the dataset is the user's to choose)
+    # and rebuilds the converted network.
+    words = shlex.split(result.stdout.split("fine-tune with: ")[1].splitlines()[0])
+    assert words[0] == "graphormer-train" and words[-1] == "dataset=..."
+    assert words[1] == f"pretrained={output.resolve()}"
+    assert trained_model(words[2:-1]) == config
     record = checkpoint.load(output)
     module = GraphormerModule.from_checkpoint(record)
     assert record.task == {
@@ -276,6 +289,41 @@ def test_convert_script_writes_a_checkpoint_that_loads_exactly(tmp_path):
     table = Predictor.from_checkpoint(output, device="cpu").predict(list(nci_smiles()[1:4]))
     got = torch.tensor(table["task_0"].to_numpy(), dtype=torch.float32)
     torch.testing.assert_close(got, expected[:, 0], atol=1e-5, rtol=0)
+
+
+def trained_model(overrides: list[str], num_tasks: int = 1) -> GraphormerConfig:
+    """The network train.py builds with ``overrides``, for a dataset of ``num_tasks`` targets."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        model = compose(config_name="train", overrides=overrides).model
+    return GraphormerConfig.from_dict({**OmegaConf.to_container(model), "num_tasks": num_tasks})
+
+
+def converted_config(kind: str) -> GraphormerConfig:
+    if kind == "microsoft-base-like":
+        return microsoft_config()
+    if kind == "pre-LN single-hop":
+        return microsoft_config(
+            pre_layernorm=True, embedding_layernorm=False, edge_encoding="single_hop"
+        )
+    if kind == "own vocabulary":
+        return GraphormerConfig(num_layers=2, hidden_dim=16, atom_feature_dims=[7, 3], num_tasks=2)
+    return GraphormerConfig(**{**model_preset("graphormer_large"), "num_tasks": 128})
+
+
+@pytest.mark.parametrize(
+    "kind", ["microsoft-base-like", "pre-LN single-hop", "own vocabulary", "large preset"]
+)
+def test_fine_tune_overrides_rebuild_the_converted_network(kind):
+    config = converted_config(kind)
+    presets = {p.stem: model_preset(p.stem) for p in (CONFIGS / "model").glob("*.yaml")}
+    overrides = fine_tune_overrides(config, presets)
+    assert overrides[0].startswith("model=")
+    assert all(o.startswith("model.") for o in overrides[1:])
+    assert trained_model(overrides, num_tasks=config.num_tasks) == config
+    if kind == "large preset":
+        assert overrides == ["model=graphormer_large"]  # a preset needs nothing more
+    if kind == "microsoft-base-like":
+        assert overrides[0] == "model=graphormer_base_microsoft"
 
 
 def test_untrusted_pickles_are_refused_in_one_clear_line(tmp_path):
@@ -307,6 +355,36 @@ def test_untrusted_pickles_are_refused_in_one_clear_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().startswith("error: source=") and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_reading_a_source_leaves_the_process_allow_list_as_it_was(tmp_path):
+    """Sources are read by graphormer.safe_io's policy: a process-wide allow-list that only grows.
+    torch's safe_globals context would un-allow its classes on leaving, even those another reader
+    had allowed (here fairseq's argparse.Namespace)."""
+    from graphormer import safe_io
+    from graphormer.interop import read_source
+
+    safe_io.allow(safe_io.ARGPARSE_NAMESPACE)
+    config = microsoft_config()
+    source = read_source(write_fairseq(tmp_path / "ms.pt", config, random_model(config)))
+    assert source.layout == "microsoft" and source.settings["criterion"] == "l1_loss"
+    assert argparse.Namespace in torch.serialization.get_safe_globals()
+    torch.save({"args": argparse.Namespace(a=1)}, tmp_path / "args.pt")
+    assert safe_io.load_data(tmp_path / "args.pt")["args"].a == 1
+
+
+def test_interop_sits_beside_the_models_not_on_training():
+    code = (
+        "import sys, graphormer.interop; "
+        "print(sorted(m for m in sys.modules if m.startswith("
+        "('graphormer.training', 'graphormer.inference'))))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+    models = (REPO / "graphormer" / "models").rglob("*.py")
+    assert not [p.name for p in models if "graphormer.interop" in p.read_text()]
 
 
 def test_bad_sources_are_user_facing_errors(tmp_path):

@@ -1,5 +1,5 @@
-"""Pre-trained weights: published Graphormer checkpoints converted into ours, and fine-tuning a new
-run from a checkpoint without ever loading it silently wrong."""
+"""Fine-tuning a new run from a checkpoint of ours (trained, or converted by
+:mod:`graphormer.interop`) without ever loading it silently wrong."""
 
 from __future__ import annotations
 
@@ -9,15 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
-from graphormer.models.convert import convert_source, read_source
 from graphormer.models.graphormer import GraphormerConfig
 from graphormer.training.module import GraphormerModule
 
-__all__ = ["PretrainedReport", "convert_checkpoint", "load_pretrained"]
+__all__ = ["PretrainedReport", "load_pretrained"]
 
 log = logging.getLogger(__name__)
 
@@ -200,95 +197,3 @@ def _setting_differences(
             name = "embedding_layernorm" if key == "uses_embedding_layernorm" else key
             differences.append(f"model.{name} {a!r} vs {b!r}")
     return differences
-
-
-# -- published checkpoints ------------------------------------------------------------------
-
-
-def convert_checkpoint(
-    source: str | Path,
-    output: str | Path,
-    *,
-    trust_source: bool = False,
-    convention: str | None = None,
-    settings: Mapping[str, Any] | None = None,
-    atom_feature_dims: list[int] | None = None,
-    bond_feature_dims: list[int] | None = None,
-    num_tasks: int | None = None,
-    task: Mapping[str, Any] | None = None,
-) -> tuple[Path, GraphormerConfig]:
-    """Converts Microsoft's or Hugging Face's Graphormer weights into a checkpoint of ours, which
-    ``pretrained=``, ``eval.py`` and the prediction tools read.
-
-    Args:
-        source (str | Path): a Microsoft fairseq checkpoint (``.pt``), a Hugging Face model folder
-            (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``), or a bare state dict
-            in either layout.
-        output (str | Path): the checkpoint to write.
-        trust_source (bool, optional): unpickle the whole source file (it can run code).
-        convention (str | None, optional): ``microsoft`` or ``huggingface``: the data pipeline
-            the weights were trained with; None for the source's own.
-        settings (Mapping[str, Any] | None, optional): architecture settings the tensors cannot
-            show, in the source's names (``multi_hop_max_dist``, ``spatial_pos_max``, ``dropout``,
-            ``attention_dropout``, ``act_dropout``...); None values are ignored.
-        atom_feature_dims, bond_feature_dims (list[int] | None, optional): vocabularies; None for
-            OGB's molecule featurisation.
-        num_tasks (int | None, optional): outputs of a new head when the source has none.
-        task (Mapping[str, Any] | None, optional): ``name``, ``task_type``, ``metric`` of the
-            model's task (defaults: the source's dataset name, regression for one output and
-            binary classification for several, ``mae`` for a source trained with an L1 loss
-            (Microsoft's PCQM4M runs), else ``rmse`` / ``rocauc``).
-
-    Returns:
-        ``(path, config)``: the written checkpoint and the converted model's settings.
-    """
-    read = read_source(source, trust_source=trust_source)
-    overrides = {k: v for k, v in (settings or {}).items() if v is not None}
-    config, state = convert_source(
-        read,
-        convention=convention,
-        settings=overrides,
-        atom_feature_dims=atom_feature_dims,
-        bond_feature_dims=bond_feature_dims,
-        num_tasks=num_tasks,
-    )
-    task_info = _task(read.settings, config.num_tasks, dict(task or {}))
-    state_dict = {f"model.{k}": v for k, v in state.items()}
-    state_dict["target_mean"] = torch.zeros(config.num_tasks)
-    state_dict["target_std"] = torch.ones(config.num_tasks)
-    hyper_parameters = {
-        "model": config.to_dict(),
-        "task": task_info,
-        # A converted model has no training data of ours: eval.py needs a dataset given to it.
-        "data": None,
-        "normalize_targets": False,
-    }
-    # The module the checkpoint describes must accept these weights exactly.
-    module = GraphormerModule(**hyper_parameters)
-    module.load_state_dict(state_dict)
-    converted_from = {
-        "source": str(read.path.resolve()),
-        "layout": read.layout,
-        "convention": convention or read.layout,
-    }
-    path = checkpoints.save(output, state_dict, hyper_parameters, converted_from=converted_from)
-    return path, config
-
-
-def _task(settings: Mapping[str, Any], num_tasks: int, given: dict[str, Any]) -> dict[str, Any]:
-    criterion = str(settings.get("criterion") or "")
-    task_type = given.get("task_type")
-    if task_type is None:
-        classify = "binary" in criterion or (num_tasks > 1 and "l1" not in criterion)
-        task_type = "binary classification" if classify else "regression"
-    if task_type not in ("binary classification", "regression"):
-        raise CheckpointError(
-            f"task.task_type={task_type!r}: give 'regression' or 'binary classification'"
-        )
-    # Microsoft's PCQM4M runs train with l1_loss and are scored by MAE, the other regressions RMSE.
-    regression_metric = "mae" if "l1" in criterion else "rmse"
-    metric = given.get("metric") or (
-        "rocauc" if task_type == "binary classification" else regression_metric
-    )
-    name = given.get("name") or settings.get("dataset_name") or "converted"
-    return {"name": str(name), "task_type": task_type, "num_tasks": num_tasks, "metric": metric}
