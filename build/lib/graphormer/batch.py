@@ -1,0 +1,54 @@
+"""The dense batch: the contract between the data pipeline (which builds it) and the model (which
+reads it). It lives here, outside both packages, so that ``graphormer.models`` needs torch alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+__all__ = ["GraphormerBatch"]
+
+
+@dataclass
+class GraphormerBatch:
+    """A padded batch of ``B`` graphs of at most ``N`` nodes.
+
+    Attributes:
+        x: ``[B, N, F]`` long categorical node features (0 at padding).
+        in_degree, out_degree: ``[B, N]`` long.
+        spatial_pos: ``[B, N, N]`` int16 hop distances, -1 when unreachable or padding.
+        edge_path: ``[B, N, N, K]`` rows of :attr:`edge_attr` along one shortest path, -1 past its
+            end (int16 while the batch has fewer than 32,768 edges, else int32).
+        edge_attr: ``[E, F_e]`` long categorical edge features of all graphs of the batch.
+        node_mask: ``[B, N]`` bool, True at real nodes.
+        y: ``[B, T]`` float targets (NaN where missing), or None.
+        index: ``[B]`` long dataset indices of the graphs (for exact distributed evaluation).
+    """
+
+    x: Tensor
+    in_degree: Tensor
+    out_degree: Tensor
+    spatial_pos: Tensor
+    edge_path: Tensor
+    edge_attr: Tensor
+    node_mask: Tensor
+    y: Tensor | None = None
+    index: Tensor | None = None
+
+    @property
+    def num_graphs(self) -> int:
+        return self.x.size(0)
+
+    def _apply(self, fn) -> GraphormerBatch:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return GraphormerBatch(
+            **{k: fn(v) if isinstance(v, Tensor) else v for k, v in values.items()}
+        )
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> GraphormerBatch:
+        return self._apply(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> GraphormerBatch:
+        return self._apply(lambda t: t.pin_memory())

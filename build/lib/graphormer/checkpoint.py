@@ -1,0 +1,222 @@
+"""The one checkpoint record: what a graphormer checkpoint holds, written and read here alone.
+
+A checkpoint is a Lightning checkpoint (so that ``Trainer.fit(ckpt_path=...)`` resumes it) read
+as data, never as code (``weights_only``, see :mod:`graphormer.safe_io`). Beside Lightning's own
+entries it holds:
+
+- ``hyper_parameters``: ``model`` (the network's settings), ``task`` (name, type, tasks, metric),
+  ``data`` (the dataset and datamodule settings of the run, or None for converted weights), and
+  the training settings (optimiser, loss, FLAG, target normalisation);
+- ``graphormer`` (:data:`META_KEY`): ``format_version``, the package ``version`` that wrote it,
+  the training ``precision``, the SHA-256 of the weights, and for converted weights where they
+  came from (``converted_from``).
+
+Format versions: 1 is every checkpoint written before the format had a number (the same layout,
+no ``format_version``); 2 adds the number. A file of a newer format than this package reads is
+refused with a message saying so, rather than misread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import warnings
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import graphormer
+from graphormer.errors import UserFacingError
+from graphormer.safe_io import load_data, unpickling_reason
+
+__all__ = [
+    "FORMAT_VERSION",
+    "META_KEY",
+    "CheckpointError",
+    "CheckpointRecord",
+    "load",
+    "meta_entry",
+    "save",
+    "weights_digest",
+]
+
+FORMAT_VERSION = 2
+# Where graphormer keeps its own entry in a checkpoint (format, version, precision, digest).
+META_KEY = "graphormer"
+_DIGEST = "weights_sha256"
+_REQUIRED = ("model", "task", "data")
+
+
+class CheckpointError(UserFacingError, ValueError):
+    """A checkpoint is missing, unreadable, or not one that graphormer wrote."""
+
+
+def weights_digest(state_dict: Mapping[str, Any]) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name]
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def meta_entry(
+    state_dict: Mapping[str, Any], precision: str | None, **extra: Any
+) -> dict[str, Any]:
+    """The ``graphormer`` entry of a checkpoint holding ``state_dict``: format, version,
+    precision, the weights' digest, and ``extra`` values (e.g. ``converted_from``)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "version": graphormer.__version__,
+        "precision": precision,
+        _DIGEST: weights_digest(state_dict),
+        **extra,
+    }
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A checkpoint read back: its settings, weights and metadata.
+
+    Attributes:
+        path: the file it was read from.
+        state_dict: the module's tensors (``model.*``, ``target_mean``, ``target_std``).
+        hyper_parameters: the module's arguments (``model``, ``task``, ``data``, optimiser ...).
+        meta: the ``graphormer`` entry (format, version, precision, digest, ``converted_from``).
+        format_version: 1 for files written before the format was numbered.
+    """
+
+    path: Path
+    state_dict: dict[str, torch.Tensor]
+    hyper_parameters: dict[str, Any]
+    meta: dict[str, Any]
+    format_version: int
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return dict(self.hyper_parameters.get("model") or {})
+
+    @property
+    def task(self) -> dict[str, Any]:
+        return dict(self.hyper_parameters.get("task") or {})
+
+    @property
+    def data(self) -> dict[str, Any] | None:
+        """The run's ``dataset`` and ``datamodule`` settings; None for converted weights."""
+        data = self.hyper_parameters.get("data")
+        return dict(data) if isinstance(data, Mapping) else None
+
+    @property
+    def precision(self) -> str | None:
+        """The precision the run trained in (None if not recorded)."""
+        value = self.meta.get("precision")
+        return str(value) if value else None
+
+
+def save(
+    path: str | Path,
+    state_dict: Mapping[str, torch.Tensor],
+    hyper_parameters: Mapping[str, Any],
+    *,
+    precision: str | None = None,
+    **extra: Any,
+) -> Path:
+    """Writes a checkpoint that :func:`load` (and ``pretrained=``, ``eval.py``, the Predictor)
+    reads: for weights that no Lightning run wrote (conversion, tools). The file appears whole
+    or not at all (written under a temporary name, then renamed)."""
+    import lightning
+
+    state_dict = dict(state_dict)
+    checkpoint = {
+        "state_dict": state_dict,
+        "hyper_parameters": dict(hyper_parameters),
+        "pytorch-lightning_version": lightning.__version__,
+        META_KEY: meta_entry(state_dict, precision, **extra),
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        torch.save(checkpoint, partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def load(path: str | Path) -> CheckpointRecord:
+    """Reads a checkpoint written by graphormer (tensors and plain values only) and verifies the
+    digest of its weights.
+
+    Raises:
+        CheckpointError: the file is missing, unreadable, holds more than data, was not written
+            by graphormer, is of a newer format, or its weights do not match their digest.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(
+            f"checkpoint {path} does not exist; pass ckpt= the path train.py printed "
+            "(outputs/.../checkpoints/best-*.ckpt or last.ckpt)"
+        )
+    try:
+        checkpoint = load_data(path)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read as data ({unpickling_reason(error)}); graphormer "
+            "never runs code from a checkpoint. Use a checkpoint written by graphormer's "
+            "train.py or convert.py."
+        ) from error
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({type(error).__name__}: {first}); it is "
+            "truncated, corrupt or not a PyTorch checkpoint. Use another checkpoint of the run "
+            "(e.g. last.ckpt)."
+        ) from error
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise CheckpointError(f"{path} is not a Lightning checkpoint (no state_dict)")
+    hparams = checkpoint.get("hyper_parameters")
+    missing = [k for k in _REQUIRED if not isinstance(hparams, dict) or k not in hparams]
+    if missing:
+        raise CheckpointError(
+            f"{path} was not written by graphormer's train.py: its hyper_parameters lack {missing}"
+        )
+    meta = checkpoint.get(META_KEY)
+    meta = dict(meta) if isinstance(meta, dict) else {}
+    version = meta.get("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"checkpoint {path} has an invalid format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} is of format {version}, written by graphormer "
+            f"{meta.get('version', '?')}; this graphormer ({graphormer.__version__}) reads formats "
+            f"up to {FORMAT_VERSION}: upgrade graphormer to read it"
+        )
+    _verify_digest(path, checkpoint["state_dict"], meta)
+    return CheckpointRecord(path, checkpoint["state_dict"], dict(hparams), meta, version)
+
+
+def _verify_digest(path: Path, state_dict: dict[str, Any], meta: dict[str, Any]) -> None:
+    stored = meta.get(_DIGEST)
+    if stored is None:
+        warnings.warn(
+            f"checkpoint {path} carries no digest of its weights (written by another tool), so "
+            "damage to it cannot be detected",
+            stacklevel=3,
+        )
+        return
+    if weights_digest(state_dict) != stored:
+        raise CheckpointError(
+            f"the weights in checkpoint {path} do not match the digest stored when it was saved: "
+            "the file was altered or damaged after training. Use another checkpoint of the run "
+            "(e.g. last.ckpt) or copy it again from its source."
+        )

@@ -1,0 +1,45 @@
+"""``graphormer-eval`` (``python scripts/eval.py``): score a checkpoint.
+
+graphormer-eval ckpt=PATH [split=valid|test|all] [dataset.root=DIR] [output=FILE.json]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from graphormer.cli.common import plain, run_reporting_errors
+
+__all__ = ["main", "run"]
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    from graphormer.training.evaluation import evaluate
+
+    values = plain(cfg)
+    dataset = values.get("dataset") or {}
+    output = values.get("output") or Path(values["output_dir"]) / "eval_metrics.json"
+    return evaluate(
+        values["ckpt"],
+        split=str(values["split"]),
+        output=output,
+        dataset_root=dataset.get("root"),
+        dataset_path=dataset.get("path"),
+        accelerator=values["accelerator"],
+        precision=values.get("precision"),
+        batch_size=values.get("batch_size"),
+        max_tokens=values.get("max_tokens"),
+        num_workers=values.get("num_workers"),
+    )
+
+
+@hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_reporting_errors(run, cfg)
+
+
+if __name__ == "__main__":
+    main()

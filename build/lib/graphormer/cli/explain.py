@@ -1,0 +1,84 @@
+"""``graphormer-explain`` (``python scripts/explain.py``): attention pictures of molecules.
+
+graphormer-explain ckpt=PATH smiles=SMILES output=DIR
+
+Writes DIR/mol_<i>/: rollout.png and layers.png (atoms shaded by the graph token's attention),
+heads_layer<l>.png (per-head heatmaps), attention.npy and rollout.npy (the raw maps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.console import report
+from graphormer.errors import ConfigError, DataError
+
+__all__ = ["main", "run"]
+
+# Molecules whose attention is computed in one batch.
+_BATCH = 16
+
+
+def run(cfg: DictConfig) -> list[Path]:
+    """Writes, for each SMILES of ``smiles``, a folder ``output/mol_<i>`` of pictures and maps
+    (see :func:`~graphormer.inference.write_explanation`); returns the folders."""
+    from graphormer.data.featurize import featurize_smiles
+    from graphormer.inference.explain import write_explanation
+    from graphormer.inference.predictor import Predictor
+
+    cfg = plain(cfg)
+    smiles = _smiles_list(cfg.get("smiles"))
+    if not cfg.get("output"):
+        raise ConfigError("give output=DIR, the folder to write the pictures to")
+    predictor = Predictor.from_checkpoint(
+        cfg["ckpt"],
+        device=cfg["device"],
+        precision=cfg.get("precision"),
+        max_atoms=cfg.get("max_atoms"),
+    )
+    # Every molecule is checked before anything is written.
+    featurized = featurize_smiles(smiles, predictor.max_atoms)
+    bad = [
+        f"{s!r} (item {i}): {e}"
+        for i, (s, e) in enumerate(zip(smiles, featurized.errors, strict=True))
+        if e
+    ]
+    if bad:
+        raise DataError(f"cannot explain {'; '.join(bad)}")
+
+    output = Path(cfg["output"]).expanduser()
+    width = len(str(len(smiles) - 1))
+    folders = []
+    for start in range(0, len(smiles), _BATCH):
+        for offset, maps in enumerate(predictor.attention_maps(smiles[start : start + _BATCH])):
+            folder = output / f"mol_{start + offset:0{width}d}"
+            write_explanation(maps, folder, size=cfg["size"])
+            folders.append(folder)
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in maps.predictions.items())
+            report(f"{maps.smiles}: {shown}\n  pictures: {folder.resolve()}")
+    return folders
+
+
+def _smiles_list(value: object) -> list[str]:
+    if isinstance(value, str) and value:
+        return [value]
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value):
+        return [str(s) for s in value]
+    raise ConfigError(
+        "give smiles=SMILES or smiles=[...], the molecules to explain; quote SMILES with "
+        "( ) = # [ ] or dots: 'smiles=\"CC(=O)Oc1ccccc1C(=O)O\"'"
+    )
+
+
+@hydra.main(config_path="../configs", config_name="explain", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_reporting_errors(run, cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""``graphormer-predict`` (``python scripts/predict.py``): score the molecules of a CSV (or of the
+command line) with a checkpoint.
+
+graphormer-predict ckpt=PATH input=mols.csv [smiles_column=smiles] [output=preds.csv]
+graphormer-predict ckpt=PATH smiles=[CCO,c1ccccc1O] [embeddings=FILE.npy|.parquet]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import hydra
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig
+
+from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.console import report
+from graphormer.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from graphormer.inference.predictor import Predictions
+
+__all__ = ["format_table", "main", "read_input", "run", "write_embeddings"]
+
+_EMBEDDING_FORMATS = (".npy", ".parquet")
+_SHOWN_ROWS = 5
+
+
+def run(cfg: DictConfig) -> pd.DataFrame:
+    """Predicts ``input`` (a CSV) or ``smiles`` (a list) with ``ckpt``; writes ``output`` (a CSV)
+    or prints the table, and ``embeddings`` (``.npy``/``.parquet``)."""
+    from graphormer.inference.predictor import Predictor, UnpredictableMoleculeWarning
+
+    cfg = plain(cfg)
+    embeddings = _embeddings_path(cfg.get("embeddings"))
+    output = Path(str(cfg["output"])).expanduser() if cfg.get("output") else None
+    for key, path in (("output", output), ("embeddings", embeddings)):
+        if path is not None and path.is_dir():
+            raise ConfigError(f"{key}={path} is a folder; give a file name, e.g. {path}/out.csv")
+    predictor = Predictor.from_checkpoint(
+        cfg["ckpt"],
+        device=cfg["device"],
+        precision=cfg.get("precision"),
+        batch_size=cfg["batch_size"],
+        max_atoms=cfg.get("max_atoms"),
+    )
+    column = cfg.get("smiles_column") or predictor.training_smiles_column or "smiles"
+    table, column = read_input(cfg.get("input"), cfg.get("smiles"), column)
+
+    with warnings.catch_warnings():
+        # The summary below names the rows without a prediction.
+        warnings.simplefilter("ignore", UnpredictableMoleculeWarning)
+        result = predictor.run(
+            table[column].tolist(), embeddings=embeddings is not None, progress=cfg["progress"]
+        )
+    out = predictor.table(table, result)
+    try:
+        if output is not None:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            out.to_csv(output, index=False)
+        else:
+            print(format_table(out))
+        if embeddings is not None:
+            write_embeddings(embeddings, result.embeddings)
+    except OSError as error:
+        raise DataError(f"cannot write {error.filename or output}: {error.strerror}") from error
+    _report(result, len(out), output, embeddings)
+    return out
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The whole table as text: text columns left-aligned, numbers right-aligned, and empty
+    predictions blank (as in the CSV)."""
+    formatters = {}
+    for column in table.columns:
+        if not pd.api.types.is_numeric_dtype(table[column]):
+            texts = ["" if v is None or v != v else str(v) for v in table[column]]
+            width = max(len(str(column)), *(len(t) for t in texts))
+            formatters[column] = lambda v, width=width: (
+                "" if v is None or v != v else str(v)
+            ).ljust(width)
+    text = table.to_string(index=False, formatters=formatters, justify="left", na_rep="")
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def read_input(
+    path: str | None, smiles: Sequence[str] | str | None, smiles_column: str
+) -> tuple[pd.DataFrame, str]:
+    """The table to predict and its SMILES column: a CSV's columns kept as the text they hold
+    (so that IDs such as ``007`` are written back unchanged), or a one-column table of
+    ``smiles``."""
+    if path and smiles is not None:
+        raise ConfigError("give either input=FILE.csv or smiles=[...], not both")
+    if smiles is not None:
+        if isinstance(smiles, list | tuple):
+            smiles = list(smiles)
+        else:
+            smiles = [smiles]  # one SMILES (Hydra reads a bare `smiles=C` as a string)
+        if not smiles:
+            raise ConfigError(
+                "smiles= is empty: give one or more SMILES, e.g. smiles=[CCO,c1ccccc1O]; quote "
+                'SMILES with ( ) = # [ ] or dots: \'smiles=["CC(=O)O","[Na+].[Cl-]"]\''
+            )
+        return pd.DataFrame({"smiles": [str(s) for s in smiles]}), "smiles"
+    if not path:
+        raise ConfigError(
+            "nothing to predict: give input=FILE.csv (with a SMILES column) or smiles=[CCO,...]"
+        )
+    file = Path(path).expanduser()
+    if not file.is_file():
+        what = "is a folder" if file.is_dir() else "does not exist"
+        raise DataError(f"input={path} {what}; give the path of a CSV of SMILES")
+    sep = "\t" if file.suffix.lower() in (".tsv", ".tab") else ","
+    try:
+        table = pd.read_csv(file, sep=sep, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError as error:
+        raise DataError(f"input={path} is empty: it needs a header row and SMILES") from error
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DataError(f"input={path} is not a readable CSV ({first})") from error
+    if smiles_column not in table.columns:
+        raise DataError(
+            f"input={path} has no column {smiles_column!r}; its columns are "
+            f"{list(table.columns)}. Set smiles_column= to the column holding SMILES (a file "
+            "without a header row needs one)."
+        )
+    if len(table) == 0:
+        raise DataError(f"input={path} has a header but no rows: nothing to predict")
+    return table, smiles_column
+
+
+def write_embeddings(path: Path, embeddings: np.ndarray) -> None:
+    """``.npy``: the ``[n, d]`` float32 array; ``.parquet``: columns ``emb_0 .. emb_{d-1}``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".npy":
+        np.save(path, embeddings)
+    else:
+        columns = [f"emb_{j}" for j in range(embeddings.shape[1])]
+        pd.DataFrame(embeddings, columns=columns).to_parquet(path, index=False)
+
+
+def _embeddings_path(value: Any) -> Path | None:
+    if not value:
+        return None
+    path = Path(str(value)).expanduser()
+    suffix = path.suffix.lower()
+    if suffix not in _EMBEDDING_FORMATS:
+        raise ConfigError(
+            f"embeddings={value}: write embeddings to a .npy or .parquet file, e.g. "
+            "embeddings=embeddings.npy"
+        )
+    if suffix == ".parquet" and not any(
+        importlib.util.find_spec(engine) for engine in ("pyarrow", "fastparquet")
+    ):
+        raise ConfigError(
+            f"embeddings={value}: writing .parquet needs pyarrow (pip install pyarrow, or "
+            "pip install 'graphormer[parquet]'); or write embeddings=FILE.npy"
+        )
+    return path
+
+
+def _report(result: Predictions, rows: int, output: Path | None, embeddings: Path | None) -> None:
+    failed = [i for i, error in enumerate(result.errors) if error]
+    lines = [f"predicted {rows - len(failed)} of {rows} molecules"]
+    if failed:
+        shown = ", ".join(str(i) for i in failed[:_SHOWN_ROWS])
+        more = f" and {len(failed) - _SHOWN_ROWS} more" if len(failed) > _SHOWN_ROWS else ""
+        lines.append(
+            f"no prediction for {len(failed)} row(s) ({shown}{more}; 0-based, header excluded): "
+            "see their `error` column"
+        )
+    if output is not None:
+        lines.append(f"predictions: {output.resolve()}")
+    if embeddings is not None:
+        lines.append(f"embeddings: {embeddings.resolve()}")
+    # The table itself goes to stdout when there is no output file; the summary to stderr then,
+    # so that `predict.py ... > table.txt` holds the table alone.
+    report("\n".join(lines), stream=sys.stdout if output is not None else sys.stderr)
+
+
+@hydra.main(config_path="../configs", config_name="predict", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_reporting_errors(run, cfg)
+
+
+if __name__ == "__main__":
+    main()

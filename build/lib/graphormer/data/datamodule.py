@@ -1,0 +1,359 @@
+"""The LightningDataModule: a dataset source, structural preprocessing, size limits, loaders."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from graphormer.console import report
+from graphormer.data.collate import GraphormerCollator, padded_length
+from graphormer.data.locks import exclusive_lock
+from graphormer.data.sampling import SizeGroupedBatchSampler, budget_batch_size, pack_by_tokens
+from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.structure import StructuralFeatures
+from graphormer.data.tasks import TaskInfo
+from graphormer.devices import resolve_pad_to_multiple
+from graphormer.errors import ConfigError, DataError
+
+__all__ = ["GraphDataModule", "IndexedSubset"]
+
+log = logging.getLogger(__name__)
+
+
+class IndexedSubset(Dataset):
+    """Items ``(dataset_index, graph)`` of ``dataset`` at ``indices``."""
+
+    def __init__(self, dataset: Dataset, indices: Sequence[int] | torch.Tensor) -> None:
+        self.dataset = dataset
+        self.indices = torch.as_tensor(indices, dtype=torch.long)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        index = int(self.indices[i])
+        return index, self.dataset[index]
+
+
+class GraphDataModule(pl.LightningDataModule):
+    """Loads a dataset source with cached structural features and serves dense Graphormer batches.
+
+    Args:
+        source (Source): where the graphs come from.
+        batch_size (int, optional): training graphs per batch (per device). (default: :obj:`64`)
+        eval_batch_size (int | None, optional): evaluation batch size; defaults to ``batch_size``.
+        num_workers (int, optional): DataLoader worker processes. (default: :obj:`0`)
+        max_nodes (int, optional): training skips graphs with more nodes (one warning counts them);
+            evaluation keeps every graph. (default: :obj:`128`)
+        max_hops (int, optional): shortest-path edges per pair; must be >= the model's
+            ``multi_hop_max_dist``. (default: :obj:`5`)
+        pad_to_multiple (int | None, optional): pad node counts (plus the graph token) to a
+            multiple of this; None for the device's default (8 with a GPU, 1 on the CPU).
+            (default: :obj:`None`)
+        on_the_fly (bool, optional): compute structural features per batch instead of caching them
+            with the dataset (for datasets too large to cache). (default: :obj:`False`)
+        group_by_size (bool, optional): batch graphs of similar size together (training: shuffled
+            pools, see :class:`SizeGroupedBatchSampler`; evaluation: sorted), which cuts the
+            padding of dense batches several-fold. (default: :obj:`True`)
+        seed (int, optional): seed of the training shuffle. (default: :obj:`0`)
+        max_tokens (int | None, optional): a hard bound on a batch's size, training and
+            evaluation: ``graphs x padded node count`` (graph token included, rounded to
+            ``pad_to_multiple``, as the collator pads), on top of the graph counts. Training
+            packs size-sorted graphs under it, or, with ``group_by_size=False``, takes as many
+            random graphs as the largest one allows; evaluation gives a graph too large for it
+            alone a batch of its own. (default: :obj:`None`, no budget; fairseq's
+            ``max_tokens``)
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        max_nodes: int = 128,
+        max_hops: int = 5,
+        pad_to_multiple: int | None = None,
+        on_the_fly: bool = False,
+        group_by_size: bool = True,
+        seed: int = 0,
+        max_tokens: int | None = None,
+    ) -> None:
+        super().__init__()
+        # null means: the default behaviour
+        optional = ("eval_batch_size", "max_tokens", "pad_to_multiple")
+        for key, value, least in (
+            ("batch_size", batch_size, 1),
+            ("eval_batch_size", eval_batch_size, 1),
+            ("num_workers", num_workers, 0),
+            ("max_nodes", max_nodes, 1),
+            ("max_hops", max_hops, 1),
+            ("pad_to_multiple", pad_to_multiple, 1),
+            ("max_tokens", max_tokens, 1),
+        ):
+            if value is None and key in optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                null = " or null" if key in optional else ""
+                raise ConfigError(
+                    f"datamodule.{key} must be an integer >= {least}{null}, got {value!r}"
+                )
+        self.source = source
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.max_nodes = max_nodes
+        self.max_tokens = max_tokens
+        pad_to_multiple = resolve_pad_to_multiple(pad_to_multiple, torch.cuda.is_available())
+        self.pad_to_multiple = pad_to_multiple
+        self.pre_transform = None if on_the_fly else StructuralFeatures(max_hops)
+        self.collator = GraphormerCollator(max_hops=max_hops, pad_to_multiple=pad_to_multiple)
+        self.group_by_size = group_by_size
+        self.seed = seed
+        self.loaded: LoadedDataset | None = None
+        self._train_sampler: SizeGroupedBatchSampler | None = None
+        self._start_epoch = 0
+        self.sizes: torch.Tensor | None = None
+        self.train_index: torch.Tensor | None = None
+        self._told_alone: set[str] = set()  # splits whose over-budget graphs were logged
+
+    @property
+    def task(self) -> TaskInfo:
+        return self.source.task_info()
+
+    def prepare_data(self) -> None:
+        # Downloads and preprocesses once (rank 0 of each node). The loaded dataset is kept, so
+        # that this process's setup() does not read it from disk a second time. The lock makes
+        # the nodes of a multi-node run that share a file system take turns: the first one
+        # processes, the others find the finished cache (never a half-written one).
+        if self.loaded is None:
+            name = self.source.name
+            lock = os.path.join(str(self.source.root), f".graphormer-prepare-{name}.lock")
+            with exclusive_lock(lock):  # one per dataset: other datasets' runs are not held
+                self.loaded = self.source.load(self.pre_transform)
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit"):
+            self._check_max_tokens()
+        if self.train_index is not None:
+            return
+        if self.loaded is None:  # ranks that did not prepare the data
+            self.loaded = self.source.load(self.pre_transform)
+        sizes = self.sizes = self.source.node_counts(self.loaded.dataset)
+        train = self.loaded.split["train"]
+        too_big = sizes[train] > self.max_nodes
+        if too_big.any():
+            log.warning(
+                "training skips %d of %d graphs with more than datamodule.max_nodes=%d nodes "
+                "(largest: %d); validation and test keep every graph",
+                int(too_big.sum()),
+                len(train),
+                self.max_nodes,
+                int(sizes[train].max()),
+            )
+        self.train_index = train[~too_big]
+        self._check_splits(len(train))
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.is_global_zero:
+            report(f"data: {self.describe()}")
+        for split in (k for k in self.loaded.split if k != "train"):
+            index = self.loaded.split[split]
+            if len(index) and int(sizes[index].max()) > self.max_nodes:
+                log.info(
+                    "%s holds %d graphs above max_nodes=%d; they are evaluated, not dropped",
+                    split,
+                    int((sizes[index] > self.max_nodes).sum()),
+                    self.max_nodes,
+                )
+
+    def _budget_fits_training(self) -> bool:
+        largest = padded_length(self.max_nodes, self.pad_to_multiple)
+        return self.max_tokens is None or self.max_tokens >= largest
+
+    def _check_max_tokens(self) -> None:
+        """Training needs every graph it keeps (up to ``max_nodes`` nodes) to fit the budget;
+        evaluation does not (a graph too large goes alone), so evaluation skips this check."""
+        if not self._budget_fits_training():
+            largest = padded_length(self.max_nodes, self.pad_to_multiple)
+            raise ConfigError(
+                f"datamodule.max_tokens={self.max_tokens} cannot hold one training graph of "
+                f"datamodule.max_nodes={self.max_nodes} nodes: padded with the graph token to a "
+                f"multiple of datamodule.pad_to_multiple={self.pad_to_multiple}, it takes "
+                f"{largest} tokens; raise datamodule.max_tokens to at least {largest}, or lower "
+                "datamodule.max_nodes"
+            )
+
+    def _check_splits(self, num_train: int) -> None:
+        """Every split must hold graphs: an empty one would train or score nothing, and show up
+        only later as a missing or meaningless number."""
+        sizes = self.split_sizes()
+        missing = [k for k in ("train", "valid") if k not in sizes]
+        if missing:
+            raise DataError(f"{self.task.name} has no {' and no '.join(missing)} split")
+        empty = [k for k, size in sizes.items() if size == 0]
+        if empty:
+            raise DataError(
+                f"{self.task.name}: the {' and '.join(empty)} split(s) hold no graphs (split sizes "
+                f"{_sizes_text(sizes)}). With a scaffold split of few or mostly acyclic "
+                "molecules, use dataset.split=random or other dataset.split_ratios; give "
+                "more molecules otherwise."
+            )
+        if len(self.train_index) == 0:
+            raise DataError(
+                f"{self.task.name}: all {num_train} training graphs have more than "
+                f"datamodule.max_nodes={self.max_nodes} nodes, so training would see none; "
+                "raise datamodule.max_nodes"
+            )
+
+    def split_sizes(self) -> dict[str, int]:
+        """Graphs per split (training before the ``max_nodes`` filter)."""
+        return {k: len(index) for k, index in self.loaded.split.items()}
+
+    def is_labelled(self, split: str) -> bool:
+        """Whether ``split`` exists and has labels (PCQM4Mv2's test splits have none)."""
+        return split in self.loaded.split and split in self.loaded.labelled
+
+    def describe(self) -> str:
+        """One line: the dataset, its split sizes, what training skips and the token budget."""
+        text = f"{self.task.name}: {_sizes_text(self.split_sizes())}"
+        skipped = self.split_sizes()["train"] - len(self.train_index)
+        if skipped:
+            text += f" ({skipped} training graphs above max_nodes={self.max_nodes} skipped)"
+        if self.max_tokens is not None and self._budget_fits_training():
+            world, _ = self._world()
+            sampler = self._make_train_sampler(world, 0, epoch=0)
+            text += f"; max_tokens {self.max_tokens}: {len(sampler):,} training batches per epoch"
+            text += " per device" if world > 1 else ""
+            if not self.group_by_size:
+                text += f" of {sampler.batch_size} graphs"
+        elif self.max_tokens is not None:
+            text += f"; max_tokens {self.max_tokens} (evaluation only: too small to train with)"
+        return text
+
+    def _world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 1, 0
+        return trainer.world_size, trainer.global_rank
+
+    def _loader(self, index: torch.Tensor, batch_sampler: Sampler[list[int]]) -> DataLoader:
+        return DataLoader(
+            IndexedSubset(self.loaded.dataset, index),
+            batch_sampler=batch_sampler,
+            collate_fn=self.collator,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+            # Each iterator draws its workers' base seed from this generator, not from torch's
+            # global one, which then feeds dropout alone: the same results with or without
+            # (persistent) workers, and after a resume.
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+
+    def state_dict(self) -> dict[str, int]:
+        """Saved in checkpoints: the next training epoch the sampler draws."""
+        return {"next_train_epoch": self._next_train_epoch()}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self._start_epoch = int(state_dict.get("next_train_epoch", 0))
+        self._train_sampler = None
+
+    def _next_train_epoch(self) -> int:
+        sampler = self._train_sampler
+        return sampler.epoch if sampler is not None else self._start_epoch
+
+    def _make_train_sampler(self, world: int, rank: int, epoch: int) -> SizeGroupedBatchSampler:
+        sizes = self.sizes[self.train_index]
+        batch_size, max_tokens = self.batch_size, self.max_tokens
+        if not self.group_by_size:
+            # Every graph counts the same: one shuffled pool, random batches, dealt to ranks
+            # and resumed exactly as the grouped ones. A budget then fixes the graphs per batch
+            # at what the largest training graph allows, so that any draw fits and the number
+            # of batches is the same every epoch.
+            if max_tokens is not None:
+                batch_size = budget_batch_size(
+                    int(sizes.max()), batch_size, max_tokens, self.pad_to_multiple
+                )
+            sizes, max_tokens = torch.zeros(len(sizes)), None
+        return SizeGroupedBatchSampler(
+            sizes,
+            batch_size,
+            world,
+            rank,
+            seed=self.seed,
+            epoch=epoch,
+            max_tokens=max_tokens,
+            pad_to_multiple=self.pad_to_multiple,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        self._check_max_tokens()  # also when setup() ran for evaluation first
+        world, rank = self._world()
+        self._train_sampler = self._make_train_sampler(world, rank, self._next_train_epoch())
+        return self._loader(self.train_index, self._train_sampler)
+
+    def eval_dataloader(self, split: str) -> DataLoader:
+        """A loader over every graph of ``split`` (``valid``/``test``), sharded across ranks."""
+        index = self.loaded.split[split]
+        world, rank = self._world()
+        # Every world-th graph from this rank's offset: each graph on exactly one rank, none
+        # repeated (torch's DistributedSampler pads with duplicates, which would skew metrics).
+        shard = torch.arange(rank, len(index), world)
+        if self.group_by_size and len(shard):
+            # Order never changes a metric (predictions are gathered by dataset index).
+            shard = shard[torch.argsort(self.sizes[index[shard]], stable=True)]
+        shard = shard.tolist()
+        if not shard and len(index):
+            # More ranks than graphs: this rank scores a repeat of the first graph, so that it
+            # still joins every collective (an empty loader would skip the epoch-end hooks and
+            # leave the other ranks waiting). Predictions are de-duplicated by dataset index.
+            shard = [0]
+        step = self.eval_batch_size
+        if self.max_tokens is None:
+            batches = [shard[i : i + step] for i in range(0, len(shard), step)]
+        else:
+            # In the shard's order (by size, when grouping), under both bounds.
+            lengths = padded_length(self.sizes[index[shard]], self.pad_to_multiple)
+            counts = pack_by_tokens(lengths.tolist(), step, self.max_tokens)
+            batches = [b.tolist() for b in torch.tensor(shard, dtype=torch.long).split(counts)]
+            self._log_alone(split, index, rank)
+        return self._loader(index, batches)
+
+    def _log_alone(self, split: str, index: torch.Tensor, rank: int) -> None:
+        """Once per split: graphs that alone exceed the budget (evaluated, one per batch)."""
+        lengths = padded_length(self.sizes[index], self.pad_to_multiple)
+        alone = lengths > self.max_tokens
+        if rank == 0 and alone.any() and split not in self._told_alone:
+            self._told_alone.add(split)
+            log.warning(
+                "%d %s graphs exceed datamodule.max_tokens=%d on their own (largest: %d "
+                "tokens); each is evaluated in a batch of its own",
+                int(alone.sum()),
+                split,
+                self.max_tokens,
+                int(lengths.max()),
+            )
+
+    def val_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("valid")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("test")
+
+    def train_targets(self) -> torch.Tensor:
+        """Targets ``[num_train_graphs, T]`` of the graphs training uses (NaN = missing)."""
+        # The dataset's stacked `y` of every graph, one [G, T] tensor (public on PyG datasets).
+        y = self.loaded.dataset.y
+        return y.view(y.size(0), -1)[self.train_index]
+
+    def split_size(self, split: str) -> int:
+        return len(self.loaded.split[split])
+
+
+def _sizes_text(sizes: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sizes.items())

@@ -1,0 +1,90 @@
+"""The contract every dataset source keeps: :class:`Source`, and the :class:`LoadedDataset` it
+loads.
+
+A source is what the ``dataset=`` config group describes. It knows its task cheaply, without
+reading data (the model is built from it on every rank), loads its graphs with their official or
+configured split, and answers every question about its dataset that training, evaluation and
+prediction ask, so that they never name a concrete dataset.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from graphormer.data.structure import StructuralFeatures
+from graphormer.data.tasks import TaskInfo
+
+__all__ = ["LoadedDataset", "Source"]
+
+
+@dataclass
+class LoadedDataset:
+    dataset: Dataset  # a PyG InMemoryDataset, or PCQM4Mv2's compact graphs
+    split: dict[str, torch.Tensor]  # "train" / "valid" / "test" (or PCQM4Mv2's) -> indices
+    task: TaskInfo
+    # The splits with labels (metrics); the others (PCQM4Mv2's test-dev) only get predictions.
+    labelled: tuple[str, ...] = ("train", "valid", "test")
+
+
+class Source(ABC):
+    """A dataset source. Subclasses take plain values (strings, numbers, booleans, lists of them)
+    as constructor arguments, so that :func:`~graphormer.data.build_source` can rebuild them from
+    the settings a checkpoint stores; they set :attr:`name` and :attr:`root`.
+
+    Attributes:
+        name (str): the label used in outputs and lock files.
+        root (str): the folder holding the dataset and its caches.
+    """
+
+    name: str
+    root: str
+
+    @abstractmethod
+    def task_info(self) -> TaskInfo:
+        """The task (type, number of targets, metric), without reading the data."""
+
+    @abstractmethod
+    def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
+        """The graphs and their split; ``pre_transform`` is cached with them where the source
+        caches structural features."""
+
+    def feature_dims(self) -> tuple[list[int], list[int]] | None:
+        """Vocabulary sizes of the node and edge feature columns; None for OGB's featurisation
+        (the model's default tables)."""
+        return None
+
+    def node_counts(self, dataset: Dataset) -> torch.Tensor:
+        """``[G]`` nodes of each graph of ``dataset`` (what :meth:`load` returned), without
+        building the graphs. By default from a collated PyG storage's node slices."""
+        ptr = dataset.slices["x"]
+        return ptr[1:] - ptr[:-1]
+
+    def task_names(self) -> list[str] | None:
+        """One name per task (the label columns), or None when the source cannot tell without
+        its data."""
+        return None
+
+    def writes_predictions(self, split: str) -> bool:  # noqa: ARG002
+        """Whether predictions for the unlabelled ``split`` have a file format of their own
+        (:meth:`write_predictions`)."""
+        return False
+
+    def write_predictions(self, split: str, y_pred: torch.Tensor, folder: Path) -> Path:
+        """Writes predictions ``[n, T]`` for the unlabelled ``split`` (in the split's order) into
+        ``folder``; returns the file."""
+        raise NotImplementedError(f"{type(self).__name__} writes no predictions for {split}")
+
+    def smiles_column(self) -> str | None:
+        """The column of the training file that holds SMILES, which prediction reads from a
+        user's file by default; None when the source has no such file."""
+        return None
+
+    def smiles_refusal(self) -> str | None:
+        """Why a model trained on this source cannot predict from SMILES (the text follows
+        "checkpoint <path> "), or None when it can: its graphs are featurised as SMILES are."""
+        return None

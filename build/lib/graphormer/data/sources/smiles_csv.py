@@ -1,0 +1,340 @@
+"""A user's own molecules from a CSV of SMILES, featurised exactly like OGB's molecule datasets."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os.path as osp
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from rdkit.Chem.Scaffolds import MurckoScaffold
+from torch_geometric.data import InMemoryDataset
+
+from graphormer.data.featurize import featurize_smiles
+from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
+from graphormer.data.splits import group_split, random_split
+from graphormer.data.structure import StructuralFeatures, add_structural_features
+from graphormer.data.tasks import TaskInfo
+from graphormer.errors import ConfigError, DataError
+from graphormer.safe_io import PYG_DATA, allow, load_data
+
+__all__ = ["SmilesCsvDataset", "SmilesCsvSource", "load_cache", "resolve_path"]
+
+_SHOWN_ROWS = 5
+
+
+class SmilesCsvDataset(InMemoryDataset):
+    """Molecules from ``path`` (a CSV with a SMILES column and target columns).
+
+    Each SMILES goes through ``ogb.utils.smiles2graph`` (9 atom and 3 bond categorical features,
+    as in OGB). Missing targets (empty cells, NaN) are kept as NaN and masked by the loss and the
+    metrics. Rows whose SMILES rdkit cannot parse, or that have no atoms, are skipped with one
+    warning that counts them and names the first rows; every graph keeps its CSV row in ``row``
+    so labels stay aligned.
+
+    Args:
+        path (str): the CSV file.
+        smiles_column (str): column holding SMILES.
+        targets (Sequence[str]): target columns.
+        root (str): cache folder; processed files go under ``root/smiles_csv/<name>``.
+        pre_transform (StructuralFeatures | None): structural preprocessing, cached.
+        columns (Sequence[str] | None): column names of a CSV without a header row.
+        comment (str | None): lines starting with this character are skipped.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        smiles_column: str,
+        targets: Sequence[str],
+        root: str = "data",
+        pre_transform: StructuralFeatures | None = None,
+        columns: Sequence[str] | None = None,
+        comment: str | None = None,
+    ) -> None:
+        path = resolve_path(path)
+        if not osp.isfile(path):
+            raise DataError(
+                f"dataset.path={path!r} does not exist; give the path of a CSV file of SMILES"
+            )
+        if not targets:
+            raise ConfigError("dataset.targets is empty: name at least one target column")
+        self.csv_path = osp.abspath(path)
+        self.smiles_column = smiles_column
+        self.targets = [str(t) for t in targets]
+        self.columns = list(columns) if columns else None
+        self.comment = comment
+        self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
+        # The cache is keyed by the file's content and the columns read, never by its name alone.
+        with open(self.csv_path, "rb") as f:
+            digest = hashlib.sha1(f.read())
+        digest.update(json.dumps([smiles_column, self.targets, self.columns, comment]).encode())
+        stem = osp.splitext(osp.basename(path))[0]
+        folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
+        allow(PYG_DATA)
+        check_pyg_markers(osp.join(folder, "processed", self.cache_key))
+        super().__init__(folder, pre_transform=pre_transform, log=False)
+        # Not PyG's load(): when the safe load fails it unpickles the file in full, and a
+        # dataset file is data, never code. `data` is InMemoryDataset's public setter.
+        self.data, self.slices = load_cache(self.processed_paths[0])
+        try:
+            with open(self.processed_paths[1]) as f:
+                meta = json.load(f)
+            meta["skipped_rows"], meta["scaffolds"]  # noqa: B018  (both must be there)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise DataError(corrupt_cache_message(self.processed_paths[1], error)) from error
+        self.skipped_rows: list[int] = meta["skipped_rows"]
+        # Bemis-Murcko scaffold of each kept molecule, computed once while processing.
+        self.scaffolds: list[str] = meta["scaffolds"]
+        if self.skipped_rows:
+            warnings.warn(_skipped_message(self.csv_path, self.skipped_rows), stacklevel=2)
+
+    @property
+    def raw_file_names(self) -> list[str]:
+        return []
+
+    @property
+    def processed_dir(self) -> str:
+        return osp.join(self.root, "processed", self.cache_key)
+
+    @property
+    def processed_file_names(self) -> list[str]:
+        return ["graphs.pt", "meta.json"]
+
+    def download(self) -> None:
+        pass
+
+    def _read(self) -> pd.DataFrame:
+        try:
+            with open(self.csv_path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as error:
+            raise DataError(
+                f"dataset.path={self.csv_path} is not UTF-8 text (byte {error.start} cannot be "
+                "decoded; a binary, UTF-16 or Latin-1 file?): save it as a UTF-8 CSV"
+            ) from error
+        if "\x00" in text:
+            raise DataError(
+                f"dataset.path={self.csv_path} holds NUL bytes, so it is not a text CSV (a binary "
+                "or UTF-16 file?): save it as a UTF-8 CSV"
+            )
+        if self.comment:
+            # Whole comment lines only: pandas' own `comment` also cuts lines at the character,
+            # and '#' is SMILES' triple bond.
+            text = "".join(
+                line for line in text.splitlines(True) if not line.startswith(self.comment)
+            )
+        header = None if self.columns else "infer"
+        try:
+            return pd.read_csv(io.StringIO(text), header=header, names=self.columns)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else "no data"
+            raise DataError(
+                f"dataset.path={self.csv_path} cannot be read as a CSV ({first}): give a "
+                "comma-separated file with a header row, or dataset.columns for one without"
+            ) from error
+
+    def process(self) -> None:
+        table = self._read()
+        missing = [c for c in [self.smiles_column, *self.targets] if c not in table.columns]
+        if missing:
+            raise DataError(
+                f"{self.csv_path} has no column(s) {missing}; its columns are "
+                f"{list(table.columns)}. Set dataset.smiles_column / dataset.targets."
+            )
+        labels = np.empty((len(table), len(self.targets)), dtype=np.float32)
+        for j, column in enumerate(self.targets):
+            values = pd.to_numeric(table[column], errors="coerce")
+            bad = values.isna() & table[column].notna()
+            if bad.any():
+                row = int(np.flatnonzero(bad.to_numpy())[0])
+                raise DataError(
+                    f"target column {column!r} of {self.csv_path} holds a non-numeric value "
+                    f"{table[column].iloc[row]!r} at row {row}; targets must be numbers or empty"
+                )
+            array = values.to_numpy(dtype=np.float64)
+            infinite = np.flatnonzero(np.isinf(array))
+            if len(infinite):
+                raise DataError(
+                    f"target column {column!r} of {self.csv_path} holds infinite values at rows "
+                    f"{_rows_text(infinite)}; fix or empty those cells (empty = missing label)"
+                )
+            if np.isnan(array).all():
+                raise DataError(
+                    f"target column {column!r} of {self.csv_path} has no values: every cell is "
+                    "empty; check dataset.targets"
+                )
+            labels[:, j] = array.astype(np.float32)
+
+        column = table[self.smiles_column].tolist()
+        molecules = featurize_smiles(column)
+        graphs, skipped, scaffolds = [], [], []
+        for row, graph in enumerate(molecules.graphs):
+            if graph is None:
+                skipped.append(row)
+                continue
+            graph.y = torch.from_numpy(labels[row]).view(1, -1)
+            graph.row = torch.tensor([row])
+            graphs.append(graph)
+            scaffolds.append(
+                MurckoScaffold.MurckoScaffoldSmiles(smiles=column[row], includeChirality=True)
+            )
+        if len(graphs) < 3:
+            raise DataError(
+                f"{self.csv_path} holds {len(graphs)} molecule(s) rdkit can parse in column "
+                f"{self.smiles_column!r}: training needs train, validation and test molecules; "
+                "give more molecules"
+            )
+        data, slices = self.collate(graphs)
+        if self.pre_transform is not None:
+            add_structural_features(data, slices, self.pre_transform)
+        torch.save((data, slices), self.processed_paths[0])
+        with open(self.processed_paths[1], "w") as f:
+            json.dump({"skipped_rows": skipped, "scaffolds": scaffolds}, f)
+
+
+def load_cache(path: str) -> tuple:
+    """A cached ``(data, slices)`` pair, read as data only (tensors, plain values and PyG's
+    allow-listed storage classes); an unreadable file is an error naming it and the fix."""
+    try:
+        data, slices = load_data(path, [PYG_DATA])
+    except Exception as error:  # truncated, corrupt, or holding objects other than data
+        raise DataError(corrupt_cache_message(path, error)) from error
+    return data, slices
+
+
+def _rows_text(rows: Sequence[int]) -> str:
+    shown = ", ".join(str(int(r)) for r in rows[:_SHOWN_ROWS])
+    more = f" and {len(rows) - _SHOWN_ROWS} more" if len(rows) > _SHOWN_ROWS else ""
+    return f"{shown}{more} (0-based, header excluded)"
+
+
+def resolve_path(path: str) -> str:
+    """``rdkit:REL`` names a file shipped in rdkit's data folder (``RDConfig.RDDataDir``)."""
+    if path.startswith("rdkit:"):
+        from rdkit import RDConfig
+
+        return osp.join(RDConfig.RDDataDir, path[len("rdkit:") :])
+    return osp.expanduser(path)
+
+
+def _skipped_message(path: str, rows: list[int]) -> str:
+    shown = ", ".join(str(r) for r in rows[:_SHOWN_ROWS])
+    more = f" and {len(rows) - _SHOWN_ROWS} more" if len(rows) > _SHOWN_ROWS else ""
+    return (
+        f"skipped {len(rows)} row(s) of {path} whose SMILES rdkit cannot parse "
+        f"(rows {shown}{more}; 0-based, header excluded); the other rows keep their labels"
+    )
+
+
+class SmilesCsvSource(Source):
+    """A CSV of SMILES and targets, featurised like OGB, with a scaffold or random split.
+
+    Args:
+        path (str): the CSV file.
+        targets (Sequence[str]): target columns.
+        task_type (str): ``"binary"`` (0/1 targets, BCE, ROC-AUC) or ``"regression"`` (MSE, RMSE).
+        smiles_column (str, optional): (default: :obj:`"smiles"`)
+        split (str, optional): ``"scaffold"`` or ``"random"``. (default: :obj:`"scaffold"`)
+        split_ratios (Sequence[float], optional): train/valid/test fractions.
+        split_seed (int, optional): seed of the random split. (default: :obj:`0`)
+        metric (str | None, optional): OGB metric name; default ``rocauc`` / ``rmse``.
+        root (str, optional): cache folder. (default: :obj:`"data"`)
+        name (str, optional): label used in outputs. (default: :obj:`"smiles_csv"`)
+        columns (Sequence[str] | None, optional): column names for a CSV without a header row.
+        comment (str | None, optional): skip lines starting with this character.
+    """
+
+    _TASK_TYPES = {"binary": "binary classification", "regression": "regression"}
+    _METRICS = {"binary": ("rocauc", "ap"), "regression": ("rmse",)}
+
+    def __init__(
+        self,
+        path: str,
+        targets: Sequence[str],
+        task_type: str = "regression",
+        smiles_column: str = "smiles",
+        split: str = "scaffold",
+        split_ratios: Sequence[float] = (0.8, 0.1, 0.1),
+        split_seed: int = 0,
+        metric: str | None = None,
+        root: str = "data",
+        name: str = "smiles_csv",
+        columns: Sequence[str] | None = None,
+        comment: str | None = None,
+    ) -> None:
+        if task_type not in self._TASK_TYPES:
+            raise ConfigError(
+                f"dataset.task_type must be 'binary' or 'regression', got {task_type!r}"
+            )
+        if split not in ("scaffold", "random"):
+            raise ConfigError(f"dataset.split must be 'scaffold' or 'random', got {split!r}")
+        if isinstance(targets, str):
+            targets = [targets]
+        metric = metric or self._METRICS[task_type][0]
+        if metric not in self._METRICS[task_type]:
+            raise ConfigError(
+                f"dataset.metric={metric!r} does not fit task_type={task_type!r}; choose one of "
+                f"{list(self._METRICS[task_type])}"
+            )
+        self.path = path
+        self.targets = list(targets)
+        self.smiles_column_name = smiles_column
+        self.split = split
+        self.split_ratios = tuple(split_ratios)
+        self.split_seed = split_seed
+        self.root = root
+        self.name = name
+        self.columns = list(columns) if columns else None
+        self.comment = comment
+        self._task = TaskInfo(name, self._TASK_TYPES[task_type], len(self.targets), metric)
+
+    def task_info(self) -> TaskInfo:
+        return self._task
+
+    def task_names(self) -> list[str]:
+        """The target columns."""
+        return [str(t) for t in self.targets]
+
+    def smiles_column(self) -> str:
+        return self.smiles_column_name
+
+    def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
+        dataset = SmilesCsvDataset(
+            self.path,
+            self.smiles_column_name,
+            self.targets,
+            self.root,
+            pre_transform=pre_transform,
+            columns=self.columns,
+            comment=self.comment,
+        )
+        if self._task.is_classification:
+            _check_binary_labels(dataset, self.targets, self.path)
+        if self.split == "scaffold":
+            split = group_split(dataset.scaffolds, self.split_ratios)
+        else:
+            split = random_split(len(dataset), self.split_ratios, self.split_seed)
+        return LoadedDataset(dataset, split, self._task)
+
+
+def _check_binary_labels(dataset: SmilesCsvDataset, targets: list[str], path: str) -> None:
+    y = dataset.y.view(len(dataset), -1)
+    bad = ~(torch.isnan(y) | (y == 0) | (y == 1))
+    if bad.any():
+        column = int(bad.any(0).nonzero()[0])
+        graphs = bad[:, column].nonzero().view(-1)
+        rows = dataset.row.view(-1)[graphs].tolist()
+        values = sorted({float(v) for v in y[graphs, column].tolist()})[:5]
+        raise DataError(
+            f"target column {targets[column]!r} of {path} holds values other than 0 and 1 "
+            f"({values}) at rows {rows[:5]}{' and more' if len(rows) > 5 else ''} (0-based, "
+            "header excluded), but dataset.task_type=binary: use 0/1 labels (empty = missing), "
+            "or dataset.task_type=regression"
+        )

@@ -1,0 +1,78 @@
+"""Attention pictures (PNG) and raw maps (``.npy``) of a molecule: :func:`write_explanation`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from graphormer.inference.attention import AttentionMaps
+from graphormer.inference.pictures import draw_heads, draw_molecule, draw_molecules, value_range
+
+__all__ = ["write_explanation"]
+
+
+def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> list[Path]:
+    """Writes into ``folder``:
+
+    - ``rollout.png``: the molecule (``size`` x ``size`` px) with atoms shaded by the attention the
+      graph token pays them, rolled out over all layers;
+    - ``layers.png``: the same per layer (0-based), one panel (``size // 2`` px) per layer, four
+      to a row, then the rollout;
+    - ``heads_layer<l>.png``: per-head heatmaps of layer ``l`` (rows: queries, columns: keys;
+      labels ``graph``, ``C0``, ``O1``... match the atom numbers of the drawings);
+    - ``attention.npy`` ``[L, H, n + 1, n + 1]`` and ``rollout.npy`` ``[n + 1, n + 1]`` (index 0
+      is the graph token; rows sum to 1); ``summary.json``: SMILES, labels, predictions.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def save(name: str, data: bytes) -> None:
+        path = folder / name
+        path.write_bytes(data)
+        written.append(path)
+
+    layers = maps.num_layers
+    rollout = maps.graph_token_attention()
+    save(
+        "rollout.png",
+        draw_molecule(
+            maps.smiles,
+            rollout,
+            size=size,
+            legend=f"graph-token attention rolled out over {layers} layers ({value_range(rollout)})",
+        ),
+    )
+    per_layer = [maps.graph_token_attention(layer) for layer in range(layers)]
+    save(
+        "layers.png",
+        draw_molecules(
+            maps.smiles,
+            [*per_layer, rollout],
+            legends=[
+                *(f"layer {i} ({value_range(v)})" for i, v in enumerate(per_layer)),
+                f"rollout ({value_range(rollout)})",
+            ],
+            panel=size // 2,
+        ),
+    )
+    digits = len(str(layers - 1))
+    for layer in range(layers):
+        path = folder / f"heads_layer{layer:0{digits}d}.png"
+        title = f"{maps.smiles}  layer {layer}: attention of each query row over the keys"
+        draw_heads(maps.weights[layer], maps.labels, title=title).save(path, optimize=True)
+        written.append(path)
+    for name, array in (("attention.npy", maps.weights), ("rollout.npy", maps.rollout())):
+        np.save(folder / name, array.astype(np.float32))
+        written.append(folder / name)
+    summary = {
+        "smiles": maps.smiles,
+        "labels": maps.labels,
+        "predictions": maps.predictions,
+        "layers": layers,
+        "heads": maps.num_heads,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    written.append(folder / "summary.json")
+    return written

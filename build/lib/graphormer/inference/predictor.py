@@ -1,0 +1,441 @@
+"""A trained checkpoint applied to new molecules: predictions, embeddings, attention maps."""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from graphormer import checkpoint as checkpoints
+from graphormer.checkpoint import CheckpointError
+from graphormer.data.collate import GraphormerCollator
+from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles, smiles_feature_dims
+from graphormer.data.sampling import pack_by_tokens
+from graphormer.data.sources import Source, build_source
+from graphormer.devices import DEFAULT_PRECISION, PRECISIONS, resolve_pad_to_multiple
+from graphormer.errors import ConfigError, DataError
+from graphormer.inference.attention import AttentionMaps, atom_labels
+from graphormer.training.module import GraphormerModule
+
+__all__ = [
+    "Predictions",
+    "Predictor",
+    "UnpredictableMoleculeWarning",
+    "read_task_names",
+]
+
+# Molecules featurised, sorted and predicted at a time: bounds memory on long inputs while
+# leaving enough molecules to sort into tightly padded batches.
+_CHUNK = 8192
+# Long inputs get a progress bar.
+_PROGRESS_MIN = 1000
+# A batch holds at most batch_size molecules and at most batch_size * 64^2 attention entries per
+# head, so that a few very large molecules never build one huge padded batch.
+_PAIRS_PER_MOLECULE = 64 * 64
+
+
+class UnpredictableMoleculeWarning(UserWarning):
+    """Some molecules could not be featurised: their rows are kept with empty predictions."""
+
+
+@dataclass
+class Predictions:
+    """One row per input molecule, in input order.
+
+    Attributes:
+        values: ``[n, T]`` float32: probabilities for binary tasks, the targets' units for
+            regression; NaN where the molecule could not be featurised.
+        errors: ``""``, or why the molecule has no prediction.
+        embeddings: ``[n, hidden_dim]`` float32 graph-token final states (NaN rows where there is
+            no prediction), or None when not asked for.
+    """
+
+    values: np.ndarray
+    errors: list[str]
+    embeddings: np.ndarray | None = None
+
+
+def read_task_names(module: Any) -> list[str]:
+    """The names of a checkpoint's tasks, as its dataset source names them (a SMILES-CSV
+    model's target columns, an OGB model's label columns); ``task_i`` when it cannot."""
+    num_tasks = module.task.num_tasks
+    source = _stored_source(module)
+    names = source.task_names() if source is not None else None
+    if names is None or len(names) != num_tasks or len(set(names)) != num_tasks:
+        names = [f"task_{i}" for i in range(num_tasks)]
+    return names
+
+
+def _stored_source(module: Any) -> Source | None:
+    """The dataset source a checkpoint's settings describe; None when it records none (a
+    converted checkpoint) or one graphormer cannot build (prediction needs no dataset)."""
+    dataset = (module.hparams.get("data") or {}).get("dataset")
+    if not isinstance(dataset, Mapping) or not dataset:
+        return None
+    try:
+        return build_source(dataset)
+    except ConfigError:
+        return None
+
+
+class Predictor:
+    """Scores molecules with a trained Graphormer, featurising them as its training did.
+
+    Molecules are featurised with OGB's ``smiles2graph`` and the checkpoint's structural settings,
+    sorted by size into batches (then put back in input order), and run in the training run's
+    precision. A SMILES that cannot be featurised keeps its row, with NaN predictions and a reason.
+
+    Args:
+        module (GraphormerModule): a trained module (see :meth:`GraphormerModule.from_checkpoint`).
+        task_names (Sequence[str] | None, optional): one name per task; default ``task_i``.
+        max_hops (int | None, optional): path edges per pair in the batches (training's
+            ``datamodule.max_hops``); None for the model's ``multi_hop_max_dist``.
+        pad_to_multiple (int | None, optional): batch padding, as in training; None for the
+            device's default (8 on GPUs, 1 on the CPU). (default: :obj:`None`)
+        device (str, optional): ``auto`` (a GPU if one is visible), ``cpu``, ``cuda``,
+            ``cuda:1``... (default: :obj:`"auto"`)
+        precision (str, optional): a Lightning precision name (``32-true``, ``bf16-mixed``,
+            ``16-mixed``, ``bf16-true``, ``64-true``...). (default: :obj:`"32-true"`)
+        batch_size (int, optional): molecules per batch. (default: :obj:`128`)
+        max_atoms (int | None, optional): larger molecules get an error instead of a prediction;
+            None for no limit. (default: :obj:`1000`)
+        training_smiles_column (str | None, optional): the SMILES column of the training CSV,
+            the default column of ``scripts/predict.py``. (default: :obj:`None`)
+
+    The module is put in eval mode and moved to ``device`` (and to the precision's dtype).
+
+    Example::
+
+        from graphormer import Predictor
+        predictor = Predictor.from_checkpoint("outputs/.../checkpoints/best-epoch042.ckpt")
+        table = predictor.predict(["CCO", "c1ccccc1O"])   # pandas.DataFrame
+        vectors = predictor.embed(["CCO", "c1ccccc1O"])   # [2, hidden_dim]
+        maps = predictor.attention("c1ccccc1O")           # AttentionMaps
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        task_names: Sequence[str] | None = None,
+        *,
+        max_hops: int | None = None,
+        pad_to_multiple: int | None = None,
+        device: str = "auto",
+        precision: str = DEFAULT_PRECISION,
+        batch_size: int = 128,
+        max_atoms: int | None = 1000,
+        training_smiles_column: str | None = None,
+    ) -> None:
+        num_tasks = module.task.num_tasks
+        names = list(task_names) if task_names else [f"task_{i}" for i in range(num_tasks)]
+        if len(names) != num_tasks:
+            raise ValueError(f"{len(names)} task names for {num_tasks} tasks: {names}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if max_atoms is not None and max_atoms < 1:
+            raise ConfigError(f"max_atoms must be >= 1 (or null for no limit), got {max_atoms}")
+        _check_molecule_features(module.config)
+        self.module = module.eval()
+        self.task = module.task
+        self.task_names = names
+        self.training_smiles_column = training_smiles_column
+        self.device = _device(device)
+        self.precision = str(precision)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"precision={precision!r} is not one of {sorted(PRECISIONS)}; set "
+                f"precision={DEFAULT_PRECISION}"
+            )
+        weights_dtype, self._autocast_dtype = PRECISIONS[self.precision]
+        self.module.to(device=self.device, dtype=weights_dtype)
+        hops = max_hops or module.config.multi_hop_max_dist
+        padding = resolve_pad_to_multiple(pad_to_multiple, gpu=self.device.type == "cuda")
+        self.collator = GraphormerCollator(max_hops=int(hops), pad_to_multiple=padding)
+        self.batch_size = int(batch_size)
+        self.max_atoms = max_atoms
+        # Seconds spent so far featurising (SMILES parsing, smiles2graph, structural features,
+        # padding) and in the model (including moving batches to the device and back).
+        self.timings = {"featurize_s": 0.0, "model_s": 0.0, "molecules": 0}
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        *,
+        device: str = "auto",
+        precision: str | None = None,
+        batch_size: int = 128,
+        max_atoms: int | None = 1000,
+    ) -> Predictor:
+        """A predictor for a checkpoint written by ``train.py`` (or converted into that format).
+
+        The checkpoint is read as data (weights only, digest verified), never as code. Its
+        structural settings and, unless ``precision`` is given, its training precision are used.
+        """
+        record = checkpoints.load(path)
+        module = GraphormerModule.from_checkpoint(record)
+        data = module.hparams.get("data") or {}
+        datamodule = dict(data.get("datamodule") or {})
+        source = _stored_source(module)
+        refusal = source.smiles_refusal() if source is not None else None
+        if refusal is not None:
+            raise CheckpointError(f"checkpoint {path} {refusal}")
+        return cls(
+            module,
+            read_task_names(module),
+            max_hops=datamodule.get("max_hops"),
+            pad_to_multiple=datamodule.get("pad_to_multiple"),
+            device=device,
+            precision=precision or record.precision or DEFAULT_PRECISION,
+            batch_size=batch_size,
+            max_atoms=max_atoms,
+            training_smiles_column=source.smiles_column() if source is not None else None,
+        )
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.module.config.hidden_dim
+
+    # -- the public calls -------------------------------------------------------------------
+
+    def predict(self, smiles: Sequence[str], progress: bool = False) -> pd.DataFrame:
+        """One row per SMILES, in order: ``smiles``, one column per task (probabilities for
+        binary tasks, original units for regression; empty where there is no prediction) and
+        ``error`` (empty, or why that molecule has no prediction)."""
+        smiles = _smiles_list(smiles)
+        result = self.run(smiles, progress=progress)
+        # object dtype: the SMILES come back exactly as given (None stays None).
+        inputs = pd.DataFrame({"smiles": pd.Series(list(smiles), dtype=object)})
+        return self.table(inputs, result)
+
+    def embed(self, smiles: Sequence[str], progress: bool = False) -> np.ndarray:
+        """``[n, hidden_dim]`` float32: each molecule's graph token after the last layer (the
+        representation the prediction head reads); NaN rows where a SMILES cannot be featurised."""
+        return self.run(smiles, embeddings=True, progress=progress).embeddings
+
+    def attention(self, smiles: str) -> AttentionMaps:
+        """Every layer's per-head attention over one molecule's atoms and the graph token."""
+        if not isinstance(smiles, str):
+            raise TypeError("attention takes one SMILES string; attention_maps takes a list")
+        return self.attention_maps([smiles])[0]
+
+    def attention_maps(self, smiles: Sequence[str]) -> list[AttentionMaps]:
+        """:meth:`attention` for several molecules, computed in one padded batch; each map is
+        cut to its own molecule (no padding)."""
+        smiles = _smiles_list(smiles)
+        featurized = featurize_smiles(smiles, self.max_atoms)
+        for i, error in enumerate(featurized.errors):
+            if error:
+                raise DataError(f"SMILES {smiles[i]!r} (item {i}): {error}")
+        batch = self.collator(featurized.graphs)
+        with self._inference():
+            out, attention = self.module(batch.to(self.device), return_attention=True)
+        values = self._outputs(out)
+        stacked = torch.stack([a.float() for a in attention], dim=1).cpu()  # [B, L, H, N+1, N+1]
+        node_mask = batch.node_mask
+        maps = []
+        for b, text in enumerate(smiles):
+            # The graph token (0) and this molecule's atoms, whose rows and columns the collator
+            # places first; everything after them is padding.
+            keep = torch.cat([torch.tensor([0]), node_mask[b].nonzero().squeeze(1) + 1])
+            weights = stacked[b][:, :, keep][:, :, :, keep]  # [L, H, n+1, n+1]
+            maps.append(
+                AttentionMaps(
+                    smiles=text,
+                    labels=atom_labels(text),
+                    weights=weights.numpy(),
+                    predictions=dict(zip(self.task_names, values[b].tolist(), strict=True)),
+                )
+            )
+        return maps
+
+    def run(
+        self, smiles: Sequence[str], embeddings: bool = False, progress: bool = False
+    ) -> Predictions:
+        """Predictions (and embeddings) of every SMILES, in input order."""
+        smiles = _smiles_list(smiles)
+        n = len(smiles)
+        values = np.full((n, self.task.num_tasks), np.nan, dtype=np.float32)
+        vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
+        errors = [""] * n
+        bar = _progress_bar(n, progress)
+        try:
+            for start in range(0, n, _CHUNK):
+                begin = time.perf_counter()
+                featurized = featurize_smiles(smiles[start : start + _CHUNK], self.max_atoms)
+                self.timings["featurize_s"] += time.perf_counter() - begin
+                errors[start : start + len(featurized.errors)] = featurized.errors
+                bar.update(len(featurized.errors) - len(featurized.valid))
+                for rows in self._batches(featurized):
+                    graphs = [featurized.graphs[i] for i in rows]
+                    out, graph_states = self._predict_batch(graphs, vectors is not None)
+                    values[start + rows.numpy()] = out
+                    if vectors is not None:
+                        vectors[start + rows.numpy()] = graph_states
+                    bar.update(len(rows))
+        finally:
+            bar.close()
+        self.timings["molecules"] += n
+        failed = [i for i, e in enumerate(errors) if e]
+        if failed:
+            warnings.warn(
+                f"{len(failed)} of {n} molecules have no prediction (first: item {failed[0]}, "
+                f"{errors[failed[0]]}); their rows are kept, with the reason in `error`",
+                UnpredictableMoleculeWarning,
+                stacklevel=2,
+            )
+        return Predictions(values, errors, vectors)
+
+    def table(self, inputs: pd.DataFrame, result: Predictions) -> pd.DataFrame:
+        """``inputs`` with one column per task and an ``error`` column appended. A name already
+        taken by an input column gets a ``_pred`` suffix (a CSV of training data holds the
+        targets' true values under the tasks' names)."""
+        if len(inputs) != len(result.errors):
+            raise ValueError(f"{len(inputs)} input rows but {len(result.errors)} results")
+        out = inputs.copy()
+        added = {}
+        for j, name in enumerate(self.task_names):
+            added[name] = result.values[:, j]
+        added["error"] = np.array(result.errors, dtype=object)
+        taken = set(map(str, out.columns))
+        renamed = []
+        for name, column in added.items():
+            label = name
+            while label in taken:
+                label += "_pred"
+            if label != name:
+                renamed.append(f"{name} -> {label}")
+            out[label] = column
+            taken.add(label)
+        if renamed:
+            warnings.warn(
+                f"the input already has column(s) named like outputs; outputs renamed: "
+                f"{', '.join(renamed)}",
+                stacklevel=2,
+            )
+        return out
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _batches(self, featurized: FeaturizedMolecules) -> Iterator[Tensor]:
+        """Positions of the valid molecules in batches of similar size (smallest first)."""
+        valid = featurized.valid
+        if not len(valid):
+            return
+        order = valid[torch.argsort(featurized.num_atoms[valid], stable=True)]
+        # A molecule's cost: its attention pairs, graph token included.
+        pairs = ((featurized.num_atoms[order] + 1) ** 2).tolist()
+        counts = pack_by_tokens(pairs, self.batch_size, self.batch_size * _PAIRS_PER_MOLECULE)
+        yield from order.split(counts)
+
+    def _predict_batch(
+        self, graphs: list, embeddings: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        begin = time.perf_counter()
+        batch = self.collator(graphs)
+        middle = time.perf_counter()
+        captured: list[Tensor] = []
+        hook = None
+        if embeddings:
+            # The graph token's final state is what the head's first layer reads: captured there,
+            # so that predictions and embeddings come from one forward pass.
+            hook = self.module.model.head_transform.register_forward_pre_hook(
+                lambda _, args: captured.append(args[0])
+            )
+        try:
+            with self._inference():
+                out = self.module(batch.to(self.device, non_blocking=True))
+                values = self._outputs(out)
+                states = captured[0].float().cpu().numpy() if embeddings else None
+        finally:
+            if hook is not None:
+                hook.remove()
+        end = time.perf_counter()
+        self.timings["featurize_s"] += middle - begin
+        self.timings["model_s"] += end - middle
+        return values, states
+
+    def _outputs(self, out: Tensor) -> np.ndarray:
+        out = out.float()
+        if self.task.is_classification:
+            out = torch.sigmoid(out)  # the module gives logits; users read probabilities
+        return out.cpu().numpy()
+
+    @contextmanager
+    def _inference(self) -> Iterator[None]:
+        """No autograd, and the training run's mixed precision (as Lightning's plugin does)."""
+        autocast = (
+            torch.autocast(self.device.type, dtype=self._autocast_dtype)
+            if self._autocast_dtype is not None
+            else nullcontext()
+        )
+        with torch.inference_mode(), autocast:
+            yield
+
+
+def _smiles_list(smiles: Sequence[str]) -> list:
+    if isinstance(smiles, str):
+        # A string is a sequence of characters: never read "CCO" as three molecules.
+        raise TypeError(f"pass a list of SMILES, e.g. [{smiles!r}], not a single string")
+    return list(smiles)
+
+
+def _device(name: str) -> torch.device:
+    name = str(name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ConfigError(
+            f"device={name!r} is not a device name; use device=cpu, cuda, cuda:1 or auto"
+        ) from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name} but no CUDA device is visible; use device=cpu")
+    if device.type == "cuda" and device.index is not None:
+        if device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device={name} but only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
+    return device
+
+
+def _check_molecule_features(config: Any) -> None:
+    """SMILES become OGB's 9 atom and 3 bond features: the model's tables must take them."""
+    atoms, bonds = smiles_feature_dims()
+    model_atoms, model_bonds = list(config.atom_feature_dims), list(config.bond_feature_dims)
+    fits = (
+        len(model_atoms) == len(atoms)
+        and len(model_bonds) == len(bonds)
+        and all(m >= o for m, o in zip(model_atoms, atoms, strict=True))
+        and all(m >= o for m, o in zip(model_bonds, bonds, strict=True))
+    )
+    if not fits:
+        raise CheckpointError(
+            f"this checkpoint's model reads {len(model_atoms)} node and {len(model_bonds)} edge "
+            f"features (vocabularies {model_atoms} / {model_bonds}), not OGB's molecule "
+            "featurisation of SMILES: it was trained on other graphs, and predict takes SMILES only"
+        )
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        unit="mol",
+        desc="predicting",
+        # Off a terminal (a log file, a pipe) a redrawn bar is noise.
+        disable=not enabled or total < _PROGRESS_MIN or not sys.stderr.isatty(),
+        leave=False,
+    )

@@ -1,0 +1,21 @@
+from graphormer.models.attention import BiasedMultiheadAttention
+from graphormer.models.encoders import CategoricalEmbedding, GraphAttentionBias, NodeEncoder
+from graphormer.models.graphormer import (
+    Graphormer,
+    GraphormerConfig,
+    ogb_atom_feature_dims,
+    ogb_bond_feature_dims,
+)
+from graphormer.models.layers import GraphormerLayer
+
+__all__ = [
+    "BiasedMultiheadAttention",
+    "CategoricalEmbedding",
+    "GraphAttentionBias",
+    "Graphormer",
+    "GraphormerConfig",
+    "GraphormerLayer",
+    "NodeEncoder",
+    "ogb_atom_feature_dims",
+    "ogb_bond_feature_dims",
+]

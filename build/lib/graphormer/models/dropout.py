@@ -1,0 +1,84 @@
+"""Dropout whose CPU mask costs a quarter of a random number per element.
+
+On CPU, ``torch.nn.functional.dropout`` draws one Bernoulli sample per element, which makes the
+dropout masks of a small Graphormer's training step cost more than its matrix products. Here one
+64-bit random word gives four 16-bit uniform numbers, and an element drops when its number falls
+below ``round(p * 65536)``: the drop probability is ``p`` to within 2e-5, and the kept elements are
+scaled by the inverse of the exact keep probability, so the expectation is unchanged. GPUs keep
+PyTorch's fused kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Dropout", "check_dropout", "drop_mask", "dropout"]
+
+_LEVELS = 65536  # 16-bit uniform numbers
+
+
+def drop_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[Tensor, float]:
+    """A bool mask of ``shape`` (True = drop, each element independently) and the scale of the
+    kept elements; drawn from torch's default CPU generator, so ``torch.manual_seed`` and saved
+    RNG states reproduce it."""
+    threshold = min(round(p * _LEVELS), _LEVELS)
+    if threshold >= _LEVELS:  # everything drops (the int16 threshold would overflow)
+        return torch.ones(shape, dtype=torch.bool), 0.0
+    count = math.prod(shape)
+    words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
+    drop = words.view(torch.int16)[:count].view(shape) < threshold - _LEVELS // 2
+    return drop, _LEVELS / (_LEVELS - threshold)
+
+
+def check_dropout(p: float) -> None:
+    """Raises, as :class:`torch.nn.Dropout` does, unless ``0 <= p <= 1``."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+
+
+def uses_fast_path(x: Tensor) -> bool:
+    """CPU float32/64 tensors, outside torch.func transforms (whose vmap our autograd Functions
+    do not implement)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float32, torch.float64)
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """:func:`torch.nn.functional.dropout` with the cheap CPU mask (see the module docstring)."""
+    check_dropout(p)
+    if not training or p == 0:
+        return x
+    if not uses_fast_path(x):
+        return F.dropout(x, p, training)
+    return _Dropout.apply(x, float(p))
+
+
+class _Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:
+        drop, keep_scale = drop_mask(x.shape, p)
+        ctx.save_for_backward(drop)
+        ctx.keep_scale = keep_scale
+        return x.masked_fill(drop, 0.0).mul_(keep_scale)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        (drop,) = ctx.saved_tensors
+        return grad.masked_fill(drop, 0.0).mul_(ctx.keep_scale), None
+
+
+class Dropout(nn.Dropout):
+    """:class:`torch.nn.Dropout` with the cheap CPU mask of :func:`dropout`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.inplace:
+            return super().forward(x)
+        return dropout(x, self.p, self.training)

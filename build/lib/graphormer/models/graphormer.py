@@ -1,0 +1,295 @@
+"""The Graphormer network (Ying et al., NeurIPS 2021, "Do Transformers Really Perform Bad for Graph
+Representation?", https://arxiv.org/abs/2106.05234)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from graphormer.batch import GraphormerBatch
+from graphormer.models.dropout import Dropout
+from graphormer.models.encoders import GraphAttentionBias, NodeEncoder
+from graphormer.models.layers import GraphormerLayer
+
+__all__ = ["Graphormer", "GraphormerConfig", "ogb_atom_feature_dims", "ogb_bond_feature_dims"]
+
+
+def ogb_atom_feature_dims() -> list[int]:
+    from ogb.utils.features import get_atom_feature_dims
+
+    return list(get_atom_feature_dims())
+
+
+def ogb_bond_feature_dims() -> list[int]:
+    from ogb.utils.features import get_bond_feature_dims
+
+    return list(get_bond_feature_dims())
+
+
+@dataclass
+class GraphormerConfig:
+    """Hyperparameters of :class:`Graphormer`. Presets live in ``configs/model/``.
+
+    Attributes:
+        num_layers, hidden_dim, ffn_dim, num_heads: transformer size (``hidden_dim`` divisible by
+            ``num_heads``).
+        dropout, attention_dropout, activation_dropout: dropout rates.
+        input_dropout: dropout on the summed input embeddings; None uses ``dropout``
+            (Microsoft's v1 code had its own rate, 0.0 in its molpcba recipe).
+        pre_layernorm: pre-LN (the paper's choice) or post-LN layers.
+        embedding_layernorm: a LayerNorm over the summed input embeddings (graph token included)
+            before the first layer, Microsoft's ``encoder_normalize_before``; None follows
+            ``pre_layernorm``. Microsoft's base and slim use post-LN layers with this LayerNorm.
+        final_layernorm: a LayerNorm after the last layer (for pre-LN stacks, whose output is
+            otherwise unnormalised; Microsoft's and Hugging Face's encoders define one for pre-LN
+            but never apply it, so converted models leave it off).
+        atom_feature_dims, bond_feature_dims: vocabulary per categorical node / edge feature;
+            None means OGB's molecule featurisation (``ogb.utils.features``).
+        feature_stride: None for a compact embedding table; an int gives every feature column that
+            many rows, as Microsoft's checkpoints do (512).
+        max_degree: degrees above it share one centrality embedding.
+        max_distance: hop distances above it share one spatial embedding.
+        unreachable_as_far: unreachable pairs share the spatial embedding of pairs farther than
+            ``max_distance`` instead of having their own. Microsoft's Floyd-Warshall reports both
+            as distance 510, so ``max_distance=509`` with this reproduces its 512-row table.
+        edge_encoding: ``"multi_hop"`` (paper default) or ``"single_hop"``.
+        multi_hop_max_dist: path edges averaged by the multi-hop edge encoding.
+        attention_max_distance: None, or pairs more than this many hops apart (and unreachable
+            pairs) do not attend to each other, as the ``spatial_pos_max`` setting of Microsoft's
+            and Hugging Face's collators does.
+        head_bias: ``"per_task"`` (one output bias per task) or ``"shared"`` (one learned scalar
+            added to every output, Microsoft's ``lm_output_learned_bias``).
+        num_tasks: outputs of the prediction head.
+    """
+
+    num_layers: int = 12
+    hidden_dim: int = 80
+    ffn_dim: int = 80
+    num_heads: int = 8
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.1
+    input_dropout: float | None = None
+    pre_layernorm: bool = True
+    atom_feature_dims: list[int] | None = None
+    bond_feature_dims: list[int] | None = None
+    feature_stride: int | None = None
+    max_degree: int = 64
+    max_distance: int = 20
+    edge_encoding: str = "multi_hop"
+    multi_hop_max_dist: int = 5
+    embedding_layernorm: bool | None = None
+    final_layernorm: bool = False
+    unreachable_as_far: bool = False
+    attention_max_distance: int | None = None
+    head_bias: str = "per_task"
+    num_tasks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.hidden_dim % self.num_heads != 0:
+            raise ValueError(
+                f"model.hidden_dim ({self.hidden_dim}) must be divisible by model.num_heads "
+                f"({self.num_heads})"
+            )
+        for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads", "num_tasks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+        if self.edge_encoding not in ("multi_hop", "single_hop"):
+            raise ValueError(
+                f"model.edge_encoding must be 'multi_hop' or 'single_hop', got "
+                f"{self.edge_encoding!r}"
+            )
+        if self.head_bias not in ("per_task", "shared"):
+            raise ValueError(
+                f"model.head_bias must be 'per_task' or 'shared', got {self.head_bias!r}"
+            )
+        for name in ("max_degree", "max_distance"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.{name} must be >= 0, got {getattr(self, name)}")
+        if self.attention_max_distance is not None and self.attention_max_distance < 0:
+            raise ValueError(
+                "model.attention_max_distance must be null or >= 0, got "
+                f"{self.attention_max_distance}"
+            )
+        if self.atom_feature_dims is None:
+            self.atom_feature_dims = ogb_atom_feature_dims()
+        if self.bond_feature_dims is None:
+            self.bond_feature_dims = ogb_bond_feature_dims()
+        self.atom_feature_dims = [int(d) for d in self.atom_feature_dims]
+        self.bond_feature_dims = [int(d) for d in self.bond_feature_dims]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GraphormerConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def uses_embedding_layernorm(self) -> bool:
+        """Whether the summed input embeddings are normalised (``embedding_layernorm`` resolved)."""
+        if self.embedding_layernorm is None:
+            return self.pre_layernorm
+        return self.embedding_layernorm
+
+
+# The layers run on packed real tokens unless these fill at least this share of a batch's rows.
+_PACK_BELOW = 0.9
+
+
+class Graphormer(nn.Module):
+    """Graphormer: a transformer over the nodes of a graph plus a graph token, with centrality,
+    spatial and edge encodings (Ying et al., 2021).
+
+    Args:
+        config (GraphormerConfig): hyperparameters.
+
+    Shapes:
+        - input: a :class:`~graphormer.data.GraphormerBatch` of ``B`` graphs padded to ``N`` nodes
+        - output: ``[B, num_tasks]``; with ``return_attention`` also a list of ``num_layers``
+          per-head attention maps ``[B, H, N + 1, N + 1]`` (graph token at index 0)
+    """
+
+    def __init__(self, config: GraphormerConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.node_encoder = NodeEncoder(
+            c.atom_feature_dims, c.hidden_dim, c.max_degree, c.feature_stride
+        )
+        self.attn_bias = GraphAttentionBias(
+            c.num_heads,
+            c.bond_feature_dims,
+            c.max_distance,
+            c.edge_encoding,
+            c.multi_hop_max_dist,
+            c.feature_stride,
+            c.unreachable_as_far,
+        )
+        self.graph_token = nn.Parameter(torch.empty(1, 1, c.hidden_dim))
+        # Microsoft's encoder_normalize_before: one LayerNorm over the summed input embeddings.
+        self.input_norm = (
+            nn.LayerNorm(c.hidden_dim) if c.uses_embedding_layernorm else nn.Identity()
+        )
+        self.input_dropout = Dropout(c.dropout if c.input_dropout is None else c.input_dropout)
+        self.layers = nn.ModuleList(
+            GraphormerLayer(
+                c.hidden_dim,
+                c.ffn_dim,
+                c.num_heads,
+                c.dropout,
+                c.attention_dropout,
+                c.activation_dropout,
+                c.pre_layernorm,
+            )
+            for _ in range(c.num_layers)
+        )
+        self.final_norm = nn.LayerNorm(c.hidden_dim) if c.final_layernorm else nn.Identity()
+        # The head as Microsoft's: transform, GELU, LayerNorm, then the output layer.
+        self.head_transform = nn.Linear(c.hidden_dim, c.hidden_dim)
+        self.head_norm = nn.LayerNorm(c.hidden_dim)
+        shared = c.head_bias == "shared"
+        self.head = nn.Linear(c.hidden_dim, c.num_tasks, bias=not shared)
+        if shared:
+            self.head_bias = nn.Parameter(torch.zeros(1))
+        else:
+            self.register_parameter("head_bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # BERT-style initialisation, as in Microsoft's Graphormer: N(0, 0.02) weights, zero biases.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        self.node_encoder.reset_parameters()
+        self.attn_bias.reset_parameters()
+        nn.init.normal_(self.graph_token, std=0.02)
+        if self.head_bias is not None:
+            nn.init.zeros_(self.head_bias)
+
+    def encode(
+        self,
+        batch: GraphormerBatch,
+        return_attention: bool = False,
+        perturb: Tensor | None = None,
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Final hidden states ``[B, N + 1, d]`` (graph token first; zeros at padding) and the
+        attention maps.
+
+        ``perturb`` ``[B, N, d]`` is added to the node input embeddings (FLAG's adversarial
+        perturbation; Kong et al., 2020), at real nodes only; the graph token is never perturbed.
+        """
+        node_mask = batch.node_mask
+        h = self.node_encoder(batch.x, batch.in_degree, batch.out_degree, node_mask)  # [B, N, d]
+        if perturb is not None:
+            h = h + perturb.to(h.dtype) * node_mask.unsqueeze(-1).to(h.dtype)
+        token = self.graph_token.expand(h.size(0), -1, -1).to(h.dtype)
+        h = torch.cat([token, h], dim=1)  # [B, N+1, d]
+        h = self.input_dropout(self.input_norm(h))
+
+        # The bias is computed once and shared by every layer, as in the paper; the padding mask
+        # is folded into it once too. Keys at padding get the most negative value; the graph
+        # token (column 0) is never masked, so no query row is empty.
+        attn_bias = self.attn_bias(batch.spatial_pos, batch.edge_path, batch.edge_attr)
+        # Cast once to the dtype attention computes in (bf16 under autocast), not once per layer,
+        # and mask with that dtype's own most negative value (float32's would overflow to -inf).
+        dtype = attn_bias.dtype
+        if torch.is_autocast_enabled(h.device.type):
+            dtype = torch.get_autocast_dtype(h.device.type)
+        key_padding_mask = F.pad(~node_mask, (1, 0), value=False)  # [B, N+1]
+        masked = key_padding_mask[:, None, :]  # [B, 1, N+1]
+        limit = self.config.attention_max_distance
+        if limit is not None:
+            # Pairs too far apart (or unreachable) do not attend; never the graph token.
+            spatial_pos = batch.spatial_pos.long()
+            too_far = (spatial_pos > limit) | (spatial_pos < 0)  # [B, N, N]
+            masked = masked | F.pad(too_far, (1, 0, 1, 0), value=False)  # [B, N+1, N+1]
+        attn_bias = attn_bias.to(dtype).masked_fill(
+            masked[:, None], torch.finfo(dtype).min
+        )  # [B, H, N+1, N+1]
+        # The layers run on the real tokens only (graph tokens and nodes, packed [T, d]): a
+        # padded batch of mixed-size molecules is mostly padding, which every per-token matmul
+        # would otherwise compute. Padding rows come back as zeros. A batch of similar sizes
+        # (little padding) skips the packing, which would then cost more than it saves.
+        batch, length, width = h.shape
+        real = F.pad(node_mask, (1, 0), value=True)  # [B, N+1]
+        packed = None
+        if real.sum() < _PACK_BELOW * real.numel():
+            tokens = real.reshape(-1).nonzero().squeeze(1)  # [T]
+            packed = (tokens, batch, length)
+            h = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]
+        attentions = []
+        for layer in self.layers:
+            h, weights = layer(h, attn_bias, need_weights=return_attention, packed=packed)
+            if return_attention:
+                attentions.append(weights)
+        h = self.final_norm(h)
+        if packed is None:
+            return h * real.unsqueeze(-1).to(h.dtype), attentions
+        h = h.new_zeros(batch * length, width).index_copy(0, packed[0], h)
+        return h.view(batch, length, width), attentions
+
+    def forward(
+        self,
+        batch: GraphormerBatch,
+        return_attention: bool = False,
+        perturb: Tensor | None = None,
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        h, attentions = self.encode(batch, return_attention, perturb)
+        graph = h[:, 0]  # [B, d], the graph token's final state
+        out = self.head(self.head_norm(F.gelu(self.head_transform(graph))))  # [B, T]
+        if self.head_bias is not None:
+            out = out + self.head_bias
+        return (out, attentions) if return_attention else out

@@ -1,0 +1,304 @@
+"""Real molecules and model presets for tests and benchmarks (one copy, imported by both).
+
+rdkit's wheel ships real molecules: ``NCI/first_5K.smi`` (5,000 SMILES) and ``first_5k.tpsa.csv``
+(their topological polar surface area). This module featurises them with OGB's ``smiles2graph`` and
+writes them in OGB's on-disk layout, so that tests run the real OGB loading code offline.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from ogb.utils import smiles2graph
+from rdkit import Chem, RDConfig, RDLogger
+from torch_geometric.data import Data
+
+__all__ = [
+    "CONFIGS",
+    "NCI_SMILES",
+    "NCI_TPSA",
+    "model_preset",
+    "nci_graphs",
+    "nci_ogb_dataset",
+    "nci_smiles",
+    "nci_pcqm4mv2",
+    "nci_table",
+    "nci_zinc",
+    "nci_zinc_molecules",
+    "nci_zinc_splits",
+    "to_data",
+    "write_ogb_layout",
+    "write_pcqm4mv2_layout",
+    "write_zinc_layout",
+    "zinc_molecule",
+]
+
+# The repository's configs/ folder (an editable install, as the README sets up).
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+NCI_SMILES = Path(RDConfig.RDDataDir) / "NCI" / "first_5K.smi"
+NCI_TPSA = Path(RDConfig.RDDataDir) / "NCI" / "first_5k.tpsa.csv"
+
+
+@lru_cache(maxsize=1)
+def nci_table() -> pd.DataFrame:
+    """rdkit's NCI molecules that parse and have a TPSA value: columns ``smiles``, ``tpsa``."""
+    RDLogger.DisableLog("rdApp.*")
+    table = pd.read_csv(NCI_TPSA, skiprows=1, header=None, names=["smiles", "tpsa"])
+    valid = [
+        Chem.MolFromSmiles(s) is not None and t == t
+        for s, t in zip(table.smiles, table.tpsa, strict=True)
+    ]
+    return table[valid].reset_index(drop=True)
+
+
+@lru_cache(maxsize=1)
+def nci_smiles() -> tuple[str, ...]:
+    """The SMILES of ``first_5K.smi`` that current rdkit parses (4,991 of 4,999)."""
+    RDLogger.DisableLog("rdApp.*")
+    lines = NCI_SMILES.read_text().splitlines()
+    smiles = [line.split()[0] for line in lines if line.strip()]
+    return tuple(s for s in smiles if Chem.MolFromSmiles(s) is not None)
+
+
+@lru_cache(maxsize=4)
+def nci_graphs(limit: int | None = None) -> tuple[dict, ...]:
+    """OGB featurisations (``smiles2graph``) of the first ``limit`` valid NCI molecules."""
+    return tuple(smiles2graph(s) for s in nci_smiles()[:limit])
+
+
+def to_data(graph: dict, y: float | None = None) -> Data:
+    data = Data(
+        x=torch.from_numpy(graph["node_feat"]),
+        edge_index=torch.from_numpy(graph["edge_index"]),
+        edge_attr=torch.from_numpy(graph["edge_feat"]),
+        num_nodes=graph["num_nodes"],
+    )
+    if y is not None:
+        data.y = torch.tensor([[y]], dtype=torch.float)
+    return data
+
+
+def write_ogb_layout(root: Path, name: str, smiles: list[str], labels: np.ndarray) -> Path:
+    """Writes molecules as OGB's raw files for dataset ``name`` under ``root`` and returns its folder.
+
+    The layout is OGB's own (``raw/*.csv.gz`` with each bond once, ``split/scaffold/*.csv.gz``,
+    ``mapping/mol.csv.gz``, ``RELEASE_v1.txt``), so the real ``PygGraphPropPredDataset`` reads it.
+    """
+    folder = root / "_".join(name.split("-"))
+    (folder / "raw").mkdir(parents=True, exist_ok=True)
+    (folder / "split" / "scaffold").mkdir(parents=True, exist_ok=True)
+    (folder / "mapping").mkdir(parents=True, exist_ok=True)
+    graphs = [smiles2graph(s) for s in smiles]
+    edges, edge_feats, node_feats = [], [], []
+    for g in graphs:
+        # OGB lists each bond once; the loader adds the reverse edge (add_inverse_edge=True).
+        once = slice(None, None, 2)
+        edges.append(g["edge_index"][:, once].T)
+        edge_feats.append(g["edge_feat"][once])
+        node_feats.append(g["node_feat"])
+
+    def write(path: Path, array: np.ndarray) -> None:
+        with gzip.open(path, "wt") as f:
+            pd.DataFrame(array).to_csv(f, header=False, index=False)
+
+    write(folder / "raw" / "edge.csv.gz", np.concatenate(edges))
+    write(folder / "raw" / "edge-feat.csv.gz", np.concatenate(edge_feats))
+    write(folder / "raw" / "node-feat.csv.gz", np.concatenate(node_feats))
+    write(folder / "raw" / "num-node-list.csv.gz", np.array([g["num_nodes"] for g in graphs]))
+    write(
+        folder / "raw" / "num-edge-list.csv.gz",
+        np.array([g["edge_index"].shape[1] // 2 for g in graphs]),
+    )
+    labels = np.asarray(labels, dtype=float).reshape(len(smiles), -1)
+    with gzip.open(folder / "raw" / "graph-label.csv.gz", "wt") as f:
+        pd.DataFrame(labels).to_csv(f, header=False, index=False, na_rep="")
+    n = len(smiles)
+    order = np.arange(n)
+    cut1, cut2 = int(0.8 * n), int(0.9 * n)
+    for split, idx in (
+        ("train", order[:cut1]),
+        ("valid", order[cut1:cut2]),
+        ("test", order[cut2:]),
+    ):
+        write(folder / "split" / "scaffold" / f"{split}.csv.gz", idx)
+    with gzip.open(folder / "mapping" / "mol.csv.gz", "wt") as f:
+        pd.DataFrame({"smiles": smiles}).to_csv(f, index=False)
+    (folder / "RELEASE_v1.txt").write_text("")
+    return folder
+
+
+def nci_ogb_dataset(root: Path, name: str = "ogbg-molhiv", limit: int = 400) -> Path:
+    """An OGB-layout copy of ``name`` made of NCI molecules. Classification labels are
+    ``TPSA > median`` (a real, learnable property), regression labels the TPSA itself."""
+    table = nci_table().iloc[:limit]
+    tpsa = table.tpsa.to_numpy()
+    from graphormer.data.sources.ogb import ogb_task_info
+
+    task = ogb_task_info(name)
+    if task.is_classification:
+        # Task t thresholds TPSA at a different quantile; multi-task sets miss ~20% of labels.
+        quantiles = np.linspace(0.3, 0.7, task.num_tasks) if task.num_tasks > 1 else [0.5]
+        labels = np.stack([(tpsa > np.quantile(tpsa, q)).astype(float) for q in quantiles], 1)
+        if task.num_tasks > 1:
+            missing = np.random.default_rng(0).random(labels.shape) < 0.2
+            labels[missing] = np.nan
+    else:
+        labels = tpsa[:, None].repeat(task.num_tasks, 1)
+    return write_ogb_layout(root, name, table.smiles.tolist(), labels)
+
+
+def model_preset(name: str) -> dict:
+    """A model preset from ``configs/model/<name>.yaml``, composed by Hydra (defaults resolved)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[f"model={name}", "output_dir=."])
+    return OmegaConf.to_container(cfg.model, resolve=True)
+
+
+def write_pcqm4mv2_layout(
+    root: Path, smiles: list[str], gaps: np.ndarray, sizes: dict[str, int]
+) -> Path:
+    """Writes molecules in OGB-LSC's PCQM4Mv2 layout under ``root`` (``pcqm4m-v2/raw/data.csv.gz``
+    with ``idx,smiles,homolumogap``, ``split_dict.pt`` of numpy index arrays as OGB ships it,
+    ``RELEASE_v1.txt``), splits in the order train, valid, test-dev, test-challenge; the test
+    splits' gaps are left empty, as in OGB's file."""
+    folder = Path(root) / "pcqm4m-v2"
+    (folder / "raw").mkdir(parents=True, exist_ok=True)
+    n = len(smiles)
+    assert sum(sizes.values()) == n, (sizes, n)
+    bounds = np.cumsum([0, *sizes.values()])
+    split = {k: np.arange(bounds[i], bounds[i + 1]) for i, k in enumerate(sizes)}
+    gaps = np.asarray(gaps, dtype=float).copy()
+    for name in ("test-dev", "test-challenge"):
+        gaps[split.get(name, [])] = np.nan
+    table = pd.DataFrame({"idx": np.arange(n), "smiles": list(smiles), "homolumogap": gaps})
+    table.to_csv(folder / "raw" / "data.csv.gz", index=False, compression="gzip")
+    torch.save(split, folder / "split_dict.pt")
+    (folder / "RELEASE_v1.txt").write_text("")
+    return folder
+
+
+def nci_pcqm4mv2(root: Path, limit: int = 300) -> Path:
+    """A PCQM4Mv2-layout dataset of NCI molecules whose "gap" is a real computed property (TPSA,
+    scaled to eV-like values), split 70/10/10/10."""
+    table = nci_table().iloc[:limit]
+    n = len(table)
+    sizes = {"train": n - 3 * (n // 10), "valid": n // 10, "test-dev": n // 10}
+    sizes["test-challenge"] = n // 10
+    gaps = 3.0 + table.tpsa.to_numpy() / 40.0
+    return write_pcqm4mv2_layout(root, table.smiles.tolist(), gaps, sizes)
+
+
+def zinc_molecule(smiles: str) -> dict | None:
+    """One molecule as ZINC's raw pickles hold it (``atom_type`` ``[N]`` long, the dense
+    ``bond_type`` ``[N, N]`` long adjacency of kekulised bond types 1/2/3, ``num_atom``), or None
+    when an atom has no type in ZINC's 28-type vocabulary or the molecule is in pieces. The
+    target is left to :func:`nci_zinc_molecules`."""
+    from graphormer.data.sources.zinc import ZINC_ATOM_TYPES
+
+    vocabulary = {token: i for i, token in enumerate(ZINC_ATOM_TYPES)}
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None or mol.GetNumAtoms() == 0 or len(Chem.GetMolFrags(mol)) > 1:
+        return None
+    Chem.Kekulize(mol, clearAromaticFlags=True)
+    types = []
+    for atom in mol.GetAtoms():
+        # ZINC writes an atom as SMILES brackets it: hydrogens and charge for charged or
+        # chiral atoms ("C H1" is a stereocentre's [C@H]), the bare element otherwise.
+        token = atom.GetSymbol()
+        charge = atom.GetFormalCharge()
+        if charge or atom.GetChiralTag() != Chem.ChiralType.CHI_UNSPECIFIED:
+            hydrogens = atom.GetTotalNumHs()
+            token += f" H{hydrogens}" if hydrogens else ""
+            token += {0: "", 1: " +", -1: " -"}.get(charge, " ?")
+        if token not in vocabulary:
+            return None
+        types.append(vocabulary[token])
+    n = len(types)
+    bonds = torch.zeros(n, n, dtype=torch.long)
+    orders = {Chem.BondType.SINGLE: 1, Chem.BondType.DOUBLE: 2, Chem.BondType.TRIPLE: 3}
+    for bond in mol.GetBonds():
+        if bond.GetBondType() not in orders:
+            return None
+        i, j = bond.GetBeginAtomIdx(), bond.GetEndAtomIdx()
+        bonds[i, j] = bonds[j, i] = orders[bond.GetBondType()]
+    return {"atom_type": torch.tensor(types, dtype=torch.long), "bond_type": bonds, "num_atom": n}
+
+
+@lru_cache(maxsize=2)
+def nci_zinc_molecules(limit: int) -> tuple[dict, ...]:
+    """The first ``limit`` NCI molecules that fit ZINC's vocabulary, in ZINC's raw format, with a
+    real computed target in ``logP_SA_cycle_normalized``: Crippen logP minus the ring count (as
+    ZINC's penalised logP subtracts cycles), standardised over these molecules."""
+    from rdkit.Chem import Crippen, rdMolDescriptors
+
+    RDLogger.DisableLog("rdApp.*")
+    molecules, values = [], []
+    for smiles in nci_table().smiles:
+        molecule = zinc_molecule(smiles)
+        if molecule is None:
+            continue
+        mol = Chem.MolFromSmiles(smiles)
+        values.append(Crippen.MolLogP(mol) - rdMolDescriptors.CalcNumRings(mol))
+        molecules.append(molecule)
+        if len(molecules) == limit:
+            break
+    if len(molecules) < limit:
+        raise ValueError(f"only {len(molecules)} NCI molecules fit ZINC's vocabulary")
+    values = np.asarray(values)
+    values = (values - values.mean()) / values.std()
+    for molecule, value in zip(molecules, values, strict=True):
+        molecule["logP_SA_cycle_normalized"] = torch.tensor([value], dtype=torch.float32)
+    return tuple(molecules)
+
+
+def nci_zinc_splits(
+    sizes: tuple[int, int, int] = (300, 60, 60),
+    subset_sizes: tuple[int, int, int] = (200, 40, 40),
+    seed: int = 0,
+) -> tuple[dict[str, list[dict]], dict[str, list[int]]]:
+    """ZINC's ``train``/``val``/``test`` molecules (consecutive NCI molecules) and the subset's
+    index lists (positions drawn without replacement, in random order, as index files list them)."""
+    molecules = nci_zinc_molecules(sum(sizes))
+    bounds = np.cumsum([0, *sizes])
+    rng = np.random.default_rng(seed)
+    splits, index = {}, {}
+    for i, name in enumerate(("train", "val", "test")):
+        splits[name] = list(molecules[bounds[i] : bounds[i + 1]])
+        index[name] = rng.permutation(sizes[i])[: subset_sizes[i]].tolist()
+    return splits, index
+
+
+def write_zinc_layout(
+    root: Path, splits: dict[str, list[dict]], index: dict[str, list[int]] | None = None
+) -> Path:
+    """Writes molecules in PyG's raw ZINC layout and returns ``root/ZINC``: ``raw/<split>.pickle``
+    (a pickled list of molecule dicts, as ZINC's download holds them) and, for the subset,
+    ``raw/<split>.index`` (one line of comma-separated positions)."""
+    raw = Path(root) / "ZINC" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for name, molecules in splits.items():
+        with open(raw / f"{name}.pickle", "wb") as f:
+            pickle.dump(list(molecules), f)
+    for name, positions in (index or {}).items():
+        (raw / f"{name}.index").write_text(",".join(str(int(i)) for i in positions) + "\n")
+    return raw.parent
+
+
+def nci_zinc(
+    root: Path,
+    sizes: tuple[int, int, int] = (300, 60, 60),
+    subset_sizes: tuple[int, int, int] = (200, 40, 40),
+) -> Path:
+    """A ZINC-layout dataset of real NCI molecules (see :func:`nci_zinc_splits`) under ``root``."""
+    splits, index = nci_zinc_splits(sizes, subset_sizes)
+    return write_zinc_layout(root, splits, index)

@@ -1,0 +1,294 @@
+"""``train(settings)``: build data, model and trainer from typed settings, fit, test, record."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.loggers import Logger
+
+from graphormer import checkpoint as checkpoints
+from graphormer.console import report
+from graphormer.data.datamodule import GraphDataModule
+from graphormer.data.sources import build_source
+from graphormer.devices import on_gpu, resolve_pad_to_multiple, resolve_precision
+from graphormer.errors import ConfigError
+from graphormer.rundir import is_first_process
+from graphormer.training.callbacks import EpochSummary, RunCheckpoint
+from graphormer.training.module import GraphormerModule
+from graphormer.training.pretrained import load_pretrained
+from graphormer.training.settings import DataModuleSettings, RunSettings
+
+__all__ = [
+    "absolute_paths",
+    "build_datamodule",
+    "build_module",
+    "quiet_third_parties",
+    "train",
+]
+
+log = logging.getLogger(__name__)
+
+
+def build_datamodule(
+    dataset: dict[str, Any],
+    datamodule: DataModuleSettings | dict[str, Any],
+    seed: int = 0,
+    gpu: bool | None = None,
+) -> GraphDataModule:
+    """The datamodule from plain dataset settings and the datamodule settings (checked by
+    :class:`DataModuleSettings`, whether from the command line or read from a checkpoint). The
+    dataset source is chosen by name from graphormer's own table
+    (:func:`~graphormer.data.build_source`): settings read from a checkpoint are data, and never
+    name code to run. ``pad_to_multiple: null`` is resolved for ``gpu`` (default: whether a GPU
+    is visible)."""
+    source = build_source(dataset)
+    if not isinstance(datamodule, DataModuleSettings):
+        datamodule = DataModuleSettings.from_dict(datamodule)
+    values = datamodule.to_dict()
+    gpu = torch.cuda.is_available() if gpu is None else gpu
+    values["pad_to_multiple"] = resolve_pad_to_multiple(values["pad_to_multiple"], gpu)
+    return GraphDataModule(source, **values, seed=seed)
+
+
+def build_module(settings: RunSettings, datamodule: GraphDataModule) -> GraphormerModule:
+    """The LightningModule of a run: the network sized for the data, the task, the optimiser."""
+    model = dict(settings.model)
+    hops = model.get("multi_hop_max_dist", 5)
+    max_hops = settings.datamodule.max_hops
+    if model.get("edge_encoding", "multi_hop") == "multi_hop" and hops > max_hops:
+        raise ConfigError(
+            f"model.multi_hop_max_dist={hops} exceeds datamodule.max_hops={max_hops}: the cached "
+            "edge paths would be too short; raise datamodule.max_hops"
+        )
+    _dataset_feature_dims(model, datamodule)
+    data = {
+        "dataset": absolute_paths(dict(settings.dataset)),
+        # As resolved for this run (pad_to_multiple: null becomes 8 or 1), so that eval.py and
+        # a resume batch exactly as training did, whatever the device they run on.
+        "datamodule": {
+            **settings.datamodule.to_dict(),
+            "pad_to_multiple": datamodule.pad_to_multiple,
+        },
+    }
+    try:
+        return GraphormerModule(
+            model=model,
+            task=datamodule.task.to_dict(),
+            **settings.optim.to_dict(),
+            loss=settings.loss,
+            normalize_targets=settings.normalize_targets,
+            data=data,
+            flag=settings.flag.to_dict() if settings.flag.enabled else None,
+        )
+    except (ValueError, TypeError) as error:
+        # The model's and the module's own checks name the key ("model.hidden_dim ...").
+        raise ConfigError(str(error)) from error
+
+
+def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule) -> None:
+    """Sizes the model's embedding tables by the dataset's own vocabularies (ZINC's atom and bond
+    types), where the config leaves them null; the filled values are saved with the checkpoint's
+    model settings, so eval.py and fine-tuning rebuild the same tables. Sources featurised like
+    OGB (``feature_dims()`` is None) keep the model's default, OGB's featurisation."""
+    dims = datamodule.source.feature_dims()
+    if dims is None:
+        return
+    for key, needed, kind in zip(
+        ("atom_feature_dims", "bond_feature_dims"), dims, ("node", "edge"), strict=True
+    ):
+        given = model_cfg.get(key)
+        if given is None:
+            model_cfg[key] = [int(d) for d in needed]
+        elif len(given) != len(needed) or any(
+            int(g) < n for g, n in zip(given, needed, strict=True)
+        ):
+            raise ConfigError(
+                f"model.{key}={list(given)} cannot hold the {kind} features of "
+                f"{datamodule.task.name}: {len(needed)} column(s) with vocabularies "
+                f"{list(needed)}; set model.{key}=null to follow the dataset (or give "
+                f"{len(needed)} size(s) at least that large)"
+            )
+
+
+def absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The dataset settings with absolute paths, so that eval.py finds the data from any folder."""
+    for key in ("root", "path"):
+        value = dataset_cfg.get(key)
+        if isinstance(value, str) and not value.startswith("rdkit:"):
+            dataset_cfg[key] = os.path.abspath(os.path.expanduser(value))
+    return dataset_cfg
+
+
+def is_terminal() -> bool:
+    """Whether stdout is a terminal a progress bar can be drawn in (some report 0 columns:
+    tqdm then draws nothing, so those get the plain per-epoch lines)."""
+    return sys.stdout.isatty() and shutil.get_terminal_size(fallback=(0, 0)).columns > 0
+
+
+def _check_writable(folder: Path) -> None:
+    """Fails now, not after hours of training, if checkpoints cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"cannot write checkpoints to {folder} ({error.strerror or error}); choose a "
+            "writable run folder with hydra.run.dir=DIR (or output_dir=DIR)"
+        ) from error
+
+
+def quiet_third_parties() -> None:
+    """No adverts or known-harmless notices on every run (warnings that matter still show)."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for pattern in (
+        r".*isinstance\(treespec, LeafSpec\)",  # Lightning on torch >= 2.10
+        r".*number of training batches .* is smaller than the logging interval",
+        r".*does not have many workers which may be a bottleneck",
+        r".*litlogger|.*litmodels",
+        # Our epoch-level metrics are computed from predictions gathered on every rank, so
+        # each rank logs the same value: Lightning's advice to sync them does not apply.
+        r".*when logging on epoch level in distributed setting",
+        r".*torch.distributed.nn.functional.all_gather is deprecated",  # Lightning, torch >= 2.10
+    ):
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+def train(
+    settings: RunSettings,
+    callbacks: list[pl.Callback] | None = None,
+    loggers: list[Logger] | None = None,
+) -> dict[str, Any]:
+    """Trains a Graphormer as ``settings`` say; returns what it writes to ``metrics.json``.
+
+    Args:
+        settings (RunSettings): the run (``RunSettings.from_dict`` checks plain values).
+        callbacks (list[Callback] | None, optional): extra Lightning callbacks, for code that
+            embeds training. (default: :obj:`None`)
+        loggers (list[Logger] | None, optional): Lightning loggers (the command line builds
+            them from ``logger=``); with any, the learning rate is logged too.
+            (default: :obj:`None`)
+    """
+    quiet_third_parties()
+    if settings.require_pretrained and not settings.pretrained:
+        raise ConfigError(
+            "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
+            "pre-training run's checkpoint, or published weights converted with "
+            "scripts/convert.py; see README 'Reproducing the paper')"
+        )
+    if settings.ckpt_path:
+        checkpoints.load(settings.ckpt_path)  # a missing, corrupt or altered file fails now
+    trainer_settings = settings.trainer
+    flag = settings.flag
+    if flag.enabled and trainer_settings.accumulate_grad_batches > 1:
+        raise ConfigError(
+            "flag.m > 0 (FLAG) takes its own gradient steps and cannot accumulate gradients over "
+            "batches: set trainer.accumulate_grad_batches=1, or use a larger datamodule.batch_size"
+        )
+    pl.seed_everything(settings.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision("high")
+    output_dir = Path(settings.output_dir)
+    _check_writable(output_dir / "checkpoints")
+    gpu = on_gpu(trainer_settings.accelerator)
+    datamodule = build_datamodule(settings.dataset, settings.datamodule, settings.seed, gpu)
+    task = datamodule.task
+    module = build_module(settings, datamodule)
+    if settings.pretrained:
+        loaded = load_pretrained(module, settings.pretrained, strict=settings.pretrained_strict)
+        if is_first_process():
+            report(loaded.summary())
+
+    checkpoint = RunCheckpoint(
+        dirpath=output_dir / "checkpoints",
+        filename="best-epoch{epoch:03d}",
+        monitor=task.monitor,
+        mode="max" if task.higher_is_better else "min",
+        save_top_k=1,
+        save_last=True,
+        auto_insert_metric_name=False,
+    )
+    callbacks = [checkpoint, *(callbacks or [])]
+    kwargs = trainer_settings.lightning_kwargs()
+    progress_bar = kwargs.pop("enable_progress_bar")
+    if progress_bar is None:  # a bar in a terminal, plain lines in a log file or a pipe
+        progress_bar = is_terminal()
+    if not progress_bar:
+        callbacks.append(EpochSummary())
+    if loggers:
+        callbacks.append(pl.callbacks.LearningRateMonitor(logging_interval="step"))
+    if module.flag.enabled:
+        # FLAG optimises manually (several backward passes per update), and Lightning refuses
+        # its own clipping then: the module clips with the same value instead.
+        module.gradient_clip_val = kwargs["gradient_clip_val"]
+        module.gradient_clip_algorithm = kwargs["gradient_clip_algorithm"] or "norm"
+        kwargs["gradient_clip_val"] = None
+        kwargs["gradient_clip_algorithm"] = None
+    kwargs["precision"] = resolve_precision(kwargs["precision"], gpu)
+    try:
+        trainer = pl.Trainer(
+            **kwargs,
+            callbacks=callbacks,
+            logger=list(loggers or []) or False,
+            default_root_dir=output_dir,
+            enable_progress_bar=progress_bar,
+            enable_model_summary=False,
+        )
+    except (MisconfigurationException, ValueError, TypeError) as error:
+        # Lightning's own refusal of a combination (no GPU for accelerator=gpu, ...).
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ConfigError(f"the trainer settings are not usable: {first}") from error
+    if trainer.is_global_zero:
+        report(
+            f"model: {sum(p.numel() for p in module.parameters()):,} parameters; "
+            f"precision: {trainer.precision}; devices: {trainer.world_size}"
+        )
+    trainer.fit(module, datamodule=datamodule, ckpt_path=settings.ckpt_path, weights_only=True)
+
+    best = checkpoint.best_model_path
+    if not best or not Path(best).is_file():
+        raise ConfigError(
+            "no checkpoint was selected because validation never ran: trainer.max_epochs="
+            f"{trainer.max_epochs}, trainer.max_steps={trainer.max_steps}, "
+            f"trainer.check_val_every_n_epoch={trainer.check_val_every_n_epoch}, "
+            f"trainer.val_check_interval={trainer.val_check_interval}; let validation run at "
+            "least once (with max_steps, set trainer.val_check_interval=N steps)"
+        )
+    metric = task.metric
+    test = None  # PCQM4Mv2's test splits have no labels: the leaderboard scores them
+    if datamodule.is_labelled("test"):
+        scores = trainer.test(
+            module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True
+        )
+        test = {metric: float(scores[0][f"test/{metric}"])}
+    last = output_dir / "checkpoints" / "last.ckpt"
+    results = {
+        "dataset": task.name,
+        "metric": metric,
+        "valid": {metric: float(checkpoint.best_model_score)},
+        "test": test,
+        "best_checkpoint": str(Path(best).resolve()),
+        "last_checkpoint": str(last.resolve()),
+        "epochs": trainer.current_epoch,
+        "precision": str(trainer.precision),
+    }
+    if trainer.is_global_zero:
+        path = output_dir / "metrics.json"
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        report(f"best checkpoint: {results['best_checkpoint']}")
+        report(f"metrics: {path.resolve()}")
+        test_text = f"{test[metric]:.4f}" if test else "none (no labelled test split)"
+        report(f"valid {metric}: {results['valid'][metric]:.4f}  test {metric}: {test_text}")
+        report(f"evaluate with: python scripts/eval.py ckpt={results['best_checkpoint']}")
+    return results

@@ -1,0 +1,435 @@
+"""Typed settings of a training run: what :func:`graphormer.training.train` takes.
+
+Every value is checked here, once, before anything is built or written: for the command line
+(``graphormer-train``, whose Hydra config becomes a :class:`RunSettings` through
+:meth:`RunSettings.from_dict`) and for settings read back from a checkpoint alike. A bad value is
+one :class:`~graphormer.errors.ConfigError` naming the key, the value and what is allowed.
+The dataset settings are checked by their source (:func:`graphormer.data.build_source`), the
+model's by :class:`~graphormer.models.GraphormerConfig`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from graphormer.errors import ConfigError
+
+__all__ = [
+    "DataModuleSettings",
+    "FlagSettings",
+    "OptimSettings",
+    "RunSettings",
+    "TrainerSettings",
+    "check_keys",
+]
+
+_MAX_SEED = 2**32 - 1  # numpy's and Lightning's seed range
+
+
+# -- checks that name the key ----------------------------------------------------------------
+
+
+def _bad(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+def _integer(key: str, value: Any, least: int, *, optional: bool = False, most=None) -> Any:
+    if value is None and optional:
+        return None
+    null = " or null" if optional else ""
+    upper = f" and <= {most}" if most is not None else ""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(key, value, f"an integer >= {least}{upper}{null}")
+    if value < least or (most is not None and value > most):
+        raise _bad(key, value, f"an integer >= {least}{upper}{null}")
+    return value
+
+
+def _number(
+    key: str,
+    value: Any,
+    *,
+    least: float | None = None,
+    above: float | None = None,
+    most: float | None = None,
+    below: float | None = None,
+    optional: bool = False,
+) -> Any:
+    if value is None and optional:
+        return None
+    limits = [
+        f">= {least}" if least is not None else "",
+        f"> {above}" if above is not None else "",
+        f"<= {most}" if most is not None else "",
+        f"< {below}" if below is not None else "",
+    ]
+    allowed = "a finite number " + " and ".join(x for x in limits if x)
+    allowed = allowed.strip() + (" or null" if optional else "")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _bad(key, value, allowed)
+    if (
+        (least is not None and value < least)
+        or (above is not None and value <= above)
+        or (most is not None and value > most)
+        or (below is not None and value >= below)
+    ):
+        raise _bad(key, value, allowed)
+    return float(value)
+
+
+def _boolean(key: str, value: Any, *, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if not isinstance(value, bool):
+        raise _bad(key, value, "true or false" + (" or null" if optional else ""))
+    return value
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise _bad(key, value, f"one of {', '.join(choices)}")
+    return value
+
+
+def check_keys(group: str, given: Mapping[str, Any], known: set[str] | list[str]) -> None:
+    """Refuses keys of ``group`` that do not exist, naming the closest ones that do."""
+    unknown = sorted(set(given) - set(known))
+    if not unknown:
+        return
+    key = unknown[0]
+    close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(f'{group}.{c}' for c in close)}? " if close else ""
+    more = f" (and {', '.join(unknown[1:])})" if len(unknown) > 1 else ""
+    raise ConfigError(
+        f"{group}.{key}{more} does not exist: {hint}the keys of {group} are "
+        f"{', '.join(sorted(known))}"
+    )
+
+
+def _from(cls, group: str, values: Mapping[str, Any] | None):
+    values = dict(values or {})
+    check_keys(group, values, [f.name for f in fields(cls)])
+    return cls(**values)
+
+
+# -- the groups ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    """AdamW with linear warm-up to ``lr`` and linear decay to ``end_lr`` (``optim.*``)."""
+
+    lr: float = 2e-4
+    end_lr: float = 1e-9
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int | None = None
+    warmup_ratio: float = 0.06
+    total_steps: int | None = None
+    fused: bool | None = None
+
+    def __post_init__(self) -> None:
+        _number("optim.lr", self.lr, above=0)
+        _number("optim.end_lr", self.end_lr, least=0)
+        if self.end_lr > self.lr:
+            raise _bad(
+                "optim.end_lr", self.end_lr, f"a learning rate <= the peak optim.lr={self.lr}"
+            )
+        _number("optim.weight_decay", self.weight_decay, least=0)
+        betas = self.betas
+        if (
+            not isinstance(betas, list | tuple)
+            or len(betas) != 2
+            or not all(
+                isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
+            )
+        ):
+            raise _bad("optim.betas", betas, "two numbers in [0, 1), e.g. [0.9, 0.999]")
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        _number("optim.eps", self.eps, above=0)
+        _integer("optim.warmup_steps", self.warmup_steps, 0, optional=True)
+        _number("optim.warmup_ratio", self.warmup_ratio, least=0, most=1)
+        _integer("optim.total_steps", self.total_steps, 1, optional=True)
+        _boolean("optim.fused", self.fused, optional=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "betas": list(self.betas)}
+
+
+@dataclass(frozen=True)
+class FlagSettings:
+    """FLAG adversarial augmentation (Kong et al., 2020): ``flag.*``; off when ``m`` is 0."""
+
+    m: int = 0
+    step_size: float = 1e-3
+    mag: float = 0.0
+
+    def __post_init__(self) -> None:
+        _integer("flag.m", self.m, 0)
+        _number("flag.step_size", self.step_size, above=0)
+        _number("flag.mag", self.mag, least=0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.m > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DataModuleSettings:
+    """Batching and preprocessing (``datamodule.*``): the arguments of
+    :class:`~graphormer.data.GraphDataModule` besides the source and seed."""
+
+    batch_size: int = 64
+    eval_batch_size: int | None = None
+    num_workers: int = 0
+    max_nodes: int = 128
+    max_hops: int = 5
+    pad_to_multiple: int | None = None  # None: 8 on GPUs, 1 on the CPU (resolve_padding)
+    on_the_fly: bool = False
+    group_by_size: bool = True
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _integer("datamodule.batch_size", self.batch_size, 1)
+        _integer("datamodule.eval_batch_size", self.eval_batch_size, 1, optional=True)
+        _integer("datamodule.num_workers", self.num_workers, 0)
+        _integer("datamodule.max_nodes", self.max_nodes, 1)
+        _integer("datamodule.max_hops", self.max_hops, 1)
+        _integer("datamodule.pad_to_multiple", self.pad_to_multiple, 1, optional=True)
+        _boolean("datamodule.on_the_fly", self.on_the_fly)
+        _boolean("datamodule.group_by_size", self.group_by_size)
+        _integer("datamodule.max_tokens", self.max_tokens, 1, optional=True)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None) -> DataModuleSettings:
+        return _from(cls, "datamodule", values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_PRECISIONS = (
+    "auto",
+    "32-true",
+    "32",
+    "16-mixed",
+    "16",
+    "bf16-mixed",
+    "bf16",
+    "16-true",
+    "bf16-true",
+    "64-true",
+    "64",
+    "transformer-engine",
+)
+
+
+def _trainer_arguments() -> set[str]:
+    import lightning.pytorch as pl
+
+    return set(inspect.signature(pl.Trainer).parameters)
+
+
+# Arguments the run sets itself: a config may not pass them to the Trainer.
+_RUN_OWNED = {"callbacks", "logger", "default_root_dir", "enable_model_summary", "plugins"}
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """Lightning ``Trainer`` arguments (``trainer.*``). The common ones are checked here; any
+    other Trainer argument passes through in ``extra`` (Lightning checks it)."""
+
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: Any = "32-true"
+    max_epochs: int = 100
+    max_steps: int = -1
+    gradient_clip_val: float | None = 5.0
+    gradient_clip_algorithm: str | None = None
+    enable_progress_bar: bool | None = None
+    log_every_n_steps: int = 20
+    check_val_every_n_epoch: int | None = 1
+    val_check_interval: Any = None
+    num_sanity_val_steps: int = 2
+    accumulate_grad_batches: int = 1
+    use_distributed_sampler: bool = False
+    deterministic: Any = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _choice(
+            "trainer.accelerator",
+            self.accelerator,
+            ("auto", "cpu", "gpu", "cuda", "mps", "tpu"),
+        )
+        devices = self.devices
+        if not (
+            devices in ("auto", -1)
+            or (isinstance(devices, int) and not isinstance(devices, bool) and devices >= 1)
+            or (
+                isinstance(devices, list | tuple)
+                and devices
+                and all(isinstance(d, int) and not isinstance(d, bool) for d in devices)
+            )
+        ):
+            raise _bad(
+                "trainer.devices",
+                devices,
+                "an integer >= 1 (how many), -1 or auto (all), or a list of device indices",
+            )
+        _integer("trainer.num_nodes", self.num_nodes, 1)
+        strategies = ("auto", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp")
+        strategies += ("deepspeed", "single_device", "ddp_notebook")
+        if not isinstance(self.strategy, str) or not (
+            self.strategy in strategies or self.strategy.startswith(("ddp", "deepspeed", "fsdp"))
+        ):
+            raise _bad("trainer.strategy", self.strategy, f"one of {', '.join(strategies)}")
+        object.__setattr__(self, "precision", str(self.precision))
+        _choice("trainer.precision", self.precision, _PRECISIONS)
+        _integer("trainer.max_epochs", self.max_epochs, -1)
+        _integer("trainer.max_steps", self.max_steps, -1)
+        if self.max_epochs == -1 and self.max_steps == -1:
+            raise _bad(
+                "trainer.max_epochs",
+                -1,
+                "-1 (no limit) only with a trainer.max_steps limit; set one of them",
+            )
+        _number("trainer.gradient_clip_val", self.gradient_clip_val, least=0, optional=True)
+        if self.gradient_clip_algorithm is not None:
+            _choice(
+                "trainer.gradient_clip_algorithm", self.gradient_clip_algorithm, ("norm", "value")
+            )
+        _boolean("trainer.enable_progress_bar", self.enable_progress_bar, optional=True)
+        _integer("trainer.log_every_n_steps", self.log_every_n_steps, 1)
+        _integer("trainer.check_val_every_n_epoch", self.check_val_every_n_epoch, 1, optional=True)
+        interval = self.val_check_interval
+        if interval is not None and not (
+            (isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1)
+            or (isinstance(interval, float) and 0 < interval <= 1)
+        ):
+            raise _bad(
+                "trainer.val_check_interval",
+                interval,
+                "null, an integer >= 1 (every N training batches) or a fraction in (0, 1] of "
+                "an epoch",
+            )
+        _integer("trainer.num_sanity_val_steps", self.num_sanity_val_steps, -1)
+        _integer("trainer.accumulate_grad_batches", self.accumulate_grad_batches, 1)
+        _boolean("trainer.use_distributed_sampler", self.use_distributed_sampler)
+        if self.deterministic not in (True, False, "warn", None):
+            raise _bad("trainer.deterministic", self.deterministic, "true, false or warn")
+        for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+            if key in self.extra:
+                _fraction_or_count(f"trainer.{key}", self.extra[key])
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None) -> TrainerSettings:
+        values = dict(values or {})
+        target = values.pop("_target_", None)
+        if target not in (None, "lightning.pytorch.Trainer", "pytorch_lightning.Trainer"):
+            raise _bad("trainer._target_", target, "lightning.pytorch.Trainer (or leave it out)")
+        own = {f.name for f in fields(cls)} - {"extra"}
+        extra = {k: v for k, v in values.items() if k not in own}
+        check_keys("trainer", extra, _trainer_arguments() - own - _RUN_OWNED)
+        mine = {k: v for k, v in values.items() if k in own}
+        return cls(**mine, extra=extra)
+
+    def lightning_kwargs(self) -> dict[str, Any]:
+        """The arguments for ``lightning.pytorch.Trainer``."""
+        kwargs = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**kwargs, **self.extra}
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.lightning_kwargs()
+
+
+def _fraction_or_count(key: str, value: Any) -> None:
+    if isinstance(value, bool) or not (
+        (isinstance(value, int) and value >= 0)
+        or (isinstance(value, float) and math.isfinite(value) and 0 <= value <= 1)
+    ):
+        raise _bad(key, value, "an integer >= 0 (batches) or a fraction in [0, 1]")
+
+
+_LOSSES = ("auto", "bce", "l1", "mse")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a training run needs, checked.
+
+    Attributes:
+        dataset: the dataset source's settings (``source`` names it; checked by the source).
+        model: :class:`~graphormer.models.GraphormerConfig` fields (checked when it is built).
+        output_dir: the run folder (checkpoints, ``metrics.json``).
+        datamodule, trainer, optim, flag: the groups above.
+        loss: ``auto`` (follows the metric), ``bce``, ``l1`` or ``mse``.
+        normalize_targets: regression trains on standardised targets.
+        seed: the seed of every random stream of the run.
+        ckpt_path: resume from this checkpoint of an interrupted run.
+        pretrained: initialise the network from this checkpoint (fine-tuning).
+        pretrained_strict: a checkpoint that does not fit exactly is an error (else a warning).
+        require_pretrained: ``pretrained`` must be given (fine-tuning recipes).
+    """
+
+    dataset: dict[str, Any]
+    model: dict[str, Any]
+    output_dir: Path
+    datamodule: DataModuleSettings = field(default_factory=DataModuleSettings)
+    trainer: TrainerSettings = field(default_factory=TrainerSettings)
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    flag: FlagSettings = field(default_factory=FlagSettings)
+    loss: str = "auto"
+    normalize_targets: bool = True
+    seed: int = 42
+    ckpt_path: str | None = None
+    pretrained: str | None = None
+    pretrained_strict: bool = True
+    require_pretrained: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("dataset", "model"):
+            if not isinstance(getattr(self, key), Mapping):
+                raise _bad(
+                    key, getattr(self, key), "a group of settings (dataset=NAME, model=NAME)"
+                )
+        object.__setattr__(self, "output_dir", Path(self.output_dir))
+        _choice("loss", self.loss, _LOSSES)
+        _boolean("normalize_targets", self.normalize_targets)
+        _integer("seed", self.seed, 0, most=_MAX_SEED)
+        for key in ("ckpt_path", "pretrained"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str | Path):
+                raise _bad(key, value, "a file path or null")
+        _boolean("pretrained_strict", self.pretrained_strict)
+        _boolean("require_pretrained", self.require_pretrained)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:
+        """Settings from plain values (a resolved Hydra config: ``dataset``, ``model``,
+        ``datamodule``, ``trainer``, ``optim``, ``flag`` and the top-level keys)."""
+        values = dict(values)
+        values.pop("logger", None)  # loggers are objects: the caller builds them
+        check_keys("config", values, [f.name for f in fields(cls)])
+        for key in ("dataset", "model", "output_dir"):
+            if values.get(key) is None:
+                raise ConfigError(f"{key} must be given")
+        groups = {
+            "datamodule": DataModuleSettings.from_dict(values.pop("datamodule", None)),
+            "trainer": TrainerSettings.from_dict(values.pop("trainer", None)),
+            "optim": _from(OptimSettings, "optim", values.pop("optim", None)),
+            "flag": _from(FlagSettings, "flag", values.pop("flag", None)),
+        }
+        return cls(**values, **groups)
