@@ -107,3 +107,38 @@ def test_pictures_have_their_size_and_labels():
         assert n * 4 < image.height <= cells + 72 + 40 + 40
     with pytest.raises(ValueError, match="labels"):
         draw_heads(weights, labels[:-1])
+
+
+def test_a_nearly_flat_map_is_drawn_flat_and_said_to_be():
+    """Issue 20: a logP model's rolled-out attention lay within 0.0710-0.0726 of a uniform
+    0.0714 (14 atoms), yet one hydroxyl looked strongly highlighted. Shading follows the share
+    relative to uniform, so such a map stays unshaded and its legend says it is flat."""
+    from graphormer.inference.pictures import attention_legend, relative_to_uniform, shade
+
+    flat = np.full(14, 1.0)
+    flat[[3, 9]] = [0.0710 / 0.0714, 0.0726 / 0.0714]
+    flat = flat / flat.sum()
+    assert shade(relative_to_uniform(flat)).max() < 0.02
+    assert attention_legend(flat).endswith("x uniform, nearly flat")
+    peaked = np.full(14, 1.0)
+    peaked[5] = 3.0  # one atom gets ~2.8x its fair share
+    shades = shade(relative_to_uniform(peaked))
+    assert shades[5] > 0.65 and shades[np.arange(14) != 5].max() == 0.0
+    assert "nearly flat" not in attention_legend(peaked)
+    assert attention_legend(peaked).startswith("0.88-2.62x uniform")
+
+
+def test_head_heatmaps_show_each_row_relative_to_uniform():
+    """A uniform row is white whatever the head; a key with four times a uniform share is the
+    darkest shade, also in a head whose largest weight is small."""
+    n = 6
+    weights = np.full((2, n, n), 1.0 / n)
+    weights[1, 2] = [0.5 / 5] * 5 + [0.5]  # query 2 of head 1 puts half on the last key (3x)
+    image = draw_heads(weights, ["graph", *(f"C{i}" for i in range(n - 1))], title="t")
+    pixels = np.asarray(image)
+    # Head 0 is uniform: no cell of its panel is shaded (only white, ink and label pixels).
+    from graphormer.inference.pictures import colormap, relative_to_uniform, shade
+
+    assert shade(relative_to_uniform(weights[0], axis=-1)).max() == 0.0
+    darkest = (colormap(shade(relative_to_uniform(weights[1], axis=-1)))[2, -1] * 255).round()
+    assert (np.abs(pixels.reshape(-1, 3) - darkest).sum(1) < 3).any()

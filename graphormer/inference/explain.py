@@ -8,7 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from graphormer.inference.attention import AttentionMaps
-from graphormer.inference.pictures import draw_heads, draw_molecule, draw_molecules, value_range
+from graphormer.inference.pictures import (
+    attention_legend,
+    draw_heads,
+    draw_molecule,
+    draw_molecules,
+)
 
 __all__ = ["write_explanation"]
 
@@ -41,7 +46,10 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
             maps.smiles,
             rollout,
             size=size,
-            legend=f"graph-token attention rolled out over {layers} layers ({value_range(rollout)})",
+            legend=(
+                f"graph-token attention rolled out over {layers} layers "
+                f"({attention_legend(rollout)})"
+            ),
         ),
     )
     per_layer = [maps.graph_token_attention(layer) for layer in range(layers)]
@@ -51,8 +59,8 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
             maps.smiles,
             [*per_layer, rollout],
             legends=[
-                *(f"layer {i} ({value_range(v)})" for i, v in enumerate(per_layer)),
-                f"rollout ({value_range(rollout)})",
+                *(f"layer {i} ({attention_legend(v)})" for i, v in enumerate(per_layer)),
+                f"rollout ({attention_legend(rollout)})",
             ],
             panel=size // 2,
         ),
@@ -60,7 +68,10 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
     digits = len(str(layers - 1))
     for layer in range(layers):
         path = folder / f"heads_layer{layer:0{digits}d}.png"
-        title = f"{maps.smiles}  layer {layer}: attention of each query row over the keys"
+        title = (
+            f"{maps.smiles}  layer {layer}: attention of each query row over the keys, "
+            "relative to a uniform row"
+        )
         draw_heads(maps.weights[layer], maps.labels, title=title).save(path, optimize=True)
         written.append(path)
     for name, array in (("attention.npy", maps.weights), ("rollout.npy", maps.rollout())):

@@ -12,7 +12,16 @@ from PIL import Image, ImageDraw, ImageFont
 from rdkit import Chem
 from rdkit.Chem.Draw import rdMolDraw2D
 
-__all__ = ["colormap", "draw_heads", "draw_molecule", "draw_molecules", "value_range"]
+__all__ = [
+    "attention_legend",
+    "colormap",
+    "draw_heads",
+    "draw_molecule",
+    "draw_molecules",
+    "relative_to_uniform",
+    "shade",
+    "value_range",
+]
 
 # A white-to-dark-red scale: zero attention leaves an atom (or a heatmap cell) unshaded.
 _STOPS = np.array(
@@ -26,6 +35,14 @@ _STOPS = np.array(
 )
 _BACKGROUND = (255, 255, 255)
 _INK = (40, 40, 40)
+# Attention is shaded by how far it exceeds a uniform split (issue 20: a map whose atoms all lie
+# within 0.0710-0.0726 of a uniform 0.0714 was stretched from white to dark red, so one hydroxyl
+# looked strongly highlighted). Uniform or less is unshaded; SATURATE x uniform or more is the
+# darkest shade; in between the scale is logarithmic (2x uniform sits well inside it).
+SATURATE = 4.0
+# A map whose every value lies within this fraction of uniform is "nearly flat": nothing stands
+# out, and its legend says so.
+FLAT_WITHIN = 0.10
 
 
 def colormap(values: np.ndarray) -> np.ndarray:
@@ -36,13 +53,37 @@ def colormap(values: np.ndarray) -> np.ndarray:
     return _STOPS[low] * (1.0 - frac) + _STOPS[low + 1] * frac
 
 
+def relative_to_uniform(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """``values`` divided by their mean along ``axis``: 1 is a uniform split of what they share
+    (an atom's fair share of the graph token's attention to atoms, a key's of a query row)."""
+    values = np.asarray(values, dtype=np.float64)
+    mean = values.mean(axis=axis, keepdims=True)
+    return np.divide(values, mean, out=np.ones_like(values), where=mean > 0)
+
+
+def shade(relative: np.ndarray) -> np.ndarray:
+    """Shade in [0, 1] of values relative to uniform: 0 at uniform or below, 1 at
+    :data:`SATURATE` x uniform or above, logarithmic in between."""
+    relative = np.maximum(np.asarray(relative, dtype=np.float64), 1e-12)
+    return np.clip(np.log(relative) / np.log(SATURATE), 0.0, 1.0)
+
+
+def attention_legend(values: np.ndarray) -> str:
+    """``"0.62-2.41x uniform"``, and ``"nearly flat"`` when every value lies within
+    :data:`FLAT_WITHIN` of uniform (the drawing is then unshaded: nothing stands out)."""
+    relative = relative_to_uniform(values)
+    low, high = float(relative.min()), float(relative.max())
+    text = f"{low:.2f}-{high:.2f}x uniform"
+    if low >= 1 - FLAT_WITHIN and high <= 1 + FLAT_WITHIN:
+        text += ", nearly flat"
+    return text
+
+
 def _highlights(values: np.ndarray) -> tuple[dict, dict]:
-    # Stretched from the least- to the most-attended atom, whose difference is what a reader
-    # looks for (the range goes in the legend); kept off the darkest colours so that the element
-    # symbols and atom numbers drawn over the shading stay legible.
-    low, high = float(values.min()), float(values.max())
-    scaled = (values - low) / (high - low) if high > low else np.zeros_like(values)
-    rgb = colormap(0.06 + 0.7 * scaled)
+    # Shaded by the share relative to uniform (see SATURATE), never stretched over the range;
+    # kept off the darkest colours so that the element symbols and atom numbers drawn over the
+    # shading stay legible.
+    rgb = colormap(0.04 + 0.72 * shade(relative_to_uniform(values)))
     colors = {i: tuple(float(c) for c in rgb[i]) for i in range(len(values))}
     radii = {i: 0.42 for i in range(len(values))}
     return colors, radii
@@ -54,8 +95,9 @@ def value_range(values: np.ndarray) -> str:
 
 
 def draw_molecule(smiles: str, values: np.ndarray, size: int = 600, legend: str = "") -> bytes:
-    """PNG of the molecule with atom ``i`` shaded by ``values[i]`` (lightest = the smallest
-    value, darkest = the largest) and numbered with its rdkit index."""
+    """PNG of the molecule with atom ``i`` shaded by ``values[i]`` relative to a uniform split
+    (unshaded at uniform or below, darkest at :data:`SATURATE` x uniform) and numbered with its
+    rdkit index."""
     mol = _molecule(smiles, values)
     colors, radii = _highlights(np.asarray(values, dtype=np.float64))
     canvas = rdMolDraw2D.MolDraw2DCairo(size, size)
@@ -82,7 +124,7 @@ def draw_molecules(
     panel: int = 300,
     columns: int = 4,
 ) -> bytes:
-    """PNG grid: the molecule once per entry of ``values``, each shaded on its own range."""
+    """PNG grid: the molecule once per entry of ``values``, each shaded relative to uniform."""
     count = len(values)
     columns = max(1, min(columns, count))
     rows = math.ceil(count / columns)
@@ -111,7 +153,8 @@ def draw_heads(
     weights: np.ndarray, labels: Sequence[str], title: str = "", columns: int = 4
 ) -> Image.Image:
     """Heatmaps of ``weights`` ``[H, n, n]`` (one panel per head; row = query, column = key),
-    on one colour scale from 0 to the largest weight, with labelled rows and columns."""
+    each cell shaded by its weight relative to a uniform row (``1 / n``; white at or below it,
+    darkest at :data:`SATURATE` x), one scale for every head, with labelled rows and columns."""
     heads, n, _ = weights.shape
     if len(labels) != n:
         raise ValueError(f"{len(labels)} labels for {n} rows")
@@ -130,13 +173,13 @@ def draw_heads(
     draw = ImageDraw.Draw(image)
     if title:
         draw.text((8, 6), title, fill=_INK, font=_font(font_size + 2))
-    vmax = float(weights.max()) or 1.0
+    relative = relative_to_uniform(weights, axis=-1)  # [H, n, n]
     for h in range(heads):
         x0 = (h % columns) * panel_w
         y0 = title_h + (h // columns) * panel_h
         draw.text((x0 + margin, y0 + 2), f"head {h}", fill=_INK, font=font)
         grid_x, grid_y = x0 + margin, y0 + heading + margin
-        rgb = (colormap(weights[h] / vmax) * 255).round().astype(np.uint8)  # [n, n, 3]
+        rgb = (colormap(shade(relative[h])) * 255).round().astype(np.uint8)  # [n, n, 3]
         cells = Image.fromarray(rgb).resize((n * cell, n * cell), Image.NEAREST)
         image.paste(cells, (grid_x, grid_y))
         draw.rectangle((grid_x - 1, grid_y - 1, grid_x + n * cell, grid_y + n * cell), outline=_INK)
@@ -152,18 +195,21 @@ def draw_heads(
                 _rotated_text(label, font, font_size),
                 (int(grid_x + centre - font_size / 2), int(grid_y - 4 - width)),
             )
-    _colour_bar(draw, image.width - bar_w + 10, title_h + heading + margin, vmax, font)
+    _colour_bar(draw, image.width - bar_w + 10, title_h + heading + margin, font)
     return image
 
 
-def _colour_bar(draw: ImageDraw.ImageDraw, x: int, y: int, vmax: float, font) -> None:
+def _colour_bar(draw: ImageDraw.ImageDraw, x: int, y: int, font) -> None:
+    """The scale, in multiples of a uniform row: 1x (white) to SATURATE x (darkest)."""
     height, width = 160, 14
     for k in range(height):
         rgb = tuple(int(round(c * 255)) for c in colormap(1.0 - k / (height - 1)))
         draw.line((x, y + k, x + width, y + k), fill=rgb)
     draw.rectangle((x, y, x + width, y + height), outline=_INK)
-    draw.text((x + width + 4, y - 6), f"{vmax:.2f}", fill=_INK, font=font)
-    draw.text((x + width + 4, y + height - 8), "0", fill=_INK, font=font)
+    draw.text((x + width + 4, y - 6), f"{SATURATE:g}x", fill=_INK, font=font)
+    draw.text((x + width + 4, y + height / 2 - 6), f"{SATURATE**0.5:g}x", fill=_INK, font=font)
+    draw.text((x + width + 4, y + height - 8), "1x", fill=_INK, font=font)
+    draw.text((x - 6, y + height + 6), "of uniform", fill=_INK, font=font)
 
 
 def _rotated_text(text: str, font, size: int) -> Image.Image:

@@ -159,6 +159,10 @@ class Predictor:
         weights_dtype, self._autocast_dtype = PRECISIONS[self.precision]
         self.module.to(device=self.device, dtype=weights_dtype)
         hops = max_hops or module.config.multi_hop_max_dist
+        try:
+            module.config.check_hops(int(hops), key="max_hops")
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
         padding = resolve_pad_to_multiple(pad_to_multiple, gpu=self.device.type == "cuda")
         self.collator = GraphormerCollator(max_hops=int(hops), pad_to_multiple=padding)
         self.batch_size = int(batch_size)

@@ -186,6 +186,7 @@ class GraphAttentionBias(nn.Module):
         """Edge encoding ``[B, N, N, H]``."""
         hops = self.multi_hop_max_dist
         if edge_path.size(-1) < hops:
+            # GraphormerConfig.check_hops refuses such settings before any batch is built.
             raise ValueError(
                 f"edge_path has {edge_path.size(-1)} hops but the model's multi_hop_max_dist is "
                 f"{hops}: raise the data's max_hops"

@@ -134,6 +134,22 @@ class GraphormerConfig:
         return asdict(self)
 
     @property
+    def hops_needed(self) -> int:
+        """Path edges per node pair the data must carry (``max_hops``): the multi-hop edge
+        encoding reads ``multi_hop_max_dist`` of them, the single-hop one only the first."""
+        return self.multi_hop_max_dist if self.edge_encoding == "multi_hop" else 1
+
+    def check_hops(self, max_hops: int, key: str = "datamodule.max_hops") -> None:
+        """Raises ``ValueError`` naming ``key`` if data cached or batched with ``max_hops`` path
+        edges per pair is too short for this model (the one rule: training's settings, a
+        checkpoint's stored ones and the Predictor's batches all ask here)."""
+        if max_hops < self.hops_needed:
+            raise ValueError(
+                f"model.multi_hop_max_dist={self.multi_hop_max_dist} exceeds {key}={max_hops}: "
+                f"the edge paths would be too short; raise {key} to at least {self.hops_needed}"
+            )
+
+    @property
     def uses_embedding_layernorm(self) -> bool:
         """Whether the summed input embeddings are normalised (``embedding_layernorm`` resolved)."""
         if self.embedding_layernorm is None:

@@ -63,13 +63,6 @@ def build_datamodule(
 def build_module(settings: RunSettings, datamodule: GraphDataModule) -> GraphormerModule:
     """The LightningModule of a run: the network sized for the data, the task, the optimiser."""
     model = dict(settings.model)
-    hops = model.get("multi_hop_max_dist", 5)
-    max_hops = settings.datamodule.max_hops
-    if model.get("edge_encoding", "multi_hop") == "multi_hop" and hops > max_hops:
-        raise ConfigError(
-            f"model.multi_hop_max_dist={hops} exceeds datamodule.max_hops={max_hops}: the cached "
-            "edge paths would be too short; raise datamodule.max_hops"
-        )
     _dataset_feature_dims(model, datamodule)
     data = {
         "dataset": absolute_paths(dict(settings.dataset)),
@@ -81,7 +74,7 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
         },
     }
     try:
-        return GraphormerModule(
+        module = GraphormerModule(
             model=model,
             task=datamodule.task.to_dict(),
             **settings.optim.to_dict(),
@@ -90,6 +83,8 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
             data=data,
             flag=settings.flag.to_dict() if settings.flag.enabled else None,
         )
+        module.config.check_hops(settings.datamodule.max_hops)
+        return module
     except (ValueError, TypeError) as error:
         # The model's and the module's own checks name the key ("model.hidden_dim ...").
         raise ConfigError(str(error)) from error
