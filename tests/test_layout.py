@@ -114,3 +114,16 @@ def test_no_package_attribute_shadows_its_submodule():
                 assert getattr(value, "__name__", None) == f"{info.name}.{sub.name}", (
                     f"{info.name}.{sub.name} is {value!r}, not the module"
                 )
+
+
+def test_no_test_module_imports_another():
+    """Shared helpers live in tests/helpers.py and tests/conftest.py, not in test modules."""
+    for path in Path(__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            assert not any(n.startswith("test_") for n in names), f"{path.name} imports {names}"
