@@ -18,7 +18,7 @@ BUDGET = 256  # binds: NCI molecules pad to 24-64 tokens, so 4-10 of them, never
 
 
 def datamodule(ogb_root, world: int = 1, rank: int = 0, stage: str = "fit", **settings):
-    settings = {"batch_size": 32, "max_tokens": BUDGET, **settings}
+    settings = {"batch_size": 32, "max_tokens": BUDGET, "pad_to_multiple": 8, **settings}
     module = GraphDataModule(OGBSource("ogbg-molhiv", str(ogb_root)), **settings)
     if world > 1:  # a simulated rank of a distributed run: all the datamodule reads of it
         module.trainer = SimpleNamespace(
