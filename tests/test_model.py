@@ -289,3 +289,31 @@ def test_hooks_and_swapped_modules_see_packed_batches():
     assert seen == ["q_proj", "layer"]
     model.layers[0].attn.q_proj = torch.nn.Sequential(model.layers[0].attn.q_proj, torch.nn.ReLU())
     assert not torch.allclose(model(batch), before)
+
+
+def test_model_settings_are_checked_before_anything_is_allocated():
+    """Issue 20: bad model values (from the command line or a checkpoint) are one message naming
+    the key, the value and what is allowed; a network that cannot fit is refused unbuilt."""
+    cases = {
+        "model.num_heads=0 is not allowed: an integer >= 1": {"num_heads": 0},
+        "model.num_heads='abc' is not allowed": {"num_heads": "abc"},
+        "model.dropout=nan is not allowed: a rate in [0, 1]": {"dropout": float("nan")},
+        "model.atom_feature_dims=[0] is not allowed": {"atom_feature_dims": [0]},
+        "model.pre_layernorm='yes' is not allowed": {"pre_layernorm": "yes"},
+        "model.hidden_dim=10000000 is not allowed: the network would hold about": {
+            "hidden_dim": 10_000_000
+        },
+        "model.num_layers=1000000000 is not allowed": {"num_layers": 10**9},
+        "model.max_degree=20000000 is not allowed": {"max_degree": 20_000_000},
+    }
+    for message, values in cases.items():
+        with pytest.raises(ValueError) as caught:
+            GraphormerConfig(**values)
+        assert str(caught.value).startswith(message), (values, str(caught.value))
+    with pytest.raises(ValueError, match="did you mean model.hidden_dim"):
+        GraphormerConfig.from_dict({"hiden_dim": 3})
+    # Estimated sizes stay within a fraction of a percent of the real networks'.
+    for name in ("graphormer_tiny", "graphormer_slim", "graphormer_base"):
+        config = GraphormerConfig.from_dict(model_preset(name))
+        real = sum(p.numel() for p in Graphormer(config).parameters())
+        assert abs(config.estimated_parameters() - real) < 0.005 * real, name

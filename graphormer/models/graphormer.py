@@ -3,6 +3,8 @@ Representation?", https://arxiv.org/abs/2106.05234)."""
 
 from __future__ import annotations
 
+import difflib
+import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -90,14 +92,34 @@ class GraphormerConfig:
     num_tasks: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads", "num_tasks"):
+            _integer(name, getattr(self, name), 1)
+        for name in ("max_degree", "max_distance"):
+            _integer(name, getattr(self, name), 0)
+        _integer("multi_hop_max_dist", self.multi_hop_max_dist, 1)
+        _integer("feature_stride", self.feature_stride, 1, optional=True)
+        _integer("attention_max_distance", self.attention_max_distance, 0, optional=True)
+        for name in ("dropout", "attention_dropout", "activation_dropout", "input_dropout"):
+            value = getattr(self, name)
+            if value is None and name == "input_dropout":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+                raise ValueError(f"model.{name}={value!r} is not allowed: a rate in [0, 1]")
+        for name in ("pre_layernorm", "final_layernorm", "unreachable_as_far"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"model.{name}={getattr(self, name)!r} is not allowed: true or false"
+                )
+        if self.embedding_layernorm is not None and not isinstance(self.embedding_layernorm, bool):
+            raise ValueError(
+                f"model.embedding_layernorm={self.embedding_layernorm!r} is not allowed: true, "
+                "false or null"
+            )
         if self.hidden_dim % self.num_heads != 0:
             raise ValueError(
                 f"model.hidden_dim ({self.hidden_dim}) must be divisible by model.num_heads "
                 f"({self.num_heads})"
             )
-        for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads", "num_tasks"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
         if self.edge_encoding not in ("multi_hop", "single_hop"):
             raise ValueError(
                 f"model.edge_encoding must be 'multi_hop' or 'single_hop', got "
@@ -107,27 +129,67 @@ class GraphormerConfig:
             raise ValueError(
                 f"model.head_bias must be 'per_task' or 'shared', got {self.head_bias!r}"
             )
-        for name in ("max_degree", "max_distance"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"model.{name} must be >= 0, got {getattr(self, name)}")
-        if self.attention_max_distance is not None and self.attention_max_distance < 0:
-            raise ValueError(
-                "model.attention_max_distance must be null or >= 0, got "
-                f"{self.attention_max_distance}"
-            )
         if self.atom_feature_dims is None:
             self.atom_feature_dims = ogb_atom_feature_dims()
         if self.bond_feature_dims is None:
             self.bond_feature_dims = ogb_bond_feature_dims()
-        self.atom_feature_dims = [int(d) for d in self.atom_feature_dims]
-        self.bond_feature_dims = [int(d) for d in self.bond_feature_dims]
+        for name in ("atom_feature_dims", "bond_feature_dims"):
+            dims = getattr(self, name)
+            if (
+                not isinstance(dims, list | tuple)
+                or not dims
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)
+            ):
+                raise ValueError(
+                    f"model.{name}={dims!r} is not allowed: a list of vocabulary sizes >= 1 "
+                    "(or null for OGB's molecule features)"
+                )
+            setattr(self, name, [int(d) for d in dims])
+        self._check_size()
+
+    def estimated_parameters(self) -> int:
+        """About the parameter count of the network these settings build (within a fraction of
+        a percent, from the settings alone: nothing is allocated)."""
+        h, f, layers = self.hidden_dim, self.ffn_dim, self.num_layers
+        per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+        rows = sum(self.atom_feature_dims)
+        edge_rows = sum(self.bond_feature_dims)
+        if self.feature_stride is not None:
+            rows = self.feature_stride * len(self.atom_feature_dims)
+            edge_rows = self.feature_stride * len(self.bond_feature_dims)
+        heads = self.num_heads
+        tables = (rows + 2 * (self.max_degree + 2) + 2) * h
+        tables += (edge_rows + self.max_distance + 3) * heads + self.multi_hop_max_dist * heads**2
+        return layers * per_layer + tables + 4 * h + h * h + (h + 1) * self.num_tasks
+
+    def _check_size(self) -> None:
+        """A network that could never fit in this machine's memory is an error naming the
+        setting, before anything is allocated (settings read from a checkpoint included)."""
+        need = 4 * self.estimated_parameters()  # float32 weights alone
+        memory = _physical_memory()
+        # Half: training holds gradients and Adam's moments beside the weights, and a machine
+        # never gives one process all of its memory.
+        if memory and need > memory / 2:
+            largest = max(
+                ("num_layers", "hidden_dim", "ffn_dim", "max_degree", "max_distance"),
+                key=lambda name: getattr(self, name) / _TYPICAL[name],
+            )
+            raise ValueError(
+                f"model.{largest}={getattr(self, largest)} is not allowed: the network would "
+                f"hold about {self.estimated_parameters():,} parameters ({need / 2**30:.1f} GiB in float32), "
+                f"more than half of this machine's {memory / 2**30:.1f} GiB of memory"
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GraphormerConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown model option(s) {unknown}; valid options: {sorted(known)}")
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(f'model.{c}' for c in close)}? " if close else ""
+            raise ValueError(
+                f"unknown model option(s) {unknown}: {hint}valid options: {sorted(known)}"
+            )
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,6 +217,31 @@ class GraphormerConfig:
         if self.embedding_layernorm is None:
             return self.pre_layernorm
         return self.embedding_layernorm
+
+
+# Sizes of the presets (slim), to name the setting that makes a network too large.
+_TYPICAL = {
+    "num_layers": 12,
+    "hidden_dim": 80,
+    "ffn_dim": 80,
+    "max_degree": 64,
+    "max_distance": 20,
+}
+
+
+def _integer(name: str, value: Any, least: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        null = " or null" if optional else ""
+        raise ValueError(f"model.{name}={value!r} is not allowed: an integer >= {least}{null}")
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no check
+        return None
 
 
 # The layers run on packed real tokens unless these fill at least this share of a batch's rows.

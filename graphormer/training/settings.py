@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from graphormer.errors import ConfigError
+from graphormer.models.graphormer import GraphormerConfig
 
 __all__ = [
     "DataModuleSettings",
@@ -415,6 +416,10 @@ class RunSettings:
                 raise _bad(key, value, "a file path or null")
         _boolean("pretrained_strict", self.pretrained_strict)
         _boolean("require_pretrained", self.require_pretrained)
+        try:  # the model's own checks, now rather than after the data has been read
+            GraphormerConfig.from_dict({**self.model, "num_tasks": 1})
+        except (TypeError, ValueError) as error:
+            raise ConfigError(str(error)) from error
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:
