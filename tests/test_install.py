@@ -3,6 +3,7 @@ commands run from an empty folder (no repository, no scripts/, no configs/ besid
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,12 +19,20 @@ def installed(tmp_path_factory) -> Path:
     """graphormer built into a wheel and installed (without its dependencies, which this
     environment has) into a folder of its own; the folder."""
     work = tmp_path_factory.mktemp("install")
+    # The build runs on a copy, so that it leaves nothing (build/, *.egg-info) in the repository.
+    source = work / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(
+        REPO / "graphormer", source / "graphormer", ignore=shutil.ignore_patterns("__pycache__")
+    )
     wheels = work / "wheels"
     # No build isolation: the build uses this environment's setuptools (the test extra) and
     # touches no network.
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-        + ["-w", str(wheels), str(REPO)],
+        + ["-w", str(wheels), str(source)],
         check=True,
         capture_output=True,
         cwd=work,

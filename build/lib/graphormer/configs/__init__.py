@@ -1,1 +1,0 @@
-"""The packaged Hydra configs (a package, so that Hydra finds them from an installed graphormer)."""
