@@ -382,6 +382,7 @@ class RunSettings:
         pretrained: initialise the network from this checkpoint (fine-tuning).
         pretrained_strict: a checkpoint that does not fit exactly is an error (else a warning).
         require_pretrained: ``pretrained`` must be given (fine-tuning recipes).
+        nonfinite: a NaN or infinite loss or gradient ``stop``s the run, or ``skip``s the update.
     """
 
     dataset: dict[str, Any]
@@ -398,6 +399,7 @@ class RunSettings:
     pretrained: str | None = None
     pretrained_strict: bool = True
     require_pretrained: bool = False
+    nonfinite: str = "stop"
 
     def __post_init__(self) -> None:
         for key in ("dataset", "model"):
@@ -415,6 +417,7 @@ class RunSettings:
                 raise _bad(key, value, "a file path or null")
         _boolean("pretrained_strict", self.pretrained_strict)
         _boolean("require_pretrained", self.require_pretrained)
+        _choice("nonfinite", self.nonfinite, ("stop", "skip"))
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:
