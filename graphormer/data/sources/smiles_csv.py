@@ -185,7 +185,8 @@ class SmilesCsvDataset(InMemoryDataset):
                     f"target column {column!r} of {self.csv_path} has no values: every cell is "
                     "empty; check dataset.targets"
                 )
-            labels[:, j] = array.astype(np.float32)
+            with np.errstate(over="ignore"):  # refused just below, with the rows
+                labels[:, j] = array.astype(np.float32)
             overflow = np.flatnonzero(np.isinf(labels[:, j]))
             if len(overflow):
                 raise DataError(
