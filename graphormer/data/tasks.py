@@ -102,8 +102,8 @@ def score(
                 raise DataError(
                     f"{task.metric} of {task.name} cannot be computed on the {split} split: "
                     f"its labels hold one class only for {names}{more}. Give the {split} split "
-                    "molecules of both classes (another dataset.split or split_seed, larger "
-                    "split_ratios), or dataset.metric=... that does not rank"
+                    "molecules of both classes (another dataset.split or dataset.split_seed, or "
+                    "a larger share in dataset.split_ratios)"
                 )
             warnings.warn(
                 f"{task.metric} on the {split} split of {task.name} leaves out {names}{more}: "
