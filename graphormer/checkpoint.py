@@ -12,14 +12,15 @@ entries it holds:
   came from (``converted_from``).
 
 Format versions: 1 is every checkpoint written before the format had a number (the same layout,
-no ``format_version``); 2 adds the number. A file of a newer format than this package reads is
+no ``format_version``); 2 adds the number; 3 adds ``checkpoint_sha256``, a digest of everything
+a resume reads (weights, optimiser and scheduler states, loops, callbacks, random streams,
+hyper-parameters), so that an altered file is refused, not resumed. A file of a newer format than this package reads is
 refused with a message saying so, rather than misread.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import pickle
 import warnings
 import zipfile
@@ -32,23 +33,27 @@ import torch
 
 import graphormer
 from graphormer.errors import UserFacingError
+from graphormer.outputs import atomic_path
 from graphormer.safe_io import load_data, unpickling_reason
 
 __all__ = [
     "FORMAT_VERSION",
     "META_KEY",
+    "checkpoint_digest",
     "CheckpointError",
     "CheckpointRecord",
     "load",
     "meta_entry",
     "save",
+    "seal",
     "weights_digest",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # Where graphormer keeps its own entry in a checkpoint (format, version, precision, digest).
 META_KEY = "graphormer"
 _DIGEST = "weights_sha256"
+_WHOLE_DIGEST = "checkpoint_sha256"
 _REQUIRED = ("model", "task", "data")
 
 
@@ -67,6 +72,41 @@ def weights_digest(state_dict: Mapping[str, Any]) -> str:
         digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any) -> None:
+    """Feeds ``value`` to ``digest`` in a form that survives a save and a load: mappings in key
+    order, sequences item by item, tensors as dtype, shape and bytes, scalars as their repr."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}|".encode())
+        flat = tensor.reshape(-1)  # a 0-dim tensor cannot be viewed as bytes
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    elif isinstance(value, Mapping):
+        digest.update(f"M{len(value)}|".encode())
+        for key in sorted(value, key=repr):
+            _feed(digest, key)
+            _feed(digest, value[key])
+    elif isinstance(value, list | tuple):
+        digest.update(f"S{len(value)}|".encode())
+        for item in value:
+            _feed(digest, item)
+    else:
+        digest.update(f"{type(value).__name__}:{value!r}|".encode())
+
+
+def checkpoint_digest(checkpoint: Mapping[str, Any]) -> str:
+    """SHA-256 over every entry of a checkpoint but graphormer's own (which holds it)."""
+    digest = hashlib.sha256()
+    _feed(digest, {k: v for k, v in checkpoint.items() if k != META_KEY})
+    return digest.hexdigest()
+
+
+def seal(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """Writes the digest of the whole ``checkpoint`` into its ``graphormer`` entry (which
+    :func:`meta_entry` made); called last, when nothing else will be added to it."""
+    checkpoint[META_KEY][_WHOLE_DIGEST] = checkpoint_digest(checkpoint)
+    return checkpoint
 
 
 def meta_entry(
@@ -142,14 +182,10 @@ def save(
         "pytorch-lightning_version": lightning.__version__,
         META_KEY: meta_entry(state_dict, precision, **extra),
     }
+    seal(checkpoint)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    try:
+    with atomic_path(path) as partial:
         torch.save(checkpoint, partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
     return path
 
 
@@ -202,6 +238,9 @@ def load(path: str | Path) -> CheckpointRecord:
             f"up to {FORMAT_VERSION}: upgrade graphormer to read it"
         )
     _verify_digest(path, checkpoint["state_dict"], meta)
+    if version >= 3:
+        _verify_whole(path, checkpoint, meta)
+    _check_finite(path, checkpoint)
     return CheckpointRecord(path, checkpoint["state_dict"], dict(hparams), meta, version)
 
 
@@ -219,4 +258,43 @@ def _verify_digest(path: Path, state_dict: dict[str, Any], meta: dict[str, Any])
             f"the weights in checkpoint {path} do not match the digest stored when it was saved: "
             "the file was altered or damaged after training. Use another checkpoint of the run "
             "(e.g. last.ckpt) or copy it again from its source."
+        )
+
+
+def _verify_whole(path: Path, checkpoint: dict[str, Any], meta: dict[str, Any]) -> None:
+    if checkpoint_digest(checkpoint) != meta.get(_WHOLE_DIGEST):
+        raise CheckpointError(
+            f"checkpoint {path} was altered or damaged after it was saved: its settings, "
+            "optimiser, scheduler, loop or random states do not match the digest stored with "
+            "them. Use another checkpoint of the run (e.g. last.ckpt or best-*.ckpt) or copy it "
+            "again from its source."
+        )
+
+
+def _nonfinite_tensors(value: Any, name: str) -> list[str]:
+    if isinstance(value, torch.Tensor):
+        finite = not value.is_floating_point() or bool(torch.isfinite(value).all())
+        return [] if finite else [name]
+    if isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return []
+    return [bad for key, item in items for bad in _nonfinite_tensors(item, f"{name}.{key}")]
+
+
+def _check_finite(path: Path, checkpoint: dict[str, Any]) -> None:
+    """Weights (or optimiser moments) that are NaN or infinite only ever give NaN."""
+    bad = [
+        *_nonfinite_tensors(checkpoint["state_dict"], "state_dict"),
+        *_nonfinite_tensors(checkpoint.get("optimizer_states") or [], "optimizer_states"),
+    ]
+    if bad:
+        shown = ", ".join(n.split(".", 1)[1] if n.startswith("state_dict.") else n for n in bad[:3])
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise CheckpointError(
+            f"checkpoint {path} holds NaN or infinite values in {shown}{more}: the run that wrote "
+            "it had diverged, or the file was edited. Use an earlier checkpoint of the run, or "
+            "retrain (a lower optim.lr)"
         )

@@ -94,6 +94,7 @@ def evaluate_run(metrics: dict, work: Path, *overrides: str) -> tuple[dict, str]
             "split=all",
             f"output={result_path}",
             f"hydra.run.dir={work / 'eval'}",
+            "overwrite=true",  # eval.json of an earlier test on the same shared run
             *overrides,
         ],
         cwd=work,

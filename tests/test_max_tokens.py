@@ -197,7 +197,13 @@ def test_training_with_a_budget_runs_and_resumes_exactly(ogb_root, tmp_path, cap
     assert resumed["valid"] == whole["valid"] and resumed["test"] == whole["test"]
 
     # eval.py reads the budget from the checkpoint, or takes a smaller one: the same scores.
-    overrides = [f"ckpt={whole['best_checkpoint']}", "split=all", f"output_dir={tmp_path}"]
+    # Both runs write <output_dir>/eval_metrics.json: the second replaces the first.
+    overrides = [
+        f"ckpt={whole['best_checkpoint']}",
+        "split=all",
+        f"output_dir={tmp_path}",
+        "overwrite=true",
+    ]
     for budget in ("null", "24"):
         cfg = compose_config("eval", [*overrides, f"max_tokens={budget}"])
         with caplog.at_level(logging.WARNING):

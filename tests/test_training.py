@@ -9,6 +9,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from graphormer import checkpoint as checkpoint_record
 from graphormer.cli.train import settings_from
 from graphormer.data import build_source
 from graphormer.devices import resolve_pad_to_multiple, resolve_precision
@@ -197,6 +198,7 @@ def test_eval_rejects_missing_corrupt_and_foreign_checkpoints(trained_run, tmp_p
         GraphormerModule.from_checkpoint(foreign)
     checkpoint = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     checkpoint["hyper_parameters"]["model"]["hidden_dim"] = 64
+    checkpoint_record.seal(checkpoint)  # as a tool would that rewrites the settings
     mismatched = tmp_path / "mismatched.ckpt"
     torch.save(checkpoint, mismatched)
     with pytest.raises(CheckpointError, match="does not match"):

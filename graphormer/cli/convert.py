@@ -1,7 +1,7 @@
 """``graphormer-convert`` (``python scripts/convert.py``): Microsoft's or Hugging Face's Graphormer
 weights into a graphormer checkpoint.
 
-graphormer-convert source=PATH output=FILE.ckpt [key=value ...]
+graphormer-convert source=PATH output=FILE.ckpt [overwrite=true] [key=value ...]
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from graphormer.cli.common import plain, run_reporting_errors
 from graphormer.console import report
+from graphormer.outputs import check_outputs
 
 __all__ = ["main", "model_presets", "run"]
 
@@ -33,6 +34,11 @@ def run(cfg: DictConfig) -> None:
     from graphormer.interop import convert_checkpoint, fine_tune_overrides
 
     values = plain(cfg)
+    check_outputs(
+        {"output": values["output"]},
+        {"source": values["source"]},
+        overwrite=bool(values.get("overwrite")),
+    )
     path, config = convert_checkpoint(
         values["source"],
         values["output"],

@@ -1,6 +1,6 @@
 """``graphormer-eval`` (``python scripts/eval.py``): score a checkpoint.
 
-graphormer-eval ckpt=PATH [split=valid|test|all] [dataset.root=DIR] [output=FILE.json]
+graphormer-eval ckpt=PATH [split=valid|test|all] [dataset.root=DIR] [output=FILE.json] [overwrite=true]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import hydra
 from omegaconf import DictConfig
 
 from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.outputs import check_outputs
 
 __all__ = ["main", "run"]
 
@@ -22,6 +23,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     values = plain(cfg)
     dataset = values.get("dataset") or {}
     output = values.get("output") or Path(values["output_dir"]) / "eval_metrics.json"
+    check_outputs(
+        {"output": output},
+        {"ckpt": values["ckpt"], "dataset.path": dataset.get("path")},
+        overwrite=bool(values.get("overwrite")),
+    )
     return evaluate(
         values["ckpt"],
         split=str(values["split"]),

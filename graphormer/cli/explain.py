@@ -1,6 +1,6 @@
 """``graphormer-explain`` (``python scripts/explain.py``): attention pictures of molecules.
 
-graphormer-explain ckpt=PATH smiles=SMILES output=DIR
+graphormer-explain ckpt=PATH smiles=SMILES output=DIR [overwrite=true]
 
 Writes DIR/mol_<i>/: rollout.png and layers.png (atoms shaded by the graph token's attention),
 heads_layer<l>.png (per-head heatmaps), attention.npy and rollout.npy (the raw maps).
@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from graphormer.cli.common import plain, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
+from graphormer.outputs import check_outputs
 
 __all__ = ["main", "run"]
 
@@ -35,6 +36,11 @@ def run(cfg: DictConfig) -> list[Path]:
     smiles = _smiles_list(cfg.get("smiles"))
     if not cfg.get("output"):
         raise ConfigError("give output=DIR, the folder to write the pictures to")
+    if Path(cfg["output"]).expanduser().is_file():
+        raise ConfigError(f"output={cfg['output']} is a file; give a folder for the pictures")
+    check_outputs(
+        {"output": cfg["output"]}, {"ckpt": cfg["ckpt"]}, overwrite=bool(cfg.get("overwrite"))
+    )
     predictor = Predictor.from_checkpoint(
         cfg["ckpt"],
         device=cfg["device"],

@@ -3,6 +3,7 @@ command line) with a checkpoint.
 
 graphormer-predict ckpt=PATH input=mols.csv [smiles_column=smiles] [output=preds.csv]
 graphormer-predict ckpt=PATH smiles=[CCO,c1ccccc1O] [embeddings=FILE.npy|.parquet]
+[overwrite=true]: replace existing outputs (never an input)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from omegaconf import DictConfig
 from graphormer.cli.common import plain, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
+from graphormer.outputs import atomic_path, check_outputs
 
 if TYPE_CHECKING:
     from graphormer.inference.predictor import Predictions
@@ -43,6 +45,11 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     for key, path in (("output", output), ("embeddings", embeddings)):
         if path is not None and path.is_dir():
             raise ConfigError(f"{key}={path} is a folder; give a file name, e.g. {path}/out.csv")
+    check_outputs(
+        {"output": output, "embeddings": embeddings},
+        {"ckpt": cfg["ckpt"], "input": cfg.get("input") or None},
+        overwrite=bool(cfg.get("overwrite")),
+    )
     predictor = Predictor.from_checkpoint(
         cfg["ckpt"],
         device=cfg["device"],
@@ -62,8 +69,8 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     out = predictor.table(table, result)
     try:
         if output is not None:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            out.to_csv(output, index=False)
+            with atomic_path(output) as partial:
+                out.to_csv(partial, index=False)
         else:
             print(format_table(out))
         if embeddings is not None:
@@ -137,12 +144,12 @@ def read_input(
 
 def write_embeddings(path: Path, embeddings: np.ndarray) -> None:
     """``.npy``: the ``[n, d]`` float32 array; ``.parquet``: columns ``emb_0 .. emb_{d-1}``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix.lower() == ".npy":
-        np.save(path, embeddings)
-    else:
-        columns = [f"emb_{j}" for j in range(embeddings.shape[1])]
-        pd.DataFrame(embeddings, columns=columns).to_parquet(path, index=False)
+    with atomic_path(path) as partial:
+        if path.suffix.lower() == ".npy":
+            np.save(partial, embeddings)
+        else:
+            columns = [f"emb_{j}" for j in range(embeddings.shape[1])]
+            pd.DataFrame(embeddings, columns=columns).to_parquet(partial, index=False)
 
 
 def _embeddings_path(value: Any) -> Path | None:

@@ -82,6 +82,14 @@ def _featurize_one(value: object, max_atoms: int | None) -> tuple[dict | None, s
     """OGB's ``smiles2graph`` of one SMILES, or None and why not."""
     if not isinstance(value, str) or not value.strip():
         return None, "empty SMILES"
+    if any(c.isspace() for c in value.strip()):
+        # rdkit reads a SMILES up to the first blank and takes the rest as a name: "CC\tC" would
+        # be ethane, silently (#20).
+        head = value.strip().split()[0]
+        return None, (
+            f"whitespace inside the SMILES {value!r} (rdkit would read only {head!r}); a "
+            "tab-separated file read as a CSV? remove it, or give a .tsv"
+        )
     # OGB's own function rather than a copy of its body: that is what guarantees training's
     # featurisation. It parses the SMILES once; rdkit is asked again only when it fails.
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
@@ -11,7 +12,9 @@ import pandas as pd
 import torch
 from ogb.graphproppred import Evaluator
 
-__all__ = ["MAEEvaluator", "TaskEvaluator", "TaskInfo", "ogb_master_table"]
+from graphormer.errors import DataError
+
+__all__ = ["MAEEvaluator", "TaskEvaluator", "TaskInfo", "ogb_master_table", "score"]
 
 # Metrics whose larger value is better; OGB's rmse (and anything else) is minimised.
 _MAXIMISED = {"rocauc", "ap", "acc", "F1"}
@@ -65,6 +68,49 @@ class TaskInfo:
             if (evaluator.num_tasks, evaluator.eval_metric) == (self.num_tasks, self.metric):
                 return evaluator
         return TaskEvaluator(self)
+
+
+# Metrics that need both classes among a task's labels (OGB skips a task that lacks one).
+_NEED_BOTH_CLASSES = {"rocauc", "ap"}
+
+
+def score(
+    task: TaskInfo, evaluator: Any, y_true: torch.Tensor, y_pred: torch.Tensor, split: str
+) -> float:
+    """``task.metric`` of ``y_pred`` against ``y_true`` ``[n, T]`` by ``evaluator`` (OGB's), in
+    float32 whatever the precision of the predictions (OGB's numpy code has no bfloat16).
+
+    A ranking metric (ROC-AUC, AP) cannot score a task whose labels in ``split`` are of one class
+    only: such tasks are left out with a warning naming them, and when no task is left a
+    :class:`DataError` names the split and the tasks.
+    """
+    y_true, y_pred = y_true.float().cpu(), y_pred.float().cpu()
+    if task.is_classification and task.metric in _NEED_BOTH_CLASSES:
+        true = y_true.view(len(y_true), -1)
+        positives = (true == 1).sum(0)
+        negatives = (true == 0).sum(0)
+        one_class = [t for t in range(true.shape[1]) if not (positives[t] and negatives[t])]
+        if one_class:
+
+            def described(t: int) -> str:
+                which = "positive" if not positives[t] else "negative"
+                return f"task {t} (no {which} label)"
+
+            names = ", ".join(described(t) for t in one_class[:5])
+            more = f" and {len(one_class) - 5} more" if len(one_class) > 5 else ""
+            if len(one_class) == true.shape[1]:
+                raise DataError(
+                    f"{task.metric} of {task.name} cannot be computed on the {split} split: "
+                    f"its labels hold one class only for {names}{more}. Give the {split} split "
+                    "molecules of both classes (another dataset.split or dataset.split_seed, or "
+                    "a larger share in dataset.split_ratios)"
+                )
+            warnings.warn(
+                f"{task.metric} on the {split} split of {task.name} leaves out {names}{more}: "
+                f"the score is the mean over the other {true.shape[1] - len(one_class)} task(s)",
+                stacklevel=2,
+            )
+    return float(evaluator.eval({"y_true": y_true, "y_pred": y_pred})[task.metric])
 
 
 class TaskEvaluator(Evaluator):

@@ -14,6 +14,7 @@ from graphormer.inference.pictures import (
     draw_molecule,
     draw_molecules,
 )
+from graphormer.outputs import atomic_path
 
 __all__ = ["write_explanation"]
 
@@ -35,7 +36,8 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
 
     def save(name: str, data: bytes) -> None:
         path = folder / name
-        path.write_bytes(data)
+        with atomic_path(path) as partial:
+            partial.write_bytes(data)
         written.append(path)
 
     layers = maps.num_layers
@@ -72,10 +74,12 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
             f"{maps.smiles}  layer {layer}: attention of each query row over the keys, "
             "relative to a uniform row"
         )
-        draw_heads(maps.weights[layer], maps.labels, title=title).save(path, optimize=True)
+        with atomic_path(path) as partial:
+            draw_heads(maps.weights[layer], maps.labels, title=title).save(partial, optimize=True)
         written.append(path)
     for name, array in (("attention.npy", maps.weights), ("rollout.npy", maps.rollout())):
-        np.save(folder / name, array.astype(np.float32))
+        with atomic_path(folder / name) as partial:
+            np.save(partial, array.astype(np.float32))
         written.append(folder / name)
     summary = {
         "smiles": maps.smiles,
@@ -84,6 +88,5 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
         "layers": layers,
         "heads": maps.num_heads,
     }
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    written.append(folder / "summary.json")
+    save("summary.json", (json.dumps(summary, indent=2) + "\n").encode())
     return written

@@ -15,6 +15,7 @@ from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
 from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
+from graphormer.outputs import atomic_path
 from graphormer.training.module import GraphormerModule
 from graphormer.training.run import (
     absolute_paths,
@@ -174,8 +175,8 @@ def evaluate(
         results[split]["num_graphs"] = datamodule.split_size(split)
         scored.append(split)
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n")
+    with atomic_path(output) as partial:
+        partial.write_text(json.dumps(results, indent=2) + "\n")
     if scored:
         report(format_table(results, scored, metric))
     report(f"results: {output.resolve()}")

@@ -15,15 +15,34 @@ from torch import Tensor
 from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
 from graphormer.data.datamodule import GraphDataModule
-from graphormer.data.tasks import TaskInfo
+from graphormer.data.tasks import TaskInfo, score
+from graphormer.errors import UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
 from graphormer.training.schedule import warmup_linear_decay
 from graphormer.training.settings import FlagSettings
 
-__all__ = ["GraphormerModule", "auto_loss", "masked_loss"]
+__all__ = ["GraphormerModule", "NonFiniteError", "auto_loss", "masked_loss"]
 
 _LOSSES = ("bce", "l1", "mse")
+_NONFINITE = ("stop", "skip")
+# The model settings that set tensors' shapes (named when a checkpoint's settings do not fit).
+_SIZE_SETTINGS = (
+    "hidden_dim",
+    "ffn_dim",
+    "num_heads",
+    "max_degree",
+    "max_distance",
+    "multi_hop_max_dist",
+    "atom_feature_dims",
+    "bond_feature_dims",
+    "feature_stride",
+    "edge_encoding",
+)
+
+
+class NonFiniteError(UserFacingError, FloatingPointError):
+    """Training diverged: a loss or a gradient is NaN or infinite (issue #20)."""
 
 
 def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
@@ -117,6 +136,9 @@ class GraphormerModule(pl.LightningModule):
             (default: :obj:`None`)
         fused (bool | None, optional): a fused AdamW step; None fuses where it is safe (see
             :func:`build_adamw`). (default: :obj:`None`)
+        nonfinite (str, optional): what a NaN or infinite loss or gradient does: ``stop`` ends
+            the run with :class:`NonFiniteError` (the checkpoints already written stay), ``skip``
+            skips that update with a warning. (default: :obj:`"stop"`)
     """
 
     def __init__(
@@ -136,9 +158,14 @@ class GraphormerModule(pl.LightningModule):
         data: dict[str, Any] | None = None,
         flag: dict[str, Any] | None = None,
         fused: bool | None = None,
+        nonfinite: str = "stop",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        if nonfinite not in _NONFINITE:
+            raise ValueError(f"nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
+        self.nonfinite = nonfinite
+        self._skipped_steps = 0
         self.flag = FlagSettings(**(flag or {}))
         # FLAG takes several backward passes per optimiser step: manual optimisation, with the
         # clipping the trainer would have done (``gradient_clip_val``, set by train()).
@@ -177,6 +204,9 @@ class GraphormerModule(pl.LightningModule):
         if not isinstance(record, checkpoints.CheckpointRecord):
             record = checkpoints.load(record)
         try:
+            # Settings read from a file are checked against its tensors before anything real is
+            # built: num_layers=1e9 or max_degree=2e7 would otherwise grow without end (#20).
+            cls._check_settings_fit_tensors(record)
             module = cls(**record.hyper_parameters)
             module.load_state_dict(record.state_dict)
         except (RuntimeError, ValueError, TypeError) as error:
@@ -186,6 +216,29 @@ class GraphormerModule(pl.LightningModule):
                 "version"
             ) from error
         return module.eval()
+
+    @classmethod
+    def _check_settings_fit_tensors(cls, record: checkpoints.CheckpointRecord) -> None:
+        """Raises ValueError naming the setting when the checkpoint's settings describe tensors
+        other than the ones it holds. The layers are counted first (building them is a loop);
+        every other shape is compared on the meta device, where nothing is allocated."""
+        num_layers = record.model.get("num_layers")
+        names = (key.split(".") for key in record.state_dict if key.startswith("model.layers."))
+        held = len({parts[2] for parts in names if len(parts) > 2})
+        if num_layers != held:
+            raise ValueError(f"model.num_layers={num_layers!r} but it holds {held} layers")
+        with torch.device("meta"):
+            shell = cls(**record.hyper_parameters)
+        for name, tensor in shell.state_dict().items():
+            stored = record.state_dict.get(name)
+            if stored is not None and tuple(stored.shape) != tuple(tensor.shape):
+                differing = ", ".join(
+                    f"{k}={v!r}" for k, v in record.model.items() if k in _SIZE_SETTINGS
+                )
+                raise ValueError(
+                    f"{name} is {tuple(stored.shape)} but the settings ({differing}) make it "
+                    f"{tuple(tensor.shape)}"
+                )
 
     def setup(self, stage: str) -> None:
         # Runs on every rank after the data is set up, and before a resumed run restores its
@@ -205,7 +258,8 @@ class GraphormerModule(pl.LightningModule):
         self.target_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
 
     def _to_units(self, raw: Tensor) -> Tensor:
-        return raw.float() * self.target_std + self.target_mean
+        # float32 whatever the trainer's precision (bf16-true keeps these buffers in bf16).
+        return raw.float() * self.target_std.float() + self.target_mean.float()
 
     def forward(self, batch: GraphormerBatch, return_attention: bool = False):
         """Predictions in the targets' units (logits for classification)."""
@@ -223,10 +277,55 @@ class GraphormerModule(pl.LightningModule):
             loss = self._flag_step(batch)
         else:
             loss = self._loss(self.model(batch).float(), batch.y)
+        # One process: act on the loss itself. Several: a NaN loss on one rank makes every
+        # rank's all-reduced gradients NaN, which all ranks see alike in on_before_optimizer_step
+        # (acting on one rank alone would leave the others waiting for it).
+        single = self._trainer is None or self.trainer.world_size == 1
+        if single and not torch.isfinite(loss.detach()).all():
+            self._nonfinite("the loss")
+            # FLAG has stepped already (its update skipped its NaN gradients); automatic
+            # optimisation skips the update when training_step returns None.
+            return None if self.automatic_optimization else loss.detach()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
         return loss
 
+    def _nonfinite(self, what: str) -> None:
+        """Stops the run (``nonfinite=stop``) or counts a skipped update (``skip``)."""
+        step = self.global_step
+        precision = str(self.trainer.precision) if self._trainer is not None else ""
+        causes = "the learning rate is too high (lower optim.lr), or targets hold extreme values"
+        if precision.startswith("16"):
+            causes += f", or float16 overflows (trainer.precision={precision}: try bf16-mixed)"
+        if self.nonfinite == "stop":
+            raise NonFiniteError(
+                f"training diverged: {what} is NaN or infinite at step {step} (epoch "
+                f"{self.current_epoch}); likely {causes}. The checkpoints written so far are "
+                "kept; nonfinite=skip skips such updates instead"
+            )
+        self._skipped_steps += 1
+        if self._skipped_steps in (1, 10, 100, 1000):
+            rank_zero_warn(
+                f"{what} is NaN or infinite at step {step}: update skipped "
+                f"({self._skipped_steps} so far; nonfinite=skip); likely {causes}"
+            )
+
+    def _gradients_finite(self) -> bool:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if not grads:
+            return True
+        norms = torch._foreach_norm(grads)
+        return bool(torch.isfinite(torch.stack(norms)).all())
+
     def on_before_optimizer_step(self, optimizer) -> None:
+        # Float16 mixed precision: the gradient scaler skips steps with inf/NaN gradients itself
+        # (and lowers its scale); any other precision has no such guard.
+        scaled = self._trainer is not None and str(self.trainer.precision) == "16-mixed"
+        if not scaled and not self._gradients_finite():
+            self._nonfinite("a gradient")
+            # skip: parameters without a gradient are left alone by the optimiser's step.
+            for p in self.parameters():
+                p.grad = None
+            return
         # Manual optimisation (FLAG) gets no clipping from the trainer. Lightning calls this
         # hook after unscaling fp16 gradients, so the threshold applies to the true gradients.
         if self.flag.enabled and self.gradient_clip_val:
@@ -324,8 +423,7 @@ class GraphormerModule(pl.LightningModule):
                     f"{split} graphs (trainer.limit_{stage}_batches={limit}): not comparable "
                     "with a score on the whole split"
                 )
-        result = self.evaluator.eval({"y_true": target.cpu(), "y_pred": pred.cpu()})
-        value = float(result[self.task.metric])
+        value = score(self.task, self.evaluator, target, pred, split)
         raw = (pred - self.target_mean) / self.target_std
         loss = float(self._loss(raw, target.float()))
         # Every rank holds the same gathered values: no further sync needed.
@@ -386,6 +484,9 @@ class GraphormerModule(pl.LightningModule):
         # The random streams (dropout, ...), so that a resumed run continues exactly where the
         # interrupted one stopped; stored as tensors and plain values (weights_only-loadable).
         checkpoint[RNG_KEY] = capture_rng_state()
+        # Last: Lightning calls this hook after the callbacks' states are in, so the digest
+        # covers everything a resume reads (issue #20).
+        checkpoints.seal(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get(RNG_KEY)

@@ -82,6 +82,7 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
             normalize_targets=settings.normalize_targets,
             data=data,
             flag=settings.flag.to_dict() if settings.flag.enabled else None,
+            nonfinite=settings.nonfinite,
         )
         module.config.check_hops(settings.datamodule.max_hops)
         return module

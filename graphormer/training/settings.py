@@ -383,6 +383,7 @@ class RunSettings:
         pretrained: initialise the network from this checkpoint (fine-tuning).
         pretrained_strict: a checkpoint that does not fit exactly is an error (else a warning).
         require_pretrained: ``pretrained`` must be given (fine-tuning recipes).
+        nonfinite: a NaN or infinite loss or gradient ``stop``s the run, or ``skip``s the update.
     """
 
     dataset: dict[str, Any]
@@ -399,6 +400,7 @@ class RunSettings:
     pretrained: str | None = None
     pretrained_strict: bool = True
     require_pretrained: bool = False
+    nonfinite: str = "stop"
 
     def __post_init__(self) -> None:
         for key in ("dataset", "model"):
@@ -420,6 +422,7 @@ class RunSettings:
             GraphormerConfig.from_dict({**self.model, "num_tasks": 1})
         except (TypeError, ValueError) as error:
             raise ConfigError(str(error)) from error
+        _choice("nonfinite", self.nonfinite, ("stop", "skip"))
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:

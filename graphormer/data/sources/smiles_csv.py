@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import json
@@ -140,8 +141,22 @@ class SmilesCsvDataset(InMemoryDataset):
                 "comma-separated file with a header row, or dataset.columns for one without"
             ) from error
 
+    def _refuse_duplicate_columns(self, table: pd.DataFrame) -> None:
+        # pandas renames a repeated header name to name.1 and reads the first silently (#20).
+        names = (
+            [str(c) for c in self.columns] if self.columns else _header(self.csv_path, self.comment)
+        )
+        wanted = {str(c) for c in [self.smiles_column, *self.targets]}
+        repeated = sorted({n for n in names if names.count(n) > 1 and n in wanted})
+        if repeated:
+            raise DataError(
+                f"{self.csv_path} has more than one column named {', '.join(map(repr, repeated))}: "
+                "which one to use is ambiguous; rename the columns so that each name is unique"
+            )
+
     def process(self) -> None:
         table = self._read()
+        self._refuse_duplicate_columns(table)
         missing = [c for c in [self.smiles_column, *self.targets] if c not in table.columns]
         if missing:
             raise DataError(
@@ -170,7 +185,15 @@ class SmilesCsvDataset(InMemoryDataset):
                     f"target column {column!r} of {self.csv_path} has no values: every cell is "
                     "empty; check dataset.targets"
                 )
-            labels[:, j] = array.astype(np.float32)
+            with np.errstate(over="ignore"):  # refused just below, with the rows
+                labels[:, j] = array.astype(np.float32)
+            overflow = np.flatnonzero(np.isinf(labels[:, j]))
+            if len(overflow):
+                raise DataError(
+                    f"target column {column!r} of {self.csv_path} holds values too large for "
+                    f"float32 (beyond ±3.4e38) at rows {_rows_text(overflow)}; fix or empty "
+                    "those cells (empty = missing label), or rescale the column"
+                )
 
         column = table[self.smiles_column].tolist()
         molecules = featurize_smiles(column)
@@ -207,6 +230,12 @@ def load_cache(path: str) -> tuple:
     except Exception as error:  # truncated, corrupt, or holding objects other than data
         raise DataError(corrupt_cache_message(path, error)) from error
     return data, slices
+
+
+def _header(path: str, comment: str | None) -> list[str]:
+    with open(path, encoding="utf-8", newline="") as f:
+        lines = (line for line in f if not (comment and line.startswith(comment)))
+        return next(csv.reader(lines), [])
 
 
 def _rows_text(rows: Sequence[int]) -> str:
@@ -321,6 +350,7 @@ class SmilesCsvSource(Source):
             split = group_split(dataset.scaffolds, self.split_ratios)
         else:
             split = random_split(len(dataset), self.split_ratios, self.split_seed)
+        _check_labelled_splits(dataset, split, self.targets, self.path)
         return LoadedDataset(dataset, split, self._task)
 
 
@@ -338,3 +368,21 @@ def _check_binary_labels(dataset: SmilesCsvDataset, targets: list[str], path: st
             "header excluded), but dataset.task_type=binary: use 0/1 labels (empty = missing), "
             "or dataset.task_type=regression"
         )
+
+
+def _check_labelled_splits(dataset, split, targets: list[str], path: str) -> None:
+    """A target without a label in the validation or test split has no score there (its RMSE
+    would read inf, its ROC-AUC fail): refuse it before training (#20)."""
+    y = dataset.y.view(len(dataset), -1)
+    for name in ("valid", "test"):
+        indices = split.get(name) if isinstance(split, dict) else None
+        if indices is None or len(indices) == 0:
+            continue
+        labelled = ~torch.isnan(y[torch.as_tensor(indices)])  # [n, T]
+        empty = [targets[t] for t in range(y.shape[1]) if not labelled[:, t].any()]
+        if empty:
+            raise DataError(
+                f"target column(s) {empty} of {path} have no label among the {len(indices)} "
+                f"molecules of the {name} split, so they cannot be scored there: label more "
+                "molecules of those columns, or change dataset.split / dataset.split_ratios"
+            )
