@@ -382,6 +382,8 @@ class RunSettings:
         pretrained: initialise the network from this checkpoint (fine-tuning).
         pretrained_strict: a checkpoint that does not fit exactly is an error (else a warning).
         require_pretrained: ``pretrained`` must be given (fine-tuning recipes).
+        resume_strict: a resume (``ckpt_path``) refuses command-line changes that would break
+            its exactness; the command line applies them (``graphormer.cli.train``).
     """
 
     dataset: dict[str, Any]
@@ -398,6 +400,7 @@ class RunSettings:
     pretrained: str | None = None
     pretrained_strict: bool = True
     require_pretrained: bool = False
+    resume_strict: bool = True
 
     def __post_init__(self) -> None:
         for key in ("dataset", "model"):
@@ -415,6 +418,7 @@ class RunSettings:
                 raise _bad(key, value, "a file path or null")
         _boolean("pretrained_strict", self.pretrained_strict)
         _boolean("require_pretrained", self.require_pretrained)
+        _boolean("resume_strict", self.resume_strict)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:
