@@ -178,6 +178,15 @@ def test_pretrained_brings_its_architecture(ogb_root, tmp_path):
     trained = checkpoint.load(out / "checkpoints" / "last.ckpt").model
     assert architecture(trained) == architecture(config.to_dict())
     assert trained["dropout"] == 0.2  # model.KEY= on the command line sets that key
+    # Its resume rebuilds the checkpoint's network, and needs the pretrained file no more.
+    converted.rename(tmp_path / "moved.ckpt")
+    log = run_script(
+        "train.py",
+        [f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}", "trainer.max_epochs=2"],
+        tmp_path,
+    )
+    assert "epoch 2/2" in log and "model: 204,689 parameters" in log
+    converted = (tmp_path / "moved.ckpt").rename(converted)
     # A model chosen on the command line wins, and is checked against the checkpoint.
     failed = tmp_path / "failed"
     result = run_failing(

@@ -122,8 +122,12 @@ def _stored_run(ckpt_path: str, current: dict[str, Any]) -> tuple[dict, dict | N
     config_file = run_dir / ".hydra" / "config.yaml" if run_dir else None
     if config_file is not None and config_file.is_file():
         stored = OmegaConf.load(config_file)
+        network = {k: v for k, v in record.model.items() if k != "num_tasks"}
         with open_dict(stored):
             stored.output_dir = current["output_dir"]  # resolved by this run, not the old one
+            # The network is the checkpoint's own: pretrained= may have taken it from another
+            # checkpoint after Hydra wrote this file (datamodule.max_hops follows it).
+            stored.model = OmegaConf.merge(stored.model, network)
         values = OmegaConf.to_container(stored, resolve=True)
         choices = None
         hydra_file = config_file.with_name("hydra.yaml")
@@ -134,7 +138,7 @@ def _stored_run(ckpt_path: str, current: dict[str, Any]) -> tuple[dict, dict | N
     else:
         values = copy.deepcopy(current)
         hyper = record.hyper_parameters
-        values["model"] = record.model
+        values["model"] = {k: v for k, v in record.model.items() if k != "num_tasks"}
         values["datamodule"] = dict(data["datamodule"])
         for key in ("loss", "normalize_targets"):
             values[key] = hyper[key]
@@ -205,12 +209,27 @@ def resume_values(cfg: DictConfig, given: list[str], choices: dict[str, Any]) ->
         note = "" if not unsafe else " (resume_strict=false: no longer an exact continuation)"
         report(f"changed by this command: {shown}{note}")
     if is_first_process():  # the other ranks of a launch read it; one writes, whole
-        hydra_dir = run_dir / ".hydra"
-        hydra_dir.mkdir(parents=True, exist_ok=True)
-        partial = hydra_dir / f"config.yaml.{os.getpid()}.partial"
+        config_file = run_dir / ".hydra" / "config.yaml"
+        config_file.parent.mkdir(parents=True, exist_ok=True)
+        _REPLACED[config_file] = config_file.read_bytes() if config_file.is_file() else None
+        partial = config_file.with_name(f"config.yaml.{os.getpid()}.partial")
         OmegaConf.save(OmegaConf.create(merged), partial)
-        os.replace(partial, hydra_dir / "config.yaml")
+        os.replace(partial, config_file)
     return merged
+
+
+# The run folder's config.yaml as it was before this resume rewrote it: put back if the resume
+# fails (an interrupted one keeps the new one, which its printed command continues).
+_REPLACED: dict[Path, bytes | None] = {}
+
+
+def _restore_replaced_config() -> None:
+    for path, before in _REPLACED.items():
+        if before is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(before)
+    _REPLACED.clear()
 
 
 def _safe(key: str) -> bool:
@@ -290,15 +309,20 @@ def _task(cfg: DictConfig) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         run_reporting_errors(run, cfg)
-    except BaseException:
-        # A failed or interrupted start leaves no run folder with nothing trained in it, and a
-        # refused resume no record of its command in the run it did not continue.
-        if not discard_if_untrained(run_dir) and str(hydra_cfg.output_subdir).startswith(
-            ".hydra/resume-"
-        ):
+    except BaseException as error:
+        # A failed or interrupted start leaves no run folder with nothing trained in it; a
+        # resume that trained no epoch leaves its run as it found it (an interrupted one keeps
+        # the settings its printed command continues with).
+        if not discard_if_untrained(run_dir):
             saved = [p.stat().st_mtime for p in (run_dir / "checkpoints").glob("*.ckpt")]
-            if not any(when >= started for when in saved):  # it trained no epoch
-                shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)
+            if not any(when >= started for when in saved):
+                interrupted = isinstance(error, KeyboardInterrupt) or (
+                    isinstance(error, SystemExit) and error.code == 130
+                )
+                if not interrupted:
+                    _restore_replaced_config()
+                if str(hydra_cfg.output_subdir).startswith(".hydra/resume-"):
+                    shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)
         raise
 
 

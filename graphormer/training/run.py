@@ -203,7 +203,7 @@ def train(
             (default: :obj:`None`)
     """
     quiet_third_parties()
-    if settings.require_pretrained and not settings.pretrained:
+    if settings.require_pretrained and not settings.pretrained and not settings.ckpt_path:
         raise ConfigError(
             "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
             "pre-training run's checkpoint, or published weights converted with "
@@ -226,7 +226,7 @@ def train(
     datamodule = build_datamodule(settings.dataset, settings.datamodule, settings.seed, gpu)
     task = datamodule.task
     module = build_module(settings, datamodule)
-    if settings.pretrained:
+    if settings.pretrained and not settings.ckpt_path:  # a resume's weights are its checkpoint's
         loaded = load_pretrained(module, settings.pretrained, strict=settings.pretrained_strict)
         if is_first_process():
             report(loaded.summary())
