@@ -137,11 +137,19 @@ def test_a_used_run_folder_is_never_overwritten(reference_run, ogb_root, tmp_pat
 
 
 def test_run_folders_are_claimed_once(tmp_path):
-    from graphormer.rundir import claim_run_dir
+    from graphormer.rundir import claim_run_dir, release_run_dir
 
-    assert claim_run_dir(tmp_path / "a", resuming=False) is None
-    assert "already holds a run" in claim_run_dir(tmp_path / "a", resuming=False)
-    assert claim_run_dir(tmp_path / "a", resuming=True) is None
+    assert claim_run_dir(tmp_path / "a") is None
+    assert "already holds a run" in claim_run_dir(tmp_path / "a")
+    # A resume of the folder's own checkpoint waits for the process that holds it.
+    own = tmp_path / "a" / "checkpoints" / "last.ckpt"
+    assert "in use by another running process" in claim_run_dir(tmp_path / "a", resume_from=own)
+    release_run_dir(tmp_path / "a")
+    assert claim_run_dir(tmp_path / "a", resume_from=own) is None
+    # Another run's checkpoint may start a new folder, never continue into a used one.
+    other = tmp_path / "b" / "checkpoints" / "last.ckpt"
+    assert "not one of its checkpoints" in claim_run_dir(tmp_path / "a", resume_from=other)
+    assert claim_run_dir(tmp_path / "new", resume_from=other) is None
     # The default folder carries microseconds: runs started in the same second do not share it.
     assert (
         "${now:%Y-%m-%d_%H-%M-%S_%f}"
@@ -161,10 +169,12 @@ def test_metrics_name_the_real_last_checkpoint_and_the_log_has_the_results(refer
 
 
 def tampered(reference_run: Path, tmp_path: Path, name: str, edit) -> Path:
-    checkpoint = torch.load(reference_run / "checkpoints" / "last.ckpt", weights_only=True)
-    edit(checkpoint)
+    stored = torch.load(reference_run / "checkpoints" / "last.ckpt", weights_only=True)
+    edit(stored)
+    # Sealed again after the edit: these tests reach the checks behind the digest.
+    checkpoint.seal(stored)
     path = tmp_path / name
-    torch.save(checkpoint, path)
+    torch.save(stored, path)
     return path
 
 
@@ -254,8 +264,8 @@ def test_distributed_ranks_may_write_hydra_files_before_rank_zero_claims(tmp_pat
     folder = tmp_path / "shared"
     (folder / ".hydra").mkdir(parents=True)  # written by another rank of the same launch
     monkeypatch.setenv("RANK", "0")
-    assert claim_run_dir(folder, resuming=False) is None
+    assert claim_run_dir(folder) is None
     (tmp_path / "old" / "checkpoints").mkdir(parents=True)  # a previous run's records
-    assert "already holds a run" in claim_run_dir(tmp_path / "old", resuming=False)
+    assert "already holds a run" in claim_run_dir(tmp_path / "old")
     monkeypatch.setenv("RANK", "3")  # other ranks never claim
-    assert claim_run_dir(tmp_path / "old", resuming=False) is None
+    assert claim_run_dir(tmp_path / "old") is None

@@ -7,6 +7,8 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -15,15 +17,34 @@ from omegaconf.errors import MissingMandatoryValue
 
 from graphormer.console import report
 from graphormer.errors import ConfigError, UserFacingError
-from graphormer.rundir import claim_run_dir
+from graphormer.rundir import claim_run_dir, discard_if_untrained, run_dir_of
 
 __all__ = ["RunDirGuard", "plain", "run_reporting_errors"]
 
 
+def _resume_dir(ckpt_path: Any, default: str) -> str:
+    """``hydra.run.dir`` of train.yaml: a resume continues in its checkpoint's own run folder
+    (``RUN/checkpoints/last.ckpt`` -> ``RUN``), so that no empty new folder is left behind."""
+    folder = run_dir_of(ckpt_path) if ckpt_path else None
+    return str(folder) if folder is not None else default
+
+
+def _resume_subdir(ckpt_path: Any) -> str:
+    """``hydra.output_subdir`` of train.yaml: a resume keeps the run's own ``.hydra/config.yaml``
+    (the composed config it continues) and records its command line beside it."""
+    if not ckpt_path:
+        return ".hydra"
+    return f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S_%f}"
+
+
+OmegaConf.register_new_resolver("resume_dir", _resume_dir, replace=True)
+OmegaConf.register_new_resolver("resume_subdir", _resume_subdir, use_cache=True, replace=True)
+
+
 def run_reporting_errors(entry: Callable[[Any], Any], cfg: Any) -> Any:
     """Runs a command's entry function. A :class:`UserFacingError` (or a missing mandatory config
-    value) ends it with one ``error:`` line on stderr and exit status 1; a bug keeps its
-    traceback. Warnings (skipped SMILES rows, say) also go to the run's log file."""
+    value) ends it with one ``error:`` line on stderr and exit status 1; Ctrl-C with what was
+    interrupted and status 130; a bug keeps its traceback. Warnings (skipped SMILES rows, say) also go to the run's log file."""
     logging.captureWarnings(True)
     # Warnings as one line ("UserWarning: skipped 3 rows ..."), not file, line and source.
     warnings.formatwarning = _one_line_warning
@@ -34,6 +55,13 @@ def run_reporting_errors(entry: Callable[[Any], Any], cfg: Any) -> Any:
     except MissingMandatoryValue as error:
         key = getattr(error, "full_key", None) or "a required value"
         _fail(f"{key} is required: pass {key}=... on the command line (see --help)")
+    except KeyboardInterrupt as stop:
+        # Ctrl-C: what happened and how to continue (training's RunInterrupted says what was
+        # saved; the command adds how to resume it), and the shell's status for SIGINT.
+        for line in (str(stop) or "interrupted", getattr(stop, "advice", None)):
+            if line:
+                report(line, stream=sys.stderr, level=logging.WARNING)
+        sys.exit(130)
 
 
 def plain(cfg: DictConfig) -> dict[str, Any]:
@@ -63,7 +91,17 @@ class RunDirGuard(Callback):
     """Hydra callback: claims the run folder before Hydra writes ``.hydra/`` into it."""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
-        message = claim_run_dir(config.hydra.run.dir, resuming=bool(config.get("ckpt_path")))
-        if message:
-            print(f"error: {message}", file=sys.stderr)
-            sys.exit(1)
+        resume_from = config.get("ckpt_path") or None
+        folders = [Path(config.hydra.run.dir).absolute()]
+        # output_dir=DIR writes the run somewhere else than Hydra's folder: the same rule there.
+        output_dir = OmegaConf.to_container(config, resolve=False).get("output_dir")
+        if isinstance(output_dir, str) and "${" not in output_dir:
+            if Path(output_dir).absolute() != folders[0]:
+                folders.append(Path(output_dir).absolute())
+        for number, folder in enumerate(folders):
+            message = claim_run_dir(folder, resume_from=resume_from)
+            if message:
+                for claimed in folders[:number]:  # no new, empty folder left behind
+                    discard_if_untrained(claimed)
+                print(f"error: {message}", file=sys.stderr)
+                sys.exit(1)

@@ -23,7 +23,14 @@ class RunCheckpoint(ModelCheckpoint):
     - A run resumed into a new folder keeps the best score (and best checkpoint) of the run it
       continues; Lightning forgets them when the folder changes, so "best" would count only the
       later epochs. Files outside this run's folder are never deleted (Lightning's own rule).
+    - One ``last.ckpt``, replaced in place, also in a run folder that was moved or copied.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # One last.ckpt, always the newest: never last-v1.ckpt beside a stale last.ckpt (a run
+        # folder moved or copied, then resumed, would otherwise keep both).
+        kwargs.setdefault("enable_version_counter", False)
+        super().__init__(*args, **kwargs)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         partial = f"{filepath}.partial"
@@ -36,10 +43,24 @@ class RunCheckpoint(ModelCheckpoint):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         if state_dict.get("dirpath", self.dirpath) != self.dirpath:
+            here = self._here
             self.best_model_score = state_dict["best_model_score"]
-            self.best_k_models = dict(state_dict.get("best_k_models", {}))
-            self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
+            self.best_model_path = here(state_dict.get("best_model_path", ""))
+            self.best_k_models = {
+                here(k): v for k, v in state_dict.get("best_k_models", {}).items()
+            }
+            self.kth_best_model_path = here(state_dict.get("kth_best_model_path", ""))
             self.kth_value = state_dict.get("kth_value", self.kth_value)
+            self.last_model_path = here(state_dict.get("last_model_path", ""))
+
+    def _here(self, path: str) -> str:
+        """A file of the run's old folder as found in this one (a run folder moved or copied,
+        then resumed), so that the best checkpoint is replaced in place; else unchanged (a
+        resume into a new folder never deletes the old folder's files)."""
+        if not path or self.dirpath is None:
+            return path
+        moved = os.path.join(self.dirpath, os.path.basename(path))
+        return moved if os.path.isfile(moved) else path
 
 
 class EpochSummary(Callback):

@@ -14,7 +14,7 @@ from graphormer.checkpoint import CheckpointError
 from graphormer.models.graphormer import GraphormerConfig
 from graphormer.training.module import GraphormerModule
 
-__all__ = ["PretrainedReport", "load_pretrained"]
+__all__ = ["PretrainedReport", "architecture", "load_pretrained"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,14 @@ _STRUCTURE = (
     "multi_hop_max_dist",
     "attention_max_distance",
 )
+
+
+def architecture(model: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a checkpoint's ``model`` that make its network what it is (which tensors
+    exist, their shapes, what they compute), by config key; regularisation (dropouts), the
+    number of tasks and the output layer are the fine-tuning run's own."""
+    keys = ["embedding_layernorm" if k == "uses_embedding_layernorm" else k for k in _STRUCTURE]
+    return {k: model[k] for k in keys if k in model}
 
 
 def _is_output_layer(name: str) -> bool:

@@ -22,13 +22,14 @@ from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.sources import build_source
 from graphormer.devices import on_gpu, resolve_pad_to_multiple, resolve_precision
 from graphormer.errors import ConfigError
-from graphormer.rundir import is_first_process
+from graphormer.rundir import is_first_process, newest_checkpoint
 from graphormer.training.callbacks import EpochSummary, RunCheckpoint
 from graphormer.training.module import GraphormerModule
 from graphormer.training.pretrained import load_pretrained
 from graphormer.training.settings import DataModuleSettings, RunSettings
 
 __all__ = [
+    "RunInterrupted",
     "absolute_paths",
     "build_datamodule",
     "build_module",
@@ -162,6 +163,31 @@ def quiet_third_parties() -> None:
         warnings.filterwarnings("ignore", message=pattern)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Training was interrupted (Ctrl-C): what was saved, and how to continue.
+
+    Attributes:
+        epochs: the epochs finished and saved (0: nothing to resume from).
+        max_epochs: the epochs the run was set to train.
+        checkpoint: the checkpoint to resume from (None if none was saved).
+        metrics: ``metrics.json`` as written for the epochs so far (None if none).
+    """
+
+    def __init__(
+        self, epochs: int, max_epochs: int, checkpoint: Path | None, metrics: Path | None
+    ) -> None:
+        super().__init__(epochs, checkpoint)
+        self.epochs, self.max_epochs = epochs, max_epochs
+        self.checkpoint, self.metrics = checkpoint, metrics
+
+    def __str__(self) -> str:
+        if self.checkpoint is None:
+            return "interrupted (Ctrl-C) before the first epoch was saved: nothing to resume"
+        total = f" of {self.max_epochs}" if self.max_epochs and self.max_epochs > 0 else ""
+        text = f"interrupted (Ctrl-C) after epoch {self.epochs}{total}; saved: {self.checkpoint}"
+        return text + (f"; results so far: {self.metrics}" if self.metrics else "")
+
+
 def train(
     settings: RunSettings,
     callbacks: list[pl.Callback] | None = None,
@@ -178,7 +204,7 @@ def train(
             (default: :obj:`None`)
     """
     quiet_third_parties()
-    if settings.require_pretrained and not settings.pretrained:
+    if settings.require_pretrained and not settings.pretrained and not settings.ckpt_path:
         raise ConfigError(
             "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
             "pre-training run's checkpoint, or published weights converted with "
@@ -201,7 +227,7 @@ def train(
     datamodule = build_datamodule(settings.dataset, settings.datamodule, settings.seed, gpu)
     task = datamodule.task
     module = build_module(settings, datamodule)
-    if settings.pretrained:
+    if settings.pretrained and not settings.ckpt_path:  # a resume's weights are its checkpoint's
         loaded = load_pretrained(module, settings.pretrained, strict=settings.pretrained_strict)
         if is_first_process():
             report(loaded.summary())
@@ -250,7 +276,21 @@ def train(
             f"model: {sum(p.numel() for p in module.parameters()):,} parameters; "
             f"precision: {trainer.precision}; devices: {trainer.world_size}"
         )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=settings.ckpt_path, weights_only=True)
+    with warnings.catch_warnings():
+        if settings.ckpt_path:
+            # Expected when resuming: the run's own checkpoints are there, and a moved or copied
+            # run folder has a new path (RunCheckpoint carries the best score across).
+            for pattern in (r"Checkpoint directory .* exists and is not empty", r"The dirpath has"):
+                warnings.filterwarnings("ignore", message=pattern)
+        try:
+            trainer.fit(
+                module, datamodule=datamodule, ckpt_path=settings.ckpt_path, weights_only=True
+            )
+        except SystemExit:
+            # Lightning turns Ctrl-C into sys.exit(1) after its graceful shutdown.
+            if not trainer.interrupted:
+                raise
+            raise _interrupted(trainer, checkpoint, task, output_dir) from None
 
     best = checkpoint.best_model_path
     if not best or not Path(best).is_file():
@@ -268,17 +308,7 @@ def train(
             module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True
         )
         test = {metric: float(scores[0][f"test/{metric}"])}
-    last = output_dir / "checkpoints" / "last.ckpt"
-    results = {
-        "dataset": task.name,
-        "metric": metric,
-        "valid": {metric: float(checkpoint.best_model_score)},
-        "test": test,
-        "best_checkpoint": str(Path(best).resolve()),
-        "last_checkpoint": str(last.resolve()),
-        "epochs": trainer.current_epoch,
-        "precision": str(trainer.precision),
-    }
+    results = {**_results(trainer, checkpoint, task, output_dir), "test": test}
     if trainer.is_global_zero:
         path = output_dir / "metrics.json"
         path.write_text(json.dumps(results, indent=2) + "\n")
@@ -288,3 +318,42 @@ def train(
         report(f"valid {metric}: {results['valid'][metric]:.4f}  test {metric}: {test_text}")
         report(f"evaluate with: python scripts/eval.py ckpt={results['best_checkpoint']}")
     return results
+
+
+def _results(trainer: pl.Trainer, checkpoint: RunCheckpoint, task, output_dir: Path) -> dict:
+    """What ``metrics.json`` holds (``test`` is filled by the caller)."""
+    best = checkpoint.best_model_path
+    metric = task.metric
+    last = output_dir / "checkpoints" / "last.ckpt"
+    results = {
+        "dataset": task.name,
+        "metric": metric,
+        "valid": {metric: float(checkpoint.best_model_score)},
+        "test": None,
+        "best_checkpoint": str(Path(best).resolve()),
+        "last_checkpoint": str(last.resolve()),
+        "epochs": trainer.current_epoch,
+        "precision": str(trainer.precision),
+    }
+    return results
+
+
+def _interrupted(
+    trainer: pl.Trainer, checkpoint: RunCheckpoint, task, output_dir: Path
+) -> RunInterrupted:
+    """After Ctrl-C: ``metrics.json`` for the epochs saved so far (``"interrupted": true``, no
+    test scores) and what to tell the user."""
+    saved = newest_checkpoint(output_dir)
+    if saved is None:
+        return RunInterrupted(0, trainer.max_epochs, None, None)
+    epochs = int(torch.load(saved, map_location="cpu", weights_only=True, mmap=True)["epoch"]) + 1
+    metrics = None
+    best = checkpoint.best_model_path
+    if trainer.is_global_zero and best and Path(best).is_file():
+        results = {**_results(trainer, checkpoint, task, output_dir), "epochs": epochs}
+        results["interrupted"] = True
+        results["last_checkpoint"] = str(saved.resolve())
+        metrics = output_dir / "metrics.json"
+        metrics.write_text(json.dumps(results, indent=2) + "\n")
+        metrics = metrics.resolve()
+    return RunInterrupted(epochs, trainer.max_epochs, saved.resolve(), metrics)

@@ -384,6 +384,8 @@ class RunSettings:
         pretrained_strict: a checkpoint that does not fit exactly is an error (else a warning).
         require_pretrained: ``pretrained`` must be given (fine-tuning recipes).
         nonfinite: a NaN or infinite loss or gradient ``stop``s the run, or ``skip``s the update.
+        resume_strict: a resume (``ckpt_path``) refuses command-line changes that would break
+            its exactness; the command line applies them (``graphormer.cli.train``).
     """
 
     dataset: dict[str, Any]
@@ -401,6 +403,7 @@ class RunSettings:
     pretrained_strict: bool = True
     require_pretrained: bool = False
     nonfinite: str = "stop"
+    resume_strict: bool = True
 
     def __post_init__(self) -> None:
         for key in ("dataset", "model"):
@@ -423,6 +426,7 @@ class RunSettings:
         except (TypeError, ValueError) as error:
             raise ConfigError(str(error)) from error
         _choice("nonfinite", self.nonfinite, ("stop", "skip"))
+        _boolean("resume_strict", self.resume_strict)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:
