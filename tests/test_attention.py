@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from graphormer.models import BiasedMultiheadAttention
-from graphormer.models.attention import biased_attention
+from graphormer.models.attention_kernel import biased_attention
 
 E, H, B, L = 16, 4, 3, 7
 
@@ -280,7 +280,7 @@ def test_the_model_trains_the_same_through_either_attention_kernel(monkeypatch):
     model = models.Graphormer(config).train()
     results = []
     for own in (True, False):
-        monkeypatch.setattr(attention, "_use_own_kernel", lambda q, p, own=own: own)
+        monkeypatch.setattr(attention, "use_own_kernel", lambda q, p, own=own: own)
         model.zero_grad()
         out = model(batch)
         out.square().sum().backward()
