@@ -1,16 +1,21 @@
 """The tests' shared helpers, in one place: real molecules (from :mod:`graphormer.testing`, which
 the benchmarks share), composing the packaged configs, running the commands as a user does."""
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import torch
 from hydra import compose, initialize_config_dir
 
 from graphormer.cli import CONFIGS
 from graphormer.cli.train import build_loggers, settings_from
+from graphormer.interop import to_microsoft
+from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.testing import (  # noqa: F401 (re-exported for the tests)
     NCI_SMILES,
     NCI_TPSA,
@@ -104,3 +109,49 @@ def evaluate_run(metrics: dict, work: Path, *overrides: str) -> tuple[dict, str]
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+# -- published-weights layouts (Microsoft's fairseq checkpoints) ------------------------------
+
+
+def microsoft_config(**overrides) -> GraphormerConfig:
+    """A small model with the settings a conversion from Microsoft's layout produces."""
+    values = dict(
+        num_layers=2,
+        hidden_dim=32,
+        ffn_dim=48,
+        num_heads=4,
+        dropout=0.0,
+        pre_layernorm=False,
+        embedding_layernorm=True,
+        feature_stride=512,
+        max_degree=510,
+        max_distance=509,
+        unreachable_as_far=True,
+        head_bias="shared",
+        num_tasks=3,
+    )
+    values.update(overrides)
+    return GraphormerConfig(**values)
+
+
+def random_model(config: GraphormerConfig, seed: int = 0) -> Graphormer:
+    """Every parameter random (not the N(0, 0.02) init), so that a misplaced row shows."""
+    torch.manual_seed(seed)
+    model = Graphormer(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    return model
+
+
+def write_fairseq(path, config, model, **extra):
+    settings, theirs = to_microsoft(config, model.state_dict())
+    checkpoint = {
+        "model": theirs,
+        "args": argparse.Namespace(**settings, criterion="l1_loss", dataset_name="pcqm4mv2"),
+        "extra_state": {"val_loss": np.float64(0.087)},  # fairseq keeps numpy scalars here
+        **extra,
+    }
+    torch.save(checkpoint, path)
+    return path

@@ -30,41 +30,19 @@ from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import CheckpointError, GraphormerModule
 from graphormer.training.pretrained import load_pretrained
 
-from helpers import CONFIGS, model_preset, nci_graphs, nci_smiles, to_data
+from helpers import (
+    CONFIGS,
+    microsoft_config,
+    model_preset,
+    nci_graphs,
+    nci_smiles,
+    random_model,
+    to_data,
+    write_fairseq,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ENC = "encoder.graph_encoder."
-
-
-def microsoft_config(**overrides) -> GraphormerConfig:
-    """A small model with the settings a conversion from Microsoft's layout produces."""
-    values = dict(
-        num_layers=2,
-        hidden_dim=32,
-        ffn_dim=48,
-        num_heads=4,
-        dropout=0.0,
-        pre_layernorm=False,
-        embedding_layernorm=True,
-        feature_stride=512,
-        max_degree=510,
-        max_distance=509,
-        unreachable_as_far=True,
-        head_bias="shared",
-        num_tasks=3,
-    )
-    values.update(overrides)
-    return GraphormerConfig(**values)
-
-
-def random_model(config: GraphormerConfig, seed: int = 0) -> Graphormer:
-    """Every parameter random (not the N(0, 0.02) init), so that a misplaced row shows."""
-    torch.manual_seed(seed)
-    model = Graphormer(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_()
-    return model
 
 
 def batch_of(graphs, hops=5):
@@ -228,18 +206,6 @@ def test_unused_microsoft_tensors_are_dropped_and_the_bare_encoder_gets_a_new_he
 
 
 # -- files and the script ---------------------------------------------------------------------
-
-
-def write_fairseq(path, config, model, **extra):
-    settings, theirs = to_microsoft(config, model.state_dict())
-    checkpoint = {
-        "model": theirs,
-        "args": argparse.Namespace(**settings, criterion="l1_loss", dataset_name="pcqm4mv2"),
-        "extra_state": {"val_loss": np.float64(0.087)},  # fairseq keeps numpy scalars here
-        **extra,
-    }
-    torch.save(checkpoint, path)
-    return path
 
 
 def test_convert_script_writes_a_checkpoint_that_loads_exactly(tmp_path):

@@ -150,9 +150,9 @@ def test_ctrl_c_reports_the_saved_epoch_and_the_command_that_resumes_it(ogb_root
 
 
 def test_pretrained_brings_its_architecture(ogb_root, tmp_path):
-    from test_convert import microsoft_config, random_model, write_fairseq
-
     from graphormer.interop import convert_checkpoint
+
+    from helpers import microsoft_config, random_model, write_fairseq
 
     config = microsoft_config(num_tasks=1)
     source = write_fairseq(tmp_path / "ms.pt", config, random_model(config))
