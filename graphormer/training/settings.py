@@ -343,7 +343,7 @@ class TrainerSettings:
             raise _bad("trainer._target_", target, "lightning.pytorch.Trainer (or leave it out)")
         own = {f.name for f in fields(cls)} - {"extra"}
         extra = {k: v for k, v in values.items() if k not in own}
-        check_keys("trainer", extra, _trainer_arguments() - own - _RUN_OWNED)
+        check_keys("trainer", extra, (_trainer_arguments() | own) - _RUN_OWNED)
         mine = {k: v for k, v in values.items() if k in own}
         return cls(**mine, extra=extra)
 
