@@ -59,6 +59,8 @@ def test_two_outputs_on_one_path_are_refused(tmp_path, small_ckpt):
     assert not (tmp_path / "x.npy").exists()
 
 
+# Slow (about a minute of script starts); the refusal of an output that is an input runs by default.
+@pytest.mark.slow
 def test_an_existing_output_needs_overwrite(tmp_path, small_ckpt):
     args = [f"ckpt={small_ckpt}", "smiles=[CCO]", "output=preds.csv"]
     run_script("predict.py", args, cwd=tmp_path)
@@ -124,6 +126,8 @@ def test_divergence_stops_the_run_with_the_step_and_the_cause(tmp_path, nci_csv)
     assert "optim.lr" in error and "nonfinite=skip" in error
 
 
+# Slow: the default run covers nonfinite=stop through the script.
+@pytest.mark.slow
 def test_divergence_can_skip_the_updates(tmp_path, nci_csv):
     args = _train(nci_csv, tmp_path / "run", "optim.lr=1e3", "nonfinite=skip")
     log = run_script("train.py", args, tmp_path)
@@ -215,7 +219,9 @@ def test_format_2_checkpoints_still_load(tmp_path):
     ("key", "value", "message"),
     [
         ("num_layers", 10**9, "model.num_layers=1000000000 but it holds 3 layers"),
-        ("max_degree", 2 * 10**7, "in_degree.weight is (65, 32)"),
+        pytest.param(
+            "max_degree", 2 * 10**7, "in_degree.weight is (65, 32)", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_stored_settings_that_do_not_fit_the_tensors_fail_fast(
@@ -279,6 +285,8 @@ def test_a_smiles_with_whitespace_inside_is_not_read_as_its_first_part(tmp_path,
 # -- 6. Lightning's refusals, bf16, one-class validation ----------------------------------------
 
 
+# Slow: tests/test_settings.py refuses these values in-process by default.
+@pytest.mark.slow
 @pytest.mark.parametrize("override", ["trainer.precision=garbage", "trainer.devices=0"])
 def test_lightnings_refusals_are_one_error_line(tmp_path, nci_csv, override):
     result = run_failing("train.py", _train(nci_csv, tmp_path / "run", override), tmp_path)
