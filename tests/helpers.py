@@ -61,6 +61,20 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
 
 
+def start_script(script: str, args, cwd, stdout=subprocess.PIPE) -> subprocess.Popen:
+    """Starts ``scripts/<script>`` as a user would (no stdin, one thread), without waiting."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / script), *args],
+        cwd=cwd,
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+
+
 def _run(script: str, args, cwd, timeout):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(

@@ -1,10 +1,7 @@
 """Bad input is an error before training, never a number after it, and a user-fixable error is
 one ``error:`` line naming the input and the fix (issue 10)."""
 
-import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -13,7 +10,7 @@ import pytest
 from graphormer.data import GraphDataModule, OGBGraphDataset, SmilesCsvSource, StructuralFeatures
 from graphormer.errors import DataError
 
-from helpers import REPO, TINY, nci_table
+from helpers import TINY, nci_table, start_script
 
 
 def write_csv(path, smiles, **columns):
@@ -118,19 +115,7 @@ def test_corrupt_caches_name_the_file_and_the_fix(tmp_path, ogb_root):
 
 def run_all(commands, cwd):
     """Runs several scripts at once (each start costs seconds of imports); their results."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(REPO / "scripts" / script), *args],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        for script, args in commands
-    ]
+    processes = [start_script(script, args, cwd) for script, args in commands]
     return [(p.wait(timeout=600), *p.communicate()) for p in processes]
 
 

@@ -2,19 +2,17 @@
 continue, fine-tuning a converted model with one command, run folders that hold one run each, and
 misspelt keys named with the keys that exist. Each through the scripts, as a user runs them."""
 
-import os
 import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import REPO, TINY, read_json, run_failing, run_script
+from helpers import REPO, TINY, read_json, run_failing, run_script, start_script
 
 # Lightning's notices that a resume expects (its own checkpoints, a moved folder).
 EXPECTED_WARNINGS = ("exists and is not empty", "dirpath has changed")
@@ -32,16 +30,7 @@ def train_args(ogb_root, out, *extra):
 
 
 def start(args, cwd) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "train.py"), *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
+    return start_script("train.py", args, cwd)
 
 
 def wait_for(condition, process, what: str, timeout: float = 300) -> None:
