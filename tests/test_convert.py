@@ -446,7 +446,7 @@ def new_module(config: GraphormerConfig, **overrides) -> GraphormerModule:
 def test_fine_tuning_reports_what_it_copied(converted, caplog):
     path, config, model = converted
     module = new_module(config)
-    with caplog.at_level(logging.INFO, logger="graphormer.training.pretrained"):
+    with caplog.at_level(logging.DEBUG, logger="graphormer.training.pretrained"):
         report = load_pretrained(module, str(path))
     # Everything but the output layer; the head's transform and LayerNorm are copied too.
     output_layer = ("head.weight", "head_bias")

@@ -185,7 +185,8 @@ def load_pretrained(module: GraphormerModule, path: str, strict: bool = True) ->
             )
         log.warning("%s; copied only the tensors that fit: %s", report.summary(), report.problems())
     module.load_state_dict(matched, strict=False)
-    log.info(report.summary())
+    # Debug only: train() reports the summary on the console and in train.log once.
+    log.debug(report.summary())
     return report
 
 
