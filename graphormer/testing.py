@@ -32,6 +32,7 @@ __all__ = [
     "nci_zinc",
     "nci_zinc_molecules",
     "nci_zinc_splits",
+    "shape_graphs",
     "to_data",
     "write_ogb_layout",
     "write_pcqm4mv2_layout",
@@ -302,3 +303,51 @@ def nci_zinc(
     """A ZINC-layout dataset of real NCI molecules (see :func:`nci_zinc_splits`) under ``root``."""
     splits, index = nci_zinc_splits(sizes, subset_sizes)
     return write_zinc_layout(root, splits, index)
+
+
+SHAPES = ("cycle", "tree", "ladder")
+
+
+def shape_graphs(num_graphs: int, seed: int = 0, regression: bool = False) -> list[Data]:
+    """Non-molecular graphs of three shape families (cycles, random trees, ladders) of 6-24
+    nodes, as a user would save them for ``dataset=pyg_file`` (issue #17).
+
+    ``x`` ``[N, 3]``: column 0 a categorical id in 0..3 (noise), columns 1-2 continuous; column 1
+    is a level per graph (uniform in 850..1150, so that training fails without
+    standardisation) plus noise per node.
+    ``edge_attr`` ``[E, 1]`` a continuous weight (each undirected edge in both directions). ``y``:
+    the shape (0, 1, 2), or with ``regression`` the mean of ``x[:, 1]`` over the nodes.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    graphs = []
+    for i in range(num_graphs):
+        shape = i % len(SHAPES)
+        n = int(torch.randint(6, 25, (1,), generator=generator))
+        if SHAPES[shape] == "cycle":
+            pairs = [(k, (k + 1) % n) for k in range(n)]
+        elif SHAPES[shape] == "tree":
+            parents = [int(torch.randint(0, k, (1,), generator=generator)) for k in range(1, n)]
+            pairs = [(p, k) for k, p in enumerate(parents, start=1)]
+        else:
+            n -= n % 2
+            half = n // 2
+            pairs = [(k, k + 1) for k in range(half - 1)]
+            pairs += [(half + k, half + k + 1) for k in range(half - 1)]
+            pairs += [(k, half + k) for k in range(half)]
+        edges = torch.tensor(pairs, dtype=torch.long).t()
+        edge_index = torch.cat([edges, edges.flip(0)], dim=1)
+        weight = torch.rand(edges.size(1), 1, generator=generator)
+        x = torch.cat(
+            [
+                torch.randint(0, 4, (n, 1), generator=generator).float(),
+                # A level per graph (what regression learns) plus noise per node.
+                1000
+                + 300 * (torch.rand(1, generator=generator) - 0.5)
+                + 10 * torch.randn(n, 1, generator=generator),
+                torch.randn(n, 1, generator=generator),
+            ],
+            dim=1,
+        )
+        y = x[:, 1].mean().view(1, 1) if regression else torch.tensor([shape])
+        graphs.append(Data(x=x, edge_index=edge_index, edge_attr=torch.cat([weight, weight]), y=y))
+    return graphs

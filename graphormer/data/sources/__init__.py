@@ -16,6 +16,7 @@ from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import DatasetCacheError, DatasetNotFoundError
 from graphormer.data.sources.ogb import OGBSource
 from graphormer.data.sources.pcqm4mv2 import PCQM4Mv2Source
+from graphormer.data.sources.pyg_file import PygFileSource
 from graphormer.data.sources.smiles_csv import SmilesCsvSource
 from graphormer.data.sources.zinc import ZINCSource
 from graphormer.errors import ConfigError
@@ -27,6 +28,7 @@ __all__ = [
     "LoadedDataset",
     "OGBSource",
     "PCQM4Mv2Source",
+    "PygFileSource",
     "SmilesCsvSource",
     "Source",
     "ZINCSource",
@@ -39,6 +41,7 @@ SOURCES: dict[str, type[Source]] = {
     "smiles_csv": SmilesCsvSource,
     "pcqm4mv2": PCQM4Mv2Source,
     "zinc": ZINCSource,
+    "pyg_file": PygFileSource,
 }
 
 # Class paths that checkpoints of graphormer 0.1 stored as ``_target_``: read as the names above.
