@@ -4,6 +4,8 @@ absent features, multi-class and regression tasks, trained, evaluated and checke
 import os
 import pickle
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from torch_geometric.data import Data
@@ -224,3 +226,86 @@ def test_macro_f1_and_accuracy_take_logits():
     f1 = TaskInfo("t", "multiclass classification", 1, "f1", 3)
     # Per class F1: 1, 2/3, 2/3.
     assert abs(score(f1, f1.evaluator(), y_true, logits, "test") - 7 / 9) < 1e-9
+
+
+# -- prediction on graphs --------------------------------------------------------------------
+
+
+def test_predict_graphs_keeps_every_row_and_matches_eval(shapes_run):
+    from graphormer import Predictor
+
+    _, path, metrics = shapes_run
+    predictor = Predictor.from_checkpoint(metrics["best_checkpoint"], device="cpu")
+    source = build_source({"source": "pyg_file", "path": str(path), "task_type": "multiclass"})
+    test = source.load().split["test"].tolist()
+    graphs = torch.load(path, weights_only=False)
+    chosen = [graphs[i] for i in test]
+    narrow = chosen[0].clone()
+    narrow.x = narrow.x[:, :2]
+    unseen = chosen[1].clone()
+    unseen.x[0, 0] = 9  # a categorical id beyond the model's table of 4
+    broken = chosen[2].clone()
+    broken.x[1, 2] = float("inf")
+    inputs = [narrow, *chosen, "not a graph", unseen, broken]
+    result = predictor.predict_graphs(inputs)
+    assert len(result.errors) == len(inputs) == len(result.values)
+    assert "the model reads 1 and 2" in result.errors[0]
+    assert "not a torch_geometric.data.Data" in result.errors[-3]
+    assert "beyond the model's 4 classes" in result.errors[-2]
+    assert "has a inf in node feature column 2" in result.errors[-1]
+    good = result.values[1 : 1 + len(chosen)]
+    assert not any(result.errors[1 : 1 + len(chosen)]) and np.allclose(good.sum(-1), 1, atol=1e-5)
+    labels = np.array([int(g.y) for g in chosen])
+    assert (good.argmax(-1) == labels).mean() == metrics["test"]["acc"]
+    table = predictor.table(pd.DataFrame({"graph": range(len(inputs))}), result)
+    assert list(table.columns) == [
+        "graph",
+        "task_0_prob_0",
+        "task_0_prob_1",
+        "task_0_prob_2",
+        "task_0",
+        "error",
+    ]
+    assert table["task_0"].isna().tolist() == [True] + [False] * len(chosen) + [True] * 3
+
+
+def test_a_graph_model_refuses_smiles_but_not_graphs(shapes_run):
+    from graphormer import Predictor
+    from graphormer.checkpoint import CheckpointError
+
+    _, _, metrics = shapes_run
+    predictor = Predictor.from_checkpoint(metrics["best_checkpoint"], device="cpu")
+    with pytest.raises(CheckpointError, match=r"not on molecules .* input=graphs.pt"):
+        predictor.predict(["CCO"])
+
+
+def test_predict_command_reads_a_graph_file(shapes_run, tmp_path):
+    from graphormer.cli.predict import run
+
+    from helpers import compose_config
+
+    _, path, metrics = shapes_run
+    graphs = shape_graphs(6, seed=9)
+    graphs[2].split = "test"
+    for g in graphs:
+        g.split = g.get("split") or "train"
+    graphs[4].x = graphs[4].x[:, :1]
+    torch.save(graphs, tmp_path / "new.pt")
+    out = tmp_path / "preds.csv"
+    cfg = compose_config(
+        "predict",
+        [
+            f"ckpt={metrics['best_checkpoint']}",
+            f"input={tmp_path / 'new.pt'}",
+            f"output={out}",
+            "device=cpu",
+        ],
+    )
+    run(cfg)
+    table = pd.read_csv(out, keep_default_na=False)
+    assert table["graph"].tolist() == list(range(6))
+    assert table["split"].tolist() == ["train", "train", "test", "train", "train", "train"]
+    assert table["error"].astype(bool).tolist() == [False] * 4 + [True, False]
+    assert table.loc[4, "task_0"] == "" and set(
+        table.loc[[0, 1, 2, 3, 5], "task_0"].astype(str)
+    ) <= {"0", "1", "2"}

@@ -58,6 +58,11 @@ class Source(ABC):
         categorical column); None for OGB's featurisation (the model's default tables)."""
         return None
 
+    def categorical_columns(self) -> tuple[list[int] | None, list[int] | None]:
+        """Which columns of a graph's ``x`` and ``edge_attr`` are categorical when a user gives
+        graphs to predict (``Predictor.predict_graphs``); None: every column (OGB's layout)."""
+        return None, None
+
     def continuous_dims(self) -> tuple[int, int]:
         """Widths of the continuous node and edge features (``x_continuous``,
         ``edge_attr_continuous`` of each graph; 0: none)."""

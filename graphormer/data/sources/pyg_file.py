@@ -64,8 +64,9 @@ class GraphFile:
         return len(self.slices["x"]) - 1
 
 
-def read_graph_file(path: str) -> list[Data]:
-    """The list of graphs ``path`` holds, read as data only.
+def read_graph_file(path: str, key: str = "dataset.path") -> list[Data]:
+    """The list of graphs ``path`` holds, read as data only (``key`` names the setting in
+    messages).
 
     Raises:
         DataError: the file is missing, names anything but tensors and PyG's data classes, or
@@ -73,7 +74,7 @@ def read_graph_file(path: str) -> list[Data]:
     """
     if not osp.isfile(path):
         raise DataError(
-            f"dataset.path={path} does not exist; give a file written with "
+            f"{key}={path} does not exist; give a file written with "
             "torch.save(list_of_torch_geometric_Data, path)"
         )
     try:
@@ -82,7 +83,7 @@ def read_graph_file(path: str) -> list[Data]:
         names = unsafe_globals(path, [PYG_DATA])
         reason = f"it names {', '.join(names[:5])}" if names else unpickling_reason(error)
         raise DataError(
-            f"dataset.path={path} is not read: it holds more than tensors and PyG Data objects "
+            f"{key}={path} is not read: it holds more than tensors and PyG Data objects "
             f"({reason}), or is not a torch.save file. A graph file is data, "
             "never code: save a plain list of torch_geometric.data.Data whose attributes are "
             "tensors (and a `split` string)"
@@ -91,13 +92,13 @@ def read_graph_file(path: str) -> list[Data]:
         graphs = [graphs]
     if not isinstance(graphs, list | tuple) or not graphs:
         raise DataError(
-            f"dataset.path={path} holds a {type(graphs).__name__}, not a non-empty list of "
+            f"{key}={path} holds a {type(graphs).__name__}, not a non-empty list of "
             "torch_geometric.data.Data"
         )
     wrong = [i for i, g in enumerate(graphs) if not isinstance(g, Data)]
     if wrong:
         raise DataError(
-            f"dataset.path={path}: item {wrong[0]} is a {type(graphs[wrong[0]]).__name__}, "
+            f"{key}={path}: item {wrong[0]} is a {type(graphs[wrong[0]]).__name__}, "
             "not a torch_geometric.data.Data"
         )
     return list(graphs)
@@ -348,6 +349,9 @@ class PygFileSource(Source):
     def feature_dims(self) -> tuple[list[int], list[int]]:
         graphs = self.graphs()
         return graphs.node_dims, graphs.edge_dims
+
+    def categorical_columns(self) -> tuple[list[int], list[int]]:
+        return self.categorical_node_columns, self.categorical_edge_columns
 
     def continuous_dims(self) -> tuple[int, int]:
         graphs = self.graphs()
