@@ -31,11 +31,13 @@ __all__ = [
     "nci_table",
     "nci_zinc",
     "nci_zinc_molecules",
+    "nci_tu",
     "nci_zinc_splits",
     "shape_graphs",
     "to_data",
     "write_ogb_layout",
     "write_pcqm4mv2_layout",
+    "write_tu_layout",
     "write_zinc_layout",
     "zinc_molecule",
 ]
@@ -351,3 +353,69 @@ def shape_graphs(num_graphs: int, seed: int = 0, regression: bool = False) -> li
         y = x[:, 1].mean().view(1, 1) if regression else torch.tensor([shape])
         graphs.append(Data(x=x, edge_index=edge_index, edge_attr=torch.cat([weight, weight]), y=y))
     return graphs
+
+
+def write_tu_layout(root: Path, name: str, graphs: list[Data], labels: list[int]) -> Path:
+    """``graphs`` in TU's raw layout, ``root/name/raw/name_*.txt``: 1-based edges (as given:
+    both directions), graph indicator, graph labels, and node labels (``x[:, 0]``), node
+    attributes (``x[:, 1:]``, floats), edge labels (``edge_attr[:, 0]``) when present."""
+    raw = Path(root) / name / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    edges, indicator, node_labels, attributes, edge_labels = [], [], [], [], []
+    offset = 0
+    for g, graph in enumerate(graphs):
+        n = graph.num_nodes
+        for a, b in graph.edge_index.t().tolist():
+            edges.append(f"{a + 1 + offset}, {b + 1 + offset}")
+        indicator += [str(g + 1)] * n
+        node_labels += [str(int(v)) for v in graph.x[:, 0].tolist()]
+        attributes += [", ".join(f"{v:.6g}" for v in row) for row in graph.x[:, 1:].tolist()]
+        edge_labels += [str(int(v)) for v in graph.edge_attr[:, 0].tolist()]
+        offset += n
+    files = {
+        "A": edges,
+        "graph_indicator": indicator,
+        "graph_labels": [str(int(v)) for v in labels],
+        "node_labels": node_labels,
+        "edge_labels": edge_labels,
+    }
+    if graphs[0].x.size(1) > 1:
+        files["node_attributes"] = attributes
+    for key, lines in files.items():
+        (raw / f"{name}_{key}.txt").write_text("\n".join(lines) + "\n")
+    return raw
+
+
+def nci_tu(root: Path, name: str = "NCI_TU", limit: int = 400, classes: int = 2) -> list[int]:
+    """rdkit's NCI molecules as a TU dataset with float node attributes: node labels the atomic
+    number's OGB id, node attributes [degree + 0.5 * hydrogens, formal charge + 0.1 * aromatic]
+    (computed by rdkit), edge labels the bond type, graph labels the TPSA band (``classes``
+    quantile bands). Returns the labels."""
+    table = nci_table()
+    graphs, tpsa = [], []
+    for smiles, value in zip(table.smiles, table.tpsa, strict=True):
+        molecule = Chem.MolFromSmiles(smiles)
+        if molecule is None or molecule.GetNumAtoms() < 2:
+            continue
+        graph = smiles2graph(smiles)
+        if graph["edge_index"].shape[1] == 0:
+            continue
+        atoms = molecule.GetAtoms()
+        floats = [
+            [a.GetDegree() + 0.5 * a.GetTotalNumHs(), a.GetFormalCharge() + 0.1 * a.GetIsAromatic()]
+            for a in atoms
+        ]
+        x = torch.cat(
+            [torch.as_tensor(graph["node_feat"][:, :1]).float(), torch.tensor(floats)], dim=1
+        )
+        edge_attr = torch.as_tensor(graph["edge_feat"][:, :1]).long()
+        graphs.append(
+            Data(x=x, edge_index=torch.as_tensor(graph["edge_index"]), edge_attr=edge_attr)
+        )
+        tpsa.append(float(value))
+        if len(graphs) == limit:
+            break
+    edges = np.quantile(tpsa, np.linspace(0, 1, classes + 1)[1:-1])
+    labels = [int(np.searchsorted(edges, v, side="right")) for v in tpsa]
+    write_tu_layout(root, name, graphs, labels)
+    return labels

@@ -18,6 +18,7 @@ from graphormer.data.sources.ogb import OGBSource
 from graphormer.data.sources.pcqm4mv2 import PCQM4Mv2Source
 from graphormer.data.sources.pyg_file import PygFileSource
 from graphormer.data.sources.smiles_csv import SmilesCsvSource
+from graphormer.data.sources.tu import TUSource
 from graphormer.data.sources.zinc import ZINCSource
 from graphormer.errors import ConfigError
 
@@ -31,6 +32,7 @@ __all__ = [
     "PygFileSource",
     "SmilesCsvSource",
     "Source",
+    "TUSource",
     "ZINCSource",
     "build_source",
 ]
@@ -42,6 +44,7 @@ SOURCES: dict[str, type[Source]] = {
     "pcqm4mv2": PCQM4Mv2Source,
     "zinc": ZINCSource,
     "pyg_file": PygFileSource,
+    "tu": TUSource,
 }
 
 # Class paths that checkpoints of graphormer 0.1 stored as ``_target_``: read as the names above.

@@ -32,7 +32,7 @@ from graphormer.data.tasks import (
 from graphormer.errors import ConfigError, DataError
 from graphormer.safe_io import PYG_DATA, load_data, unpickling_reason, unsafe_globals
 
-__all__ = ["GraphFile", "PygFileSource", "read_graph_file", "read_graphs"]
+__all__ = ["GraphFile", "InMemoryGraphs", "PygFileSource", "read_graph_file", "read_graphs"]
 
 SPLITS = ("train", "valid", "test")
 
@@ -243,7 +243,7 @@ def _splits(graphs: list[Data], where: str) -> list[str] | None:
     return values
 
 
-class _Graphs(InMemoryDataset):
+class InMemoryGraphs(InMemoryDataset):
     """The flattened graphs, in memory (PyG's storage: ``dataset[i]`` is one ``Data``)."""
 
     def __init__(self, graphs: GraphFile) -> None:
@@ -364,7 +364,7 @@ class PygFileSource(Source):
         # of thousands of graphs per second), not cached: the file is the user's, and may change.
         if pre_transform is not None:
             add_structural_features(graphs.data, graphs.slices, pre_transform)
-        dataset = _Graphs(graphs)
+        dataset = InMemoryGraphs(graphs)
         if graphs.splits is None:
             split = random_split(graphs.num_graphs, self.split_ratios, self.split_seed)
         else:
