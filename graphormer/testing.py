@@ -37,6 +37,7 @@ __all__ = [
     "to_data",
     "write_ogb_layout",
     "write_pcqm4mv2_layout",
+    "write_ppa_layout",
     "write_tu_layout",
     "write_zinc_layout",
     "zinc_molecule",
@@ -419,3 +420,40 @@ def nci_tu(root: Path, name: str = "NCI_TU", limit: int = 400, classes: int = 2)
     labels = [int(np.searchsorted(edges, v, side="right")) for v in tpsa]
     write_tu_layout(root, name, graphs, labels)
     return labels
+
+
+def write_ppa_layout(root: Path, graphs: list[Data], labels: list[int]) -> Path:
+    """``graphs`` (edges in both directions, the first half one way) in ogbg-ppa's OGB layout
+    under ``root/ogbg_ppa``: each edge once with 7 float features (its ``edge_attr[:, 0]`` and
+    six functions of it, as association scores in [0, 1]), no node features, integer labels,
+    the ``species`` split (80/10/10 in order), ``RELEASE_v1.txt``."""
+    folder = Path(root) / "ogbg_ppa"
+    (folder / "raw").mkdir(parents=True, exist_ok=True)
+    (folder / "split" / "species").mkdir(parents=True, exist_ok=True)
+    edges, features, edge_counts = [], [], []
+    for graph in graphs:
+        once = graph.edge_index.size(1) // 2
+        edges.append(graph.edge_index[:, :once].t().numpy())
+        w = graph.edge_attr[:once, :1].numpy()
+        features.append(np.concatenate([w, 1 - w, w**2, np.sqrt(w), w / 2, (1 - w) / 2, w * 0], 1))
+        edge_counts.append(once)
+
+    def write(path: Path, array: np.ndarray) -> None:
+        with gzip.open(path, "wt") as f:
+            pd.DataFrame(array).to_csv(f, header=False, index=False)
+
+    write(folder / "raw" / "edge.csv.gz", np.concatenate(edges))
+    write(folder / "raw" / "edge-feat.csv.gz", np.concatenate(features).round(4))
+    write(folder / "raw" / "num-node-list.csv.gz", np.array([g.num_nodes for g in graphs]))
+    write(folder / "raw" / "num-edge-list.csv.gz", np.array(edge_counts))
+    write(folder / "raw" / "graph-label.csv.gz", np.array(labels, dtype=int))
+    n = len(graphs)
+    cut1, cut2 = int(0.8 * n), int(0.9 * n)
+    for split, idx in (
+        ("train", range(cut1)),
+        ("valid", range(cut1, cut2)),
+        ("test", range(cut2, n)),
+    ):
+        write(folder / "split" / "species" / f"{split}.csv.gz", np.array(list(idx)))
+    (folder / "RELEASE_v1.txt").write_text("")
+    return folder

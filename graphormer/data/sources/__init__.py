@@ -15,6 +15,7 @@ from typing import Any
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import DatasetCacheError, DatasetNotFoundError
 from graphormer.data.sources.ogb import OGBSource
+from graphormer.data.sources.ogbg_ppa import PPASource
 from graphormer.data.sources.pcqm4mv2 import PCQM4Mv2Source
 from graphormer.data.sources.pyg_file import PygFileSource
 from graphormer.data.sources.smiles_csv import SmilesCsvSource
@@ -29,6 +30,7 @@ __all__ = [
     "LoadedDataset",
     "OGBSource",
     "PCQM4Mv2Source",
+    "PPASource",
     "PygFileSource",
     "SmilesCsvSource",
     "Source",
@@ -45,6 +47,7 @@ SOURCES: dict[str, type[Source]] = {
     "zinc": ZINCSource,
     "pyg_file": PygFileSource,
     "tu": TUSource,
+    "ogbg_ppa": PPASource,
 }
 
 # Class paths that checkpoints of graphormer 0.1 stored as ``_target_``: read as the names above.
