@@ -36,6 +36,7 @@ __all__ = [
     "shape_graphs",
     "to_data",
     "write_ogb_layout",
+    "write_lrgb_layout",
     "write_pcqm4mv2_layout",
     "write_ppa_layout",
     "write_tu_layout",
@@ -457,3 +458,37 @@ def write_ppa_layout(root: Path, graphs: list[Data], labels: list[int]) -> Path:
         write(folder / "split" / "species" / f"{split}.csv.gz", np.array(list(idx)))
     (folder / "RELEASE_v1.txt").write_text("")
     return folder
+
+
+def write_lrgb_layout(root: Path, key: str, sizes: tuple[int, int, int] = (160, 40, 40)) -> Path:
+    """rdkit's NCI molecules in LRGB's peptide layout, ``root/key/raw/{train,val,test}.pt``:
+    ``(x, edge_attr, edge_index, y)`` tuples featurised by OGB's ``smiles2graph``. Targets:
+    ``peptides-struct`` 11 values (TPSA's standardised rank times 1.0, 1.1, ..., 2.0),
+    ``peptides-func`` 10 labels (TPSA above its 0.3..0.7 quantiles)."""
+    table = nci_table().iloc[: sum(sizes)]
+    tpsa = torch.tensor(table.tpsa.to_numpy(), dtype=torch.float)
+    if key == "peptides-struct":
+        ranks = tpsa.argsort().argsort().float()  # TPSA's rank: no heavy tail
+        scaled = (ranks - ranks.mean()) / ranks.std()
+        y = torch.stack([scaled * (1 + 0.1 * k) for k in range(11)], 1)
+    else:
+        cuts = torch.quantile(tpsa, torch.linspace(0.3, 0.7, 10))
+        y = (tpsa[:, None] > cuts[None]).float()
+    raw = Path(root) / key / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    start = 0
+    for name, size in zip(("train", "val", "test"), sizes, strict=True):
+        graphs = []
+        for i in range(start, start + size):
+            g = smiles2graph(table.smiles.iloc[i])
+            graphs.append(
+                (
+                    torch.as_tensor(g["node_feat"]),
+                    torch.as_tensor(g["edge_feat"]),
+                    torch.as_tensor(g["edge_index"]),
+                    y[i : i + 1],
+                )
+            )
+        torch.save(graphs, raw / f"{name}.pt")
+        start += size
+    return raw

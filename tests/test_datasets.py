@@ -205,6 +205,7 @@ def test_every_source_answers_the_contract(ogb_root, tmp_path):
         "pyg_file": {"path": str(tmp_path / "graphs.pt")},
         "tu": {"name": "NCI_TU", "root": str(tmp_path)},
         "ogbg_ppa": {"root": str(tmp_path)},
+        "lrgb": {"name": "Peptides-func", "root": str(tmp_path)},
     }
     assert set(settings) == set(SOURCES)
     sources = {kind: build_source({"source": kind, **s}) for kind, s in settings.items()}

@@ -14,6 +14,7 @@ from typing import Any
 
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import DatasetCacheError, DatasetNotFoundError
+from graphormer.data.sources.lrgb import LRGBSource
 from graphormer.data.sources.ogb import OGBSource
 from graphormer.data.sources.ogbg_ppa import PPASource
 from graphormer.data.sources.pcqm4mv2 import PCQM4Mv2Source
@@ -27,6 +28,7 @@ __all__ = [
     "SOURCES",
     "DatasetCacheError",
     "DatasetNotFoundError",
+    "LRGBSource",
     "LoadedDataset",
     "OGBSource",
     "PCQM4Mv2Source",
@@ -48,6 +50,7 @@ SOURCES: dict[str, type[Source]] = {
     "pyg_file": PygFileSource,
     "tu": TUSource,
     "ogbg_ppa": PPASource,
+    "lrgb": LRGBSource,
 }
 
 # Class paths that checkpoints of graphormer 0.1 stored as ``_target_``: read as the names above.
