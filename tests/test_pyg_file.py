@@ -309,3 +309,21 @@ def test_predict_command_reads_a_graph_file(shapes_run, tmp_path):
     assert table.loc[4, "task_0"] == "" and set(
         table.loc[[0, 1, 2, 3, 5], "task_0"].astype(str)
     ) <= {"0", "1", "2"}
+
+
+def test_fine_tuning_on_graphs_with_other_features_is_one_clear_error(shapes_run, tmp_path):
+    _, _, metrics = shapes_run
+    graphs = shape_graphs(30, seed=6)
+    for g in graphs:
+        g.x = g.x[:, :2]  # one continuous node column fewer than the checkpoint's model reads
+    path = write(tmp_path / "other.pt", graphs)
+    from graphormer.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"does not fit .* model.node_continuous_dim 2 vs 1"):
+        train_on(
+            path,
+            tmp_path,
+            f"pretrained={metrics['best_checkpoint']}",
+            "dataset.task_type=multiclass",
+            "dataset.categorical_node_columns=[0]",
+        )
