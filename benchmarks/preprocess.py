@@ -1,18 +1,26 @@
 """Structural preprocessing and collation speed, cache size and batch memory, on one CPU core.
 
-    python benchmarks/preprocess.py
+    python benchmarks/preprocess.py               # molecules, then PROTEINS-sized graphs
+    python benchmarks/preprocess.py --proteins    # PROTEINS-sized graphs only
 
 Prints graphs/second for our batched preprocessing and for a straightforward per-graph reference
 (scipy's BFS with predecessors plus a Python path walk, the usual way to write it), the cost of
 collating 256-graph batches for ours and for a per-graph padding collator that builds the
 ``[B, N, N, hops, F_e]`` int64 edge-feature tensor Hugging Face's port builds, bytes cached per graph
 and the memory of a 256-molecule batch. Molecules: rdkit's NCI set (4,991 that parse).
+
+PROTEINS-sized graphs (issue #17): 1,113 graphs as TU's PROTEINS has, mean ~39 nodes, the largest
+620, ~3.7 directed edges per node (a chain of neighbours plus local contacts, as protein contact
+graphs are), made with a fixed seed; graphs/s and the peak memory (tracemalloc) of the batched
+structural preprocessing, and the structural cache's size.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -85,12 +93,64 @@ def reference_collate(items: list[tuple[Data, np.ndarray, np.ndarray]], max_hops
     return torch.stack(xs), torch.stack(spatial), torch.stack(edge_input), torch.stack(masks)
 
 
+def proteins_like(num_graphs: int = 1113, seed: int = 0) -> list[tuple[int, np.ndarray]]:
+    """``(num_nodes, edge_index)`` of PROTEINS-sized graphs: lognormal sizes (mean ~39, at least
+    4), one of 620 nodes; each node linked to the next (a chain) and to one or two random nodes
+    within 6 positions (contacts), both directions."""
+    rng = np.random.default_rng(seed)
+    sizes = np.clip(rng.lognormal(3.5, 0.6, num_graphs).astype(int), 4, 620)
+    sizes[0] = 620
+    graphs = []
+    for n in sizes:
+        chain = np.stack([np.arange(n - 1), np.arange(1, n)])
+        source = np.repeat(np.arange(n), rng.integers(0, 3, n))
+        target = np.clip(source + rng.integers(2, 7, len(source)), 0, n - 1)
+        contacts = np.stack([source, target])[:, source != target]
+        edges = np.unique(np.concatenate([chain, contacts], axis=1), axis=1)
+        graphs.append((int(n), np.concatenate([edges, edges[::-1]], axis=1)))
+    return graphs
+
+
+def proteins_benchmark() -> None:
+    graphs = proteins_like()
+    sizes = np.array([n for n, _ in graphs])
+    num_edges = np.array([e.shape[1] for _, e in graphs])
+    edge_index = np.concatenate([e for _, e in graphs], axis=1)
+    print(
+        f"\nPROTEINS-sized graphs: {len(graphs)}, mean nodes {sizes.mean():.1f}, max {sizes.max()}, "
+        f"directed edges per node {num_edges.sum() / sizes.sum():.2f}"
+    )
+    seconds = best_of(
+        lambda: structural_features(edge_index, sizes, num_edges, MAX_HOPS), repeats=3
+    )
+    tracemalloc.start()
+    feats = structural_features(edge_index, sizes, num_edges, MAX_HOPS)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    cache = sum(nbytes(feats[k]) for k in ("spatial_pos", "edge_path", "in_degree", "out_degree"))
+    print(
+        f"  graphormer, whole dataset batched, one core : {len(graphs) / seconds:>8,.0f} graphs/s "
+        f"({seconds * 1e3:.0f} ms for {len(graphs)})"
+    )
+    print(f"  peak memory of the preprocessing (tracemalloc): {peak / 2**20:,.0f} MiB")
+    print(
+        f"  structural cache: {cache / 2**20:,.1f} MiB ({cache / len(graphs) / 1024:,.1f} KiB per "
+        f"graph; the 620-node graph alone {620 * 620 * (2 + 2 * MAX_HOPS) / 2**20:.1f} MiB)"
+    )
+
+
 def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--proteins", action="store_true", help="PROTEINS-sized graphs only")
+    args = parser.parse_args()
     single_thread()
+    if args.proteins:
+        proteins_benchmark()
+        return
     graphs = nci_graphs()
     count = len(graphs)
     sizes = np.array([g["num_nodes"] for g in graphs])
@@ -201,6 +261,7 @@ def main() -> None:
         f"  reference batch tensors  : {ref_total / 2**20:>8.1f} MiB "
         f"(edge_input [B,N,N,{MAX_HOPS},3] int64 {nbytes(ref_batch[2]) / 2**20:.1f} MiB)"
     )
+    proteins_benchmark()
 
 
 if __name__ == "__main__":

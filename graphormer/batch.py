@@ -25,6 +25,8 @@ class GraphormerBatch:
         node_mask: ``[B, N]`` bool, True at real nodes.
         y: ``[B, T]`` float targets (NaN where missing), or None.
         index: ``[B]`` long dataset indices of the graphs (for exact distributed evaluation).
+        x_continuous: ``[B, N, F_c]`` float node features (0 at padding), or None.
+        edge_attr_continuous: ``[E, F_ec]`` float edge features, or None.
     """
 
     x: Tensor
@@ -36,6 +38,8 @@ class GraphormerBatch:
     node_mask: Tensor
     y: Tensor | None = None
     index: Tensor | None = None
+    x_continuous: Tensor | None = None
+    edge_attr_continuous: Tensor | None = None
 
     @property
     def num_graphs(self) -> int:

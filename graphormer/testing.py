@@ -31,10 +31,15 @@ __all__ = [
     "nci_table",
     "nci_zinc",
     "nci_zinc_molecules",
+    "nci_tu",
     "nci_zinc_splits",
+    "shape_graphs",
     "to_data",
     "write_ogb_layout",
+    "write_lrgb_layout",
     "write_pcqm4mv2_layout",
+    "write_ppa_layout",
+    "write_tu_layout",
     "write_zinc_layout",
     "zinc_molecule",
 ]
@@ -302,3 +307,188 @@ def nci_zinc(
     """A ZINC-layout dataset of real NCI molecules (see :func:`nci_zinc_splits`) under ``root``."""
     splits, index = nci_zinc_splits(sizes, subset_sizes)
     return write_zinc_layout(root, splits, index)
+
+
+SHAPES = ("cycle", "tree", "ladder")
+
+
+def shape_graphs(num_graphs: int, seed: int = 0, regression: bool = False) -> list[Data]:
+    """Non-molecular graphs of three shape families (cycles, random trees, ladders) of 6-24
+    nodes, as a user would save them for ``dataset=pyg_file`` (issue #17).
+
+    ``x`` ``[N, 3]``: column 0 a categorical id in 0..3 (noise), columns 1-2 continuous; column 1
+    is a level per graph (uniform in 850..1150, so that training fails without
+    standardisation) plus noise per node.
+    ``edge_attr`` ``[E, 1]`` a continuous weight (each undirected edge in both directions). ``y``:
+    the shape (0, 1, 2), or with ``regression`` the mean of ``x[:, 1]`` over the nodes.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    graphs = []
+    for i in range(num_graphs):
+        shape = i % len(SHAPES)
+        n = int(torch.randint(6, 25, (1,), generator=generator))
+        if SHAPES[shape] == "cycle":
+            pairs = [(k, (k + 1) % n) for k in range(n)]
+        elif SHAPES[shape] == "tree":
+            parents = [int(torch.randint(0, k, (1,), generator=generator)) for k in range(1, n)]
+            pairs = [(p, k) for k, p in enumerate(parents, start=1)]
+        else:
+            n -= n % 2
+            half = n // 2
+            pairs = [(k, k + 1) for k in range(half - 1)]
+            pairs += [(half + k, half + k + 1) for k in range(half - 1)]
+            pairs += [(k, half + k) for k in range(half)]
+        edges = torch.tensor(pairs, dtype=torch.long).t()
+        edge_index = torch.cat([edges, edges.flip(0)], dim=1)
+        weight = torch.rand(edges.size(1), 1, generator=generator)
+        x = torch.cat(
+            [
+                torch.randint(0, 4, (n, 1), generator=generator).float(),
+                # A level per graph (what regression learns) plus noise per node.
+                1000
+                + 300 * (torch.rand(1, generator=generator) - 0.5)
+                + 10 * torch.randn(n, 1, generator=generator),
+                torch.randn(n, 1, generator=generator),
+            ],
+            dim=1,
+        )
+        y = x[:, 1].mean().view(1, 1) if regression else torch.tensor([shape])
+        graphs.append(Data(x=x, edge_index=edge_index, edge_attr=torch.cat([weight, weight]), y=y))
+    return graphs
+
+
+def write_tu_layout(root: Path, name: str, graphs: list[Data], labels: list[int]) -> Path:
+    """``graphs`` in TU's raw layout, ``root/name/raw/name_*.txt``: 1-based edges (as given:
+    both directions), graph indicator, graph labels, and node labels (``x[:, 0]``), node
+    attributes (``x[:, 1:]``, floats), edge labels (``edge_attr[:, 0]``) when present."""
+    raw = Path(root) / name / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    edges, indicator, node_labels, attributes, edge_labels = [], [], [], [], []
+    offset = 0
+    for g, graph in enumerate(graphs):
+        n = graph.num_nodes
+        for a, b in graph.edge_index.t().tolist():
+            edges.append(f"{a + 1 + offset}, {b + 1 + offset}")
+        indicator += [str(g + 1)] * n
+        node_labels += [str(int(v)) for v in graph.x[:, 0].tolist()]
+        attributes += [", ".join(f"{v:.6g}" for v in row) for row in graph.x[:, 1:].tolist()]
+        edge_labels += [str(int(v)) for v in graph.edge_attr[:, 0].tolist()]
+        offset += n
+    files = {
+        "A": edges,
+        "graph_indicator": indicator,
+        "graph_labels": [str(int(v)) for v in labels],
+        "node_labels": node_labels,
+        "edge_labels": edge_labels,
+    }
+    if graphs[0].x.size(1) > 1:
+        files["node_attributes"] = attributes
+    for key, lines in files.items():
+        (raw / f"{name}_{key}.txt").write_text("\n".join(lines) + "\n")
+    return raw
+
+
+def nci_tu(root: Path, name: str = "NCI_TU", limit: int = 400, classes: int = 2) -> list[int]:
+    """rdkit's NCI molecules as a TU dataset with float node attributes: node labels the atomic
+    number's OGB id, node attributes [degree + 0.5 * hydrogens, formal charge + 0.1 * aromatic]
+    (computed by rdkit), edge labels the bond type, graph labels the TPSA band (``classes``
+    quantile bands). Returns the labels."""
+    table = nci_table()
+    graphs, tpsa = [], []
+    for smiles, value in zip(table.smiles, table.tpsa, strict=True):
+        molecule = Chem.MolFromSmiles(smiles)
+        if molecule is None or molecule.GetNumAtoms() < 2:
+            continue
+        graph = smiles2graph(smiles)
+        if graph["edge_index"].shape[1] == 0:
+            continue
+        atoms = molecule.GetAtoms()
+        floats = [
+            [a.GetDegree() + 0.5 * a.GetTotalNumHs(), a.GetFormalCharge() + 0.1 * a.GetIsAromatic()]
+            for a in atoms
+        ]
+        x = torch.cat(
+            [torch.as_tensor(graph["node_feat"][:, :1]).float(), torch.tensor(floats)], dim=1
+        )
+        edge_attr = torch.as_tensor(graph["edge_feat"][:, :1]).long()
+        graphs.append(
+            Data(x=x, edge_index=torch.as_tensor(graph["edge_index"]), edge_attr=edge_attr)
+        )
+        tpsa.append(float(value))
+        if len(graphs) == limit:
+            break
+    edges = np.quantile(tpsa, np.linspace(0, 1, classes + 1)[1:-1])
+    labels = [int(np.searchsorted(edges, v, side="right")) for v in tpsa]
+    write_tu_layout(root, name, graphs, labels)
+    return labels
+
+
+def write_ppa_layout(root: Path, graphs: list[Data], labels: list[int]) -> Path:
+    """``graphs`` (edges in both directions, the first half one way) in ogbg-ppa's OGB layout
+    under ``root/ogbg_ppa``: each edge once with 7 float features (its ``edge_attr[:, 0]`` and
+    six functions of it, as association scores in [0, 1]), no node features, integer labels,
+    the ``species`` split (80/10/10 in order), ``RELEASE_v1.txt``."""
+    folder = Path(root) / "ogbg_ppa"
+    (folder / "raw").mkdir(parents=True, exist_ok=True)
+    (folder / "split" / "species").mkdir(parents=True, exist_ok=True)
+    edges, features, edge_counts = [], [], []
+    for graph in graphs:
+        once = graph.edge_index.size(1) // 2
+        edges.append(graph.edge_index[:, :once].t().numpy())
+        w = graph.edge_attr[:once, :1].numpy()
+        features.append(np.concatenate([w, 1 - w, w**2, np.sqrt(w), w / 2, (1 - w) / 2, w * 0], 1))
+        edge_counts.append(once)
+
+    def write(path: Path, array: np.ndarray) -> None:
+        with gzip.open(path, "wt") as f:
+            pd.DataFrame(array).to_csv(f, header=False, index=False)
+
+    write(folder / "raw" / "edge.csv.gz", np.concatenate(edges))
+    write(folder / "raw" / "edge-feat.csv.gz", np.concatenate(features).round(4))
+    write(folder / "raw" / "num-node-list.csv.gz", np.array([g.num_nodes for g in graphs]))
+    write(folder / "raw" / "num-edge-list.csv.gz", np.array(edge_counts))
+    write(folder / "raw" / "graph-label.csv.gz", np.array(labels, dtype=int))
+    n = len(graphs)
+    cut1, cut2 = int(0.8 * n), int(0.9 * n)
+    for split, idx in (
+        ("train", range(cut1)),
+        ("valid", range(cut1, cut2)),
+        ("test", range(cut2, n)),
+    ):
+        write(folder / "split" / "species" / f"{split}.csv.gz", np.array(list(idx)))
+    (folder / "RELEASE_v1.txt").write_text("")
+    return folder
+
+
+def write_lrgb_layout(root: Path, key: str, sizes: tuple[int, int, int] = (160, 40, 40)) -> Path:
+    """rdkit's NCI molecules in LRGB's peptide layout, ``root/key/raw/{train,val,test}.pt``:
+    ``(x, edge_attr, edge_index, y)`` tuples featurised by OGB's ``smiles2graph``. Targets:
+    ``peptides-struct`` 11 values (TPSA's standardised rank times 1.0, 1.1, ..., 2.0),
+    ``peptides-func`` 10 labels (TPSA above its 0.3..0.7 quantiles)."""
+    table = nci_table().iloc[: sum(sizes)]
+    tpsa = torch.tensor(table.tpsa.to_numpy(), dtype=torch.float)
+    if key == "peptides-struct":
+        ranks = tpsa.argsort().argsort().float()  # TPSA's rank: no heavy tail
+        scaled = (ranks - ranks.mean()) / ranks.std()
+        y = torch.stack([scaled * (1 + 0.1 * k) for k in range(11)], 1)
+    else:
+        cuts = torch.quantile(tpsa, torch.linspace(0.3, 0.7, 10))
+        y = (tpsa[:, None] > cuts[None]).float()
+    raw = Path(root) / key / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    start = 0
+    for name, size in zip(("train", "val", "test"), sizes, strict=True):
+        graphs = []
+        for i in range(start, start + size):
+            g = smiles2graph(table.smiles.iloc[i])
+            graphs.append(
+                (
+                    torch.as_tensor(g["node_feat"]),
+                    torch.as_tensor(g["edge_feat"]),
+                    torch.as_tensor(g["edge_index"]),
+                    y[i : i + 1],
+                )
+            )
+        torch.save(graphs, raw / f"{name}.pt")
+        start += size
+    return raw

@@ -129,7 +129,7 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path, ogb_root):
             "datamodule.batch_size=-4 is not allowed: an integer >= 1",
         ),
         ("train.py", ["model.num_heads=7"], "must be divisible by model.num_heads"),
-        ("train.py", ["loss=hinge"], "loss='hinge' is not allowed: one of auto, bce, l1, mse"),
+        ("train.py", ["loss=hinge"], "loss='hinge' is not allowed: one of auto, bce, ce, l1, mse"),
         ("train.py", ["datamodule.max_nodes=2"], "raise datamodule.max_nodes"),
         ("train.py", ["dataset.source=somewhere"], "dataset.source='somewhere' is not a dataset"),
         (

@@ -110,7 +110,7 @@ def test_smiles_csv_bad_input_errors(tmp_path):
     with pytest.raises(DataError, match="dataset.path"):
         SmilesCsvSource(str(tmp_path / "none.csv"), targets=["y"], root=str(tmp_path)).load(None)
     with pytest.raises(ValueError, match="task_type"):
-        SmilesCsvSource(str(csv), targets=["y"], task_type="multiclass")
+        SmilesCsvSource(str(csv), targets=["y"], task_type="ordinal")
 
 
 def test_scaffold_split_keeps_scaffolds_together():
@@ -193,12 +193,19 @@ def test_every_source_answers_the_contract(ogb_root, tmp_path):
     import sys
 
     from graphormer.data import SOURCES, Source, build_source
+    from graphormer.testing import nci_tu, shape_graphs
 
+    torch.save(shape_graphs(6), tmp_path / "graphs.pt")
+    nci_tu(tmp_path, "NCI_TU", limit=20)
     settings = {
         "ogb": {"name": "ogbg-moltox21", "root": str(ogb_root)},
         "smiles_csv": {"path": "x.csv", "targets": ["a", "b"]},
         "pcqm4mv2": {"root": str(tmp_path)},
         "zinc": {"root": str(tmp_path)},
+        "pyg_file": {"path": str(tmp_path / "graphs.pt")},
+        "tu": {"name": "NCI_TU", "root": str(tmp_path)},
+        "ogbg_ppa": {"root": str(tmp_path)},
+        "lrgb": {"name": "Peptides-func", "root": str(tmp_path)},
     }
     assert set(settings) == set(SOURCES)
     sources = {kind: build_source({"source": kind, **s}) for kind, s in settings.items()}
@@ -206,9 +213,10 @@ def test_every_source_answers_the_contract(ogb_root, tmp_path):
         assert isinstance(source, Source), kind
         assert source.name and source.root, kind
         assert source.task_info().num_tasks >= 1, kind
-    # Only ZINC has vocabularies of its own, and so only ZINC refuses SMILES.
-    assert [k for k, s in sources.items() if s.feature_dims() is not None] == ["zinc"]
-    assert [k for k, s in sources.items() if s.smiles_refusal() is not None] == ["zinc"]
+    # Sources with vocabularies of their own (not OGB's molecule featurisation) refuse SMILES.
+    own = ["zinc", "pyg_file", "tu", "ogbg_ppa"]
+    assert [k for k, s in sources.items() if s.feature_dims() is not None] == own
+    assert [k for k, s in sources.items() if s.smiles_refusal() is not None] == own
     assert sources["smiles_csv"].task_names() == ["a", "b"]
     assert sources["ogb"].task_names() == []  # the test layout maps molecules, not labels
     # Only PCQM4Mv2's unlabelled splits have a file format of their own.

@@ -43,7 +43,7 @@ REFUSED = {
     "model.atom_feature_dims=[0]": "model.atom_feature_dims=[0] is not allowed",
     "flag.m=-1": "flag.m=-1 is not allowed: an integer >= 0",
     "datamodule.batch_size=0": "datamodule.batch_size=0 is not allowed: an integer >= 1",
-    "loss=hinge": "loss='hinge' is not allowed: one of auto, bce, l1, mse",
+    "loss=hinge": "loss='hinge' is not allowed: one of auto, bce, ce, l1, mse",
 }
 
 

@@ -37,10 +37,18 @@ from helpers import (
 
 def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
     assert len(options("dataset")) >= 14 and len(options("trainer")) == 3
+    from graphormer.testing import nci_tu, shape_graphs
+
+    torch.save(shape_graphs(6), tmp_path / "graphs.pt")
+    nci_tu(tmp_path, "NCI_TU", limit=20)
     for name in options("dataset"):
         extra = []
         if name == "smiles_csv":
             extra = [f"dataset.path={nci_csv}", "dataset.targets=[tpsa]"]
+        if name == "pyg_file":
+            extra = [f"dataset.path={tmp_path / 'graphs.pt'}"]
+        if name == "tu":
+            extra = ["dataset.name=NCI_TU", f"dataset.root={tmp_path}"]
         cfg = compose_train([f"dataset={name}", f"output_dir={tmp_path}", *extra])
         source = build_source(OmegaConf.to_container(cfg.dataset))
         assert source.task_info().num_tasks >= 1

@@ -57,15 +57,27 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         batch_size=cfg["batch_size"],
         max_atoms=cfg.get("max_atoms"),
     )
-    column = cfg.get("smiles_column") or predictor.training_smiles_column or "smiles"
-    table, column = read_input(cfg.get("input"), cfg.get("smiles"), column)
+    if _is_graph_file(cfg.get("input")):
+        # A torch.save list of PyG graphs (issue #17): one row per graph, in file order.
+        from graphormer.data.sources.pyg_file import read_graph_file
 
-    with warnings.catch_warnings():
-        # The summary below names the rows without a prediction.
-        warnings.simplefilter("ignore", UnpredictableMoleculeWarning)
-        result = predictor.run(
-            table[column].tolist(), embeddings=embeddings is not None, progress=cfg["progress"]
-        )
+        if cfg.get("smiles") is not None:
+            raise ConfigError("give either input=FILE or smiles=[...], not both")
+        graphs = read_graph_file(str(Path(str(cfg["input"])).expanduser()), key="input")
+        table = pd.DataFrame({"graph": range(len(graphs))})
+        splits = [g.get("split") for g in graphs]
+        if any(isinstance(v, str) for v in splits):
+            table["split"] = splits
+        result = predictor.predict_graphs(graphs, embeddings=embeddings is not None)
+    else:
+        column = cfg.get("smiles_column") or predictor.training_smiles_column or "smiles"
+        table, column = read_input(cfg.get("input"), cfg.get("smiles"), column)
+        with warnings.catch_warnings():
+            # The summary below names the rows without a prediction.
+            warnings.simplefilter("ignore", UnpredictableMoleculeWarning)
+            result = predictor.run(
+                table[column].tolist(), embeddings=embeddings is not None, progress=cfg["progress"]
+            )
     out = predictor.table(table, result)
     try:
         if output is not None:
@@ -77,8 +89,14 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             write_embeddings(embeddings, result.embeddings)
     except OSError as error:
         raise DataError(f"cannot write {error.filename or output}: {error.strerror}") from error
-    _report(result, len(out), output, embeddings)
+    noun = "graphs" if _is_graph_file(cfg.get("input")) else "molecules"
+    _report(result, len(out), output, embeddings, noun)
     return out
+
+
+def _is_graph_file(path: Any) -> bool:
+    """``input=`` names a torch.save file of PyG graphs (``.pt``/``.pth``), not a CSV."""
+    return bool(path) and Path(str(path)).suffix.lower() in (".pt", ".pth")
 
 
 def format_table(table: pd.DataFrame) -> str:
@@ -172,9 +190,15 @@ def _embeddings_path(value: Any) -> Path | None:
     return path
 
 
-def _report(result: Predictions, rows: int, output: Path | None, embeddings: Path | None) -> None:
+def _report(
+    result: Predictions,
+    rows: int,
+    output: Path | None,
+    embeddings: Path | None,
+    noun: str = "molecules",
+) -> None:
     failed = [i for i, error in enumerate(result.errors) if error]
-    lines = [f"predicted {rows - len(failed)} of {rows} molecules"]
+    lines = [f"predicted {rows - len(failed)} of {rows} {noun}"]
     if failed:
         shown = ", ".join(str(i) for i in failed[:_SHOWN_ROWS])
         more = f" and {len(failed) - _SHOWN_ROWS} more" if len(failed) > _SHOWN_ROWS else ""

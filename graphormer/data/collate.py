@@ -82,6 +82,13 @@ class GraphormerCollator:
         node_dest = node_graph * n_max + node_local
 
         x_pad = x.new_zeros(batch_size * n_max, x.size(-1)).index_copy_(0, node_dest, x)
+        x_continuous = _continuous(stores, "x_continuous")
+        if x_continuous is not None:
+            x_continuous = (
+                x_continuous.new_zeros(batch_size * n_max, x_continuous.size(-1))
+                .index_copy_(0, node_dest, x_continuous)
+                .view(batch_size, n_max, x_continuous.size(-1))
+            )
         node_mask = torch.zeros(batch_size * n_max, dtype=torch.bool)
         node_mask[node_dest] = True
         in_degree = torch.zeros(batch_size * n_max, dtype=torch.long)
@@ -121,7 +128,7 @@ class GraphormerCollator:
         if all(s.get("y") is not None for s in stores):
             y = torch.cat([s["y"] for s in stores]).view(batch_size, -1).float()
         return GraphormerBatch(
-            x=x_pad.view(batch_size, n_max, -1),
+            x=x_pad.view(batch_size, n_max, x.size(-1)),
             in_degree=in_degree.view(batch_size, n_max),
             out_degree=out_degree.view(batch_size, n_max),
             spatial_pos=spatial_pos.view(batch_size, n_max, n_max),
@@ -130,6 +137,8 @@ class GraphormerCollator:
             node_mask=node_mask.view(batch_size, n_max),
             y=y,
             index=index,
+            x_continuous=x_continuous,
+            edge_attr_continuous=_continuous(stores, "edge_attr_continuous"),
         )
 
     def _structure(
@@ -149,6 +158,18 @@ class GraphormerCollator:
             raise ValueError("some graphs carry cached structural features and some do not")
         edge_index = torch.cat([s["edge_index"] for s in stores], dim=1)
         return structural_features(edge_index, num_nodes, num_edges, self.max_hops)
+
+
+def _continuous(stores: list[dict], key: str) -> Tensor | None:
+    """The float features ``key`` of all graphs, concatenated ``[rows, F]``; None when no graph
+    has them (every graph of a dataset has them or none does)."""
+    present = [s.get(key) is not None for s in stores]
+    if not any(present):
+        return None
+    if not all(present):
+        raise ValueError(f"some graphs of the batch carry {key} and some do not")
+    values = torch.cat([s[key] for s in stores]).float()
+    return values.unsqueeze(-1) if values.dim() == 1 else values
 
 
 def _edge_features(stores: list[dict]) -> Tensor:

@@ -10,7 +10,7 @@ from rdkit.Chem.Scaffolds import MurckoScaffold
 
 from graphormer.errors import ConfigError
 
-__all__ = ["group_split", "random_split", "scaffold_split"]
+__all__ = ["group_split", "random_split", "scaffold_split", "stratified_split"]
 
 
 def _check_ratios(ratios: Sequence[float]) -> tuple[float, float, float]:
@@ -68,3 +68,23 @@ def random_split(
         "valid": order[a:b].sort().values,
         "test": order[b:].sort().values,
     }
+
+
+def stratified_split(
+    labels: Sequence[int] | torch.Tensor, ratios: Sequence[float] = (0.8, 0.1, 0.1), seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """A seeded random split within each class, so that every split holds the classes in about
+    the same shares (TU datasets have no official split)."""
+    train_ratio, valid_ratio, _ = _check_ratios(ratios)
+    labels = torch.as_tensor(labels).long().view(-1)
+    generator = torch.Generator().manual_seed(seed)
+    split: dict[str, list[torch.Tensor]] = {"train": [], "valid": [], "test": []}
+    for c in torch.unique(labels).tolist():
+        members = (labels == c).nonzero().view(-1)
+        members = members[torch.randperm(len(members), generator=generator)]
+        a = int(train_ratio * len(members))
+        b = int((train_ratio + valid_ratio) * len(members))
+        split["train"].append(members[:a])
+        split["valid"].append(members[a:b])
+        split["test"].append(members[b:])
+    return {k: torch.cat(v).sort().values for k, v in split.items()}

@@ -12,12 +12,38 @@ import pandas as pd
 import torch
 from ogb.graphproppred import Evaluator
 
-from graphormer.errors import DataError
+from graphormer.errors import ConfigError, DataError
 
-__all__ = ["MAEEvaluator", "TaskEvaluator", "TaskInfo", "ogb_master_table", "score"]
+__all__ = [
+    "TASK_TYPES",
+    "USER_METRICS",
+    "USER_TASK_TYPES",
+    "MAEEvaluator",
+    "MacroF1Evaluator",
+    "TaskEvaluator",
+    "TaskInfo",
+    "check_class_labels",
+    "ogb_master_table",
+    "score",
+    "user_task",
+    "warn_absent_classes",
+]
 
 # Metrics whose larger value is better; OGB's rmse (and anything else) is minimised.
-_MAXIMISED = {"rocauc", "ap", "acc", "F1"}
+_MAXIMISED = {"rocauc", "ap", "acc", "F1", "f1"}
+# OGB's wording (``master.csv``'s "task type").
+TASK_TYPES = ("binary classification", "multiclass classification", "regression")
+# A user's ``dataset.task_type`` (smiles_csv, pyg_file) and the metrics each allows (first: default).
+USER_TASK_TYPES = {
+    "binary": "binary classification",
+    "multiclass": "multiclass classification",
+    "regression": "regression",
+}
+USER_METRICS = {
+    "binary": ("rocauc", "ap"),
+    "multiclass": ("acc", "f1"),
+    "regression": ("rmse", "mae"),
+}
 
 
 @dataclass(frozen=True)
@@ -26,26 +52,56 @@ class TaskInfo:
 
     Attributes:
         name: dataset name (OGB's, e.g. ``ogbg-molhiv``, or a user's label).
-        task_type: OGB's wording: ``"binary classification"`` or ``"regression"``.
-        num_tasks: number of targets per graph.
-        metric: OGB's evaluation metric name (``rocauc``, ``ap``, ``rmse``).
+        task_type: OGB's wording: ``"binary classification"``, ``"multiclass classification"``
+            (one class id in ``0..num_classes-1`` per graph) or ``"regression"``.
+        num_tasks: number of targets per graph (1 for multi-class).
+        metric: OGB's evaluation metric name (``rocauc``, ``ap``, ``rmse``, ``acc``), ``mae``,
+            or ``f1`` (macro-averaged F1 of a multi-class task).
+        num_classes: classes of a multi-class task (None otherwise).
     """
 
     name: str
     task_type: str
     num_tasks: int
     metric: str
+    num_classes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.task_type not in ("binary classification", "regression"):
+        if self.task_type not in TASK_TYPES:
             raise ValueError(
                 f"unsupported task type {self.task_type!r} of {self.name}: graphormer trains "
-                "'binary classification' and 'regression' graph-property tasks"
+                f"{', '.join(repr(t) for t in TASK_TYPES)} graph-property tasks"
+            )
+        if self.task_type == "multiclass classification":
+            classes = self.num_classes
+            if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
+                raise ValueError(
+                    f"a multi-class task needs num_classes >= 2; {self.name} has {classes!r}"
+                )
+            if self.num_tasks != 1:
+                raise ValueError(
+                    f"a multi-class task has one label per graph; {self.name} has "
+                    f"{self.num_tasks} tasks"
+                )
+        elif self.num_classes is not None:
+            raise ValueError(
+                f"num_classes is for multi-class tasks; {self.name} is {self.task_type}"
             )
 
     @property
     def is_classification(self) -> bool:
+        """Binary classification (one sigmoid output per task)."""
         return self.task_type == "binary classification"
+
+    @property
+    def is_multiclass(self) -> bool:
+        """Multi-class classification (one softmax over ``num_classes`` outputs)."""
+        return self.task_type == "multiclass classification"
+
+    @property
+    def num_outputs(self) -> int:
+        """Outputs of the network: one logit per class, or one value per task."""
+        return self.num_classes if self.is_multiclass else self.num_tasks
 
     @property
     def higher_is_better(self) -> bool:
@@ -57,12 +113,17 @@ class TaskInfo:
         return f"val/{self.metric}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        if values["num_classes"] is None:  # as checkpoints before multi-class tasks stored it
+            del values["num_classes"]
+        return values
 
     def evaluator(self) -> Evaluator:
         """OGB's own ``Evaluator`` for OGB datasets, the same code set up for this task otherwise."""
         if self.metric == "mae":
             return MAEEvaluator(self)
+        if self.metric == "f1":
+            return MacroF1Evaluator(self)
         if self.name in ogb_master_table():
             evaluator = Evaluator(self.name)
             if (evaluator.num_tasks, evaluator.eval_metric) == (self.num_tasks, self.metric):
@@ -85,6 +146,9 @@ def score(
     :class:`DataError` names the split and the tasks.
     """
     y_true, y_pred = y_true.float().cpu(), y_pred.float().cpu()
+    if task.is_multiclass and y_pred.size(-1) == task.num_classes:
+        # Logits [n, C] -> the predicted class id [n, 1], what OGB's `acc` compares.
+        y_pred = y_pred.argmax(-1, keepdim=True).float()
     if task.is_classification and task.metric in _NEED_BOTH_CLASSES:
         true = y_true.view(len(y_true), -1)
         positives = (true == 1).sum(0)
@@ -147,6 +211,110 @@ class MAEEvaluator:
         if not scores:
             raise RuntimeError("no labelled target to compute MAE over")
         return {"mae": sum(scores) / len(scores)}
+
+
+class MacroF1Evaluator:
+    """Macro-averaged F1 of a multi-class task (``dataset.metric=f1``): the mean over the classes
+    present in the labels or the predictions of ``2 TP / (2 TP + FP + FN)``. Takes class ids
+    ``[n, 1]`` as OGB's ``acc`` does; unlabelled graphs (NaN) are skipped."""
+
+    def __init__(self, task: TaskInfo) -> None:
+        self.name = task.name
+        self.num_tasks = 1
+        self.eval_metric = "f1"
+        self.num_classes = task.num_classes
+
+    def eval(self, input_dict: dict[str, Any]) -> dict[str, float]:
+        y_true = torch.as_tensor(input_dict["y_true"]).float().view(-1)
+        y_pred = torch.as_tensor(input_dict["y_pred"]).float().view(-1)
+        labelled = ~torch.isnan(y_true)
+        true, pred = y_true[labelled].long(), y_pred[labelled].long()
+        if not len(true):
+            raise RuntimeError("no labelled graph to compute F1 over")
+        classes = torch.unique(torch.cat([true, pred]))
+        scores = []
+        for c in classes.tolist():
+            tp = int(((pred == c) & (true == c)).sum())
+            wrong = int(((pred == c) != (true == c)).sum())  # false positives + false negatives
+            scores.append(2 * tp / (2 * tp + wrong))
+        return {"f1": sum(scores) / len(scores)}
+
+
+def user_task(
+    name: str,
+    task_type: str,
+    metric: str | None,
+    num_tasks: int,
+    num_classes: int | None = None,
+    metrics: dict[str, tuple[str, ...]] = USER_METRICS,
+) -> TaskInfo:
+    """The task a user's ``dataset.task_type`` and ``dataset.metric`` describe (one rule for
+    every source of a user's own data).
+
+    Raises:
+        ConfigError: an unknown task type, or a metric that does not fit it.
+    """
+    if task_type not in metrics:
+        raise ConfigError(
+            f"dataset.task_type must be one of {' | '.join(metrics)}, got {task_type!r}"
+        )
+    metric = metric or metrics[task_type][0]
+    if metric not in metrics[task_type]:
+        raise ConfigError(
+            f"dataset.metric={metric!r} does not fit dataset.task_type={task_type!r}; choose one "
+            f"of {list(metrics[task_type])}"
+        )
+    classes = num_classes if task_type == "multiclass" else None
+    return TaskInfo(name, USER_TASK_TYPES[task_type], num_tasks, metric, classes)
+
+
+def check_class_labels(y: torch.Tensor, num_classes: int | None, where: str) -> int:
+    """The number of classes of multi-class labels ``y`` (one per graph, NaN = unlabelled):
+    ``num_classes`` if given, else the largest label + 1.
+
+    Raises:
+        DataError: a label that is not an integer, or outside ``0..num_classes-1``, naming
+            the graphs (positions in ``where``).
+    """
+    y = y.reshape(len(y), -1).double()
+    if y.size(-1) != 1:
+        raise DataError(
+            f"{where}: a multi-class task has one label per graph, but graphs hold {y.size(-1)}"
+        )
+    y = y[:, 0]
+    labelled = ~torch.isnan(y)
+    values = y[labelled]
+    if not len(values):
+        raise DataError(f"{where}: no graph has a label")
+    bad = (values != values.round()) | (values < 0) | torch.isinf(values)
+    if num_classes is not None:
+        bad |= values >= num_classes
+    if bad.any():
+        graphs = labelled.nonzero().view(-1)[bad]
+        shown = sorted({float(v) for v in values[bad].tolist()})[:5]
+        allowed = f"0..{num_classes - 1}" if num_classes is not None else "0, 1, 2, ..."
+        raise DataError(
+            f"{where}: graph(s) {graphs[:5].tolist()}{' and more' if len(graphs) > 5 else ''} "
+            f"have labels {shown}; a multi-class label is a class id in {allowed} "
+            "(dataset.num_classes sets how many classes there are)"
+        )
+    classes = int(values.max()) + 1 if num_classes is None else int(num_classes)
+    if classes < 2:
+        raise DataError(f"{where}: every label is 0; a multi-class task needs two classes or more")
+    return classes
+
+
+def warn_absent_classes(y_train: torch.Tensor, num_classes: int, name: str) -> None:
+    """Warns, naming them, of classes no training graph has: the model cannot learn them."""
+    present = set(y_train[~torch.isnan(y_train)].long().view(-1).tolist())
+    absent = [c for c in range(num_classes) if c not in present]
+    if absent:
+        shown = ", ".join(map(str, absent[:10])) + (" ..." if len(absent) > 10 else "")
+        warnings.warn(
+            f"{name}: class(es) {shown} of {num_classes} have no training graph, so the model "
+            "cannot learn to predict them",
+            stacklevel=2,
+        )
 
 
 @lru_cache(maxsize=1)

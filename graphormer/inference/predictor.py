@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
+from torch_geometric.data import Data
 
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
@@ -22,6 +23,7 @@ from graphormer.data.collate import GraphormerCollator
 from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles, smiles_feature_dims
 from graphormer.data.sampling import pack_by_tokens
 from graphormer.data.sources import Source, build_source
+from graphormer.data.sources.pyg_file import read_graphs
 from graphormer.devices import DEFAULT_PRECISION, PRECISIONS, resolve_pad_to_multiple
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, atom_labels
@@ -54,7 +56,8 @@ class Predictions:
 
     Attributes:
         values: ``[n, T]`` float32: probabilities for binary tasks, the targets' units for
-            regression; NaN where the molecule could not be featurised.
+            regression; ``[n, C]`` class probabilities for a multi-class task; NaN where the
+            molecule could not be featurised.
         errors: ``""``, or why the molecule has no prediction.
         embeddings: ``[n, hidden_dim]`` float32 graph-token final states (NaN rows where there is
             no prediction), or None when not asked for.
@@ -144,7 +147,10 @@ class Predictor:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if max_atoms is not None and max_atoms < 1:
             raise ConfigError(f"max_atoms must be >= 1 (or null for no limit), got {max_atoms}")
-        _check_molecule_features(module.config)
+        # Why SMILES cannot be predicted (a model of other graphs), said when SMILES are given:
+        # predict_graphs still serves such a model.
+        self.smiles_refusal = _molecule_features_problem(module.config)
+        self.categorical_columns: tuple[list[int] | None, list[int] | None] = (None, None)
         self.module = module.eval()
         self.task = module.task
         self.task_names = names
@@ -192,9 +198,7 @@ class Predictor:
         datamodule = dict(data.get("datamodule") or {})
         source = _stored_source(module)
         refusal = source.smiles_refusal() if source is not None else None
-        if refusal is not None:
-            raise CheckpointError(f"checkpoint {path} {refusal}")
-        return cls(
+        predictor = cls(
             module,
             read_task_names(module),
             max_hops=datamodule.get("max_hops"),
@@ -205,6 +209,11 @@ class Predictor:
             max_atoms=max_atoms,
             training_smiles_column=source.smiles_column() if source is not None else None,
         )
+        if refusal is not None:
+            predictor.smiles_refusal = f"checkpoint {path} {refusal}"
+        if source is not None:
+            predictor.categorical_columns = source.categorical_columns()
+        return predictor
 
     @property
     def hidden_dim(self) -> int:
@@ -237,6 +246,7 @@ class Predictor:
         """:meth:`attention` for several molecules, computed in one padded batch; each map is
         cut to its own molecule (no padding)."""
         smiles = _smiles_list(smiles)
+        self._check_smiles_allowed()
         featurized = featurize_smiles(smiles, self.max_atoms)
         for i, error in enumerate(featurized.errors):
             if error:
@@ -258,7 +268,10 @@ class Predictor:
                     smiles=text,
                     labels=atom_labels(text),
                     weights=weights.numpy(),
-                    predictions=dict(zip(self.task_names, values[b].tolist(), strict=True)),
+                    predictions={
+                        k: None if pd.isna(v[0]) else v[0].item()
+                        for k, v in self.outputs(values[b : b + 1]).items()
+                    },
                 )
             )
         return maps
@@ -268,8 +281,9 @@ class Predictor:
     ) -> Predictions:
         """Predictions (and embeddings) of every SMILES, in input order."""
         smiles = _smiles_list(smiles)
+        self._check_smiles_allowed()
         n = len(smiles)
-        values = np.full((n, self.task.num_tasks), np.nan, dtype=np.float32)
+        values = np.full((n, self.task.num_outputs), np.nan, dtype=np.float32)
         vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
         errors = [""] * n
         bar = _progress_bar(n, progress)
@@ -307,9 +321,7 @@ class Predictor:
         if len(inputs) != len(result.errors):
             raise ValueError(f"{len(inputs)} input rows but {len(result.errors)} results")
         out = inputs.copy()
-        added = {}
-        for j, name in enumerate(self.task_names):
-            added[name] = result.values[:, j]
+        added = self.outputs(result.values)
         added["error"] = np.array(result.errors, dtype=object)
         taken = set(map(str, out.columns))
         renamed = []
@@ -328,6 +340,93 @@ class Predictor:
                 stacklevel=2,
             )
         return out
+
+    def outputs(self, values: np.ndarray) -> dict[str, Any]:
+        """The output columns of predictions ``values``: one per task, named after it; for a
+        multi-class task ``<task>_prob_<k>`` (the probability of class ``k``, one per class) and
+        ``<task>``, the predicted class (empty where there is no prediction)."""
+        if not self.task.is_multiclass:
+            return {name: values[:, j] for j, name in enumerate(self.task_names)}
+        name = self.task_names[0]
+        columns: dict[str, Any] = {
+            f"{name}_prob_{k}": values[:, k] for k in range(self.task.num_classes)
+        }
+        predicted = pd.array([pd.NA] * len(values), dtype="Int64")
+        valid = ~np.isnan(values).any(-1)
+        predicted[valid] = values[valid].argmax(-1)
+        columns[name] = predicted
+        return columns
+
+    def predict_graphs(self, graphs: Sequence[Data], embeddings: bool = False) -> Predictions:
+        """Predictions (and embeddings) of PyG graphs, in input order, for a model trained on any
+        source: features split into categorical and continuous columns as its training data
+        were (``x``, ``edge_attr``; ``num_nodes`` without ``x``). A graph that does not fit
+        the model (other feature columns, a class id beyond its tables, a NaN, too many nodes)
+        keeps its row with NaN predictions and the reason in ``errors``."""
+        graphs = list(graphs)
+        n = len(graphs)
+        values = np.full((n, self.task.num_outputs), np.nan, dtype=np.float32)
+        vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
+        errors = [""] * n
+        inputs: dict[int, Data] = {}
+        for i, graph in enumerate(graphs):
+            try:
+                inputs[i] = self._graph_input(graph)
+            except DataError as error:
+                errors[i] = str(error)
+        order = sorted(inputs, key=lambda i: inputs[i].num_nodes)
+        pairs = [(inputs[i].num_nodes + 1) ** 2 for i in order]
+        counts = pack_by_tokens(pairs, self.batch_size, self.batch_size * _PAIRS_PER_MOLECULE)
+        start = 0
+        for count in counts:
+            rows = np.array(order[start : start + count])
+            start += count
+            out, states = self._predict_batch([inputs[i] for i in rows], embeddings)
+            values[rows] = out
+            if vectors is not None:
+                vectors[rows] = states
+        return Predictions(values, errors, vectors)
+
+    def _graph_input(self, graph: Any) -> Data:
+        """One graph as the model reads it, or a DataError saying why it cannot be."""
+        if not isinstance(graph, Data):
+            raise DataError(f"a {type(graph).__name__}, not a torch_geometric.data.Data")
+        node_columns, edge_columns = self.categorical_columns
+        x, edge_attr = graph.get("x"), graph.get("edge_attr")
+        if node_columns is None:  # every column categorical (OGB-style sources)
+            node_columns = list(range(x.view(x.size(0), -1).size(1))) if x is not None else []
+        if edge_columns is None:
+            width = edge_attr.view(edge_attr.size(0), -1).size(1) if edge_attr is not None else 0
+            edge_columns = list(range(width))
+        read = read_graphs([graph], "graph", node_columns, edge_columns, with_labels=False)
+        config = self.module.config
+        nodes = int(read.slices["x"][1])
+        if self.max_atoms is not None and nodes > self.max_atoms:
+            raise DataError(f"{nodes} nodes, more than max_atoms={self.max_atoms}")
+        for kind, dims, width, model_dims, model_width in (
+            ("node", read.node_dims, read.node_width, config.atom_feature_dims,
+             config.node_continuous_dim),
+            ("edge", read.edge_dims, read.edge_width, config.bond_feature_dims,
+             config.edge_continuous_dim),
+        ):  # fmt: skip
+            if len(dims) != len(model_dims) or width != model_width:
+                raise DataError(
+                    f"{len(dims)} categorical and {width} continuous {kind} feature column(s); "
+                    f"the model reads {len(model_dims)} and {model_width}"
+                )
+            beyond = [c for c, (d, m) in enumerate(zip(dims, model_dims, strict=True)) if d > m]
+            if beyond:
+                column = beyond[0]
+                raise DataError(
+                    f"{kind} feature column {column} holds id {dims[column] - 1}, beyond the "
+                    f"model's {model_dims[column]} classes of that column"
+                )
+        # Structural features are computed per batch by the collator (its on-the-fly mode).
+        return read.data
+
+    def _check_smiles_allowed(self) -> None:
+        if self.smiles_refusal is not None:
+            raise CheckpointError(self.smiles_refusal)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -373,6 +472,8 @@ class Predictor:
         out = out.float()
         if self.task.is_classification:
             out = torch.sigmoid(out)  # the module gives logits; users read probabilities
+        elif self.task.is_multiclass:
+            out = torch.softmax(out, dim=-1)
         return out.cpu().numpy()
 
     @contextmanager
@@ -414,8 +515,9 @@ def _device(name: str) -> torch.device:
     return device
 
 
-def _check_molecule_features(config: Any) -> None:
-    """SMILES become OGB's 9 atom and 3 bond features: the model's tables must take them."""
+def _molecule_features_problem(config: Any) -> str | None:
+    """Why SMILES (OGB's 9 atom and 3 bond features) do not fit the model's tables; None when
+    they do."""
     atoms, bonds = smiles_feature_dims()
     model_atoms, model_bonds = list(config.atom_feature_dims), list(config.bond_feature_dims)
     fits = (
@@ -423,13 +525,17 @@ def _check_molecule_features(config: Any) -> None:
         and len(model_bonds) == len(bonds)
         and all(m >= o for m, o in zip(model_atoms, atoms, strict=True))
         and all(m >= o for m, o in zip(model_bonds, bonds, strict=True))
+        and config.node_continuous_dim == 0
+        and config.edge_continuous_dim == 0
     )
-    if not fits:
-        raise CheckpointError(
-            f"this checkpoint's model reads {len(model_atoms)} node and {len(model_bonds)} edge "
-            f"features (vocabularies {model_atoms} / {model_bonds}), not OGB's molecule "
-            "featurisation of SMILES: it was trained on other graphs, and predict takes SMILES only"
-        )
+    if fits:
+        return None
+    return (
+        f"this checkpoint's model reads {len(model_atoms)} node and {len(model_bonds)} edge "
+        f"features (vocabularies {model_atoms} / {model_bonds}), not OGB's molecule "
+        "featurisation of SMILES: it was trained on other graphs; predict its graphs with "
+        "Predictor.predict_graphs (predict.py input=graphs.pt)"
+    )
 
 
 def _progress_bar(total: int, enabled: bool):

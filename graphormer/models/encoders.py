@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["CategoricalEmbedding", "GraphAttentionBias", "NodeEncoder"]
+__all__ = ["CategoricalEmbedding", "ContinuousProjection", "GraphAttentionBias", "NodeEncoder"]
 
 
 class CategoricalEmbedding(nn.Module):
@@ -63,17 +63,72 @@ class CategoricalEmbedding(nn.Module):
         return out.sum(-2) if self.reduce == "sum" else out.mean(-2)
 
 
-class NodeEncoder(nn.Module):
-    """Atom-feature embedding plus the centrality encoding (Ying et al., 2021, Eq. 5).
+class ContinuousProjection(nn.Module):
+    """A learned linear projection of a float feature vector, standardised first with the
+    training split's statistics (buffers :attr:`mean` and :attr:`std`, saved with the weights, so
+    that evaluation and prediction standardise exactly as training did; issue #17).
 
     Args:
-        atom_feature_dims (Sequence[int]): vocabulary size of each node feature.
+        in_dim (int): width of the float vector.
+        out_dim (int): output width.
+
+    Shapes:
+        - input ``[..., in_dim]`` float -> output ``[..., out_dim]``
+    """
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        if in_dim < 1:
+            raise ValueError(f"in_dim must be >= 1, got {in_dim}")
+        self.register_buffer("mean", torch.zeros(in_dim))
+        self.register_buffer("std", torch.ones(in_dim))
+        self.linear = nn.Linear(in_dim, out_dim)
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.linear.weight, std=0.02)
+        nn.init.zeros_(self.linear.bias)
+
+    def set_statistics(self, mean: Tensor, std: Tensor) -> None:
+        """Standardise with ``mean`` and ``std`` ``[in_dim]`` (a zero spread counts as 1)."""
+        self.mean.copy_(mean.to(self.mean))
+        self.std.copy_(torch.where(std > 1e-12, std, torch.ones_like(std)).to(self.std))
+
+    def forward(self, values: Tensor) -> Tensor:
+        weight = self.linear.weight
+        standard = (values.to(weight.dtype) - self.mean.to(weight.dtype)) / self.std.to(
+            weight.dtype
+        )
+        return self.linear(standard)
+
+
+def _input_width(name: str, values: Tensor | None, expected: int) -> None:
+    width = 0 if values is None else values.size(-1)
+    if width != expected:
+        raise ValueError(
+            f"the batch carries {width} continuous {name} feature column(s) but the model "
+            f"reads {expected}"
+        )
+
+
+class NodeEncoder(nn.Module):
+    """Node-feature embedding plus the centrality encoding (Ying et al., 2021, Eq. 5).
+
+    Node inputs may be categorical (one embedding table), continuous (a
+    :class:`ContinuousProjection`), both (summed) or absent (every node starts from one learned
+    embedding, told apart by its centrality and the attention bias).
+
+    Args:
+        atom_feature_dims (Sequence[int]): vocabulary size of each categorical node feature
+            (empty: none).
         hidden_dim (int): model width ``d``.
         max_degree (int): in/out-degrees above it share the last embedding.
         feature_stride (int | None, optional): see :class:`CategoricalEmbedding`.
+        continuous_dim (int, optional): width of the continuous node features (0: none).
+            (default: :obj:`0`)
 
     Shapes:
-        - x ``[B, N, F]``, in_degree/out_degree ``[B, N]``, node_mask ``[B, N]`` -> ``[B, N, d]``
+        - x ``[B, N, F]``, in_degree/out_degree ``[B, N]``, node_mask ``[B, N]``,
+          x_continuous ``[B, N, F_c]`` -> ``[B, N, d]``
     """
 
     def __init__(
@@ -82,23 +137,51 @@ class NodeEncoder(nn.Module):
         hidden_dim: int,
         max_degree: int,
         feature_stride: int | None = None,
+        continuous_dim: int = 0,
     ) -> None:
         super().__init__()
         self.max_degree = max_degree
-        self.atom = CategoricalEmbedding(atom_feature_dims, hidden_dim, stride=feature_stride)
+        self.continuous_dim = continuous_dim
+        self.atom = (
+            CategoricalEmbedding(atom_feature_dims, hidden_dim, stride=feature_stride)
+            if len(atom_feature_dims)
+            else None
+        )
+        self.continuous = (
+            ContinuousProjection(continuous_dim, hidden_dim) if continuous_dim else None
+        )
+        if self.atom is None and self.continuous is None:
+            self.node_embedding = nn.Parameter(torch.empty(hidden_dim))
+        else:
+            self.register_parameter("node_embedding", None)
         self.in_degree = nn.Embedding(max_degree + 1, hidden_dim)
         self.out_degree = nn.Embedding(max_degree + 1, hidden_dim)
 
     def reset_parameters(self) -> None:
-        self.atom.reset_parameters()
+        for part in (self.atom, self.continuous):
+            if part is not None:
+                part.reset_parameters()
+        if self.node_embedding is not None:
+            nn.init.normal_(self.node_embedding, std=0.02)
         for emb in (self.in_degree, self.out_degree):
             nn.init.normal_(emb.weight, std=0.02)
 
     def forward(
-        self, x: Tensor, in_degree: Tensor, out_degree: Tensor, node_mask: Tensor
+        self,
+        x: Tensor,
+        in_degree: Tensor,
+        out_degree: Tensor,
+        node_mask: Tensor,
+        x_continuous: Tensor | None = None,
     ) -> Tensor:
-        h = self.atom(x)
-        h = h + self.in_degree(in_degree.clamp(max=self.max_degree))
+        _input_width("node", x_continuous, self.continuous_dim)
+        h = self.in_degree(in_degree.clamp(max=self.max_degree))
+        if self.atom is not None:
+            h = self.atom(x) + h
+        if self.continuous is not None:
+            h = h + self.continuous(x_continuous).to(h.dtype)
+        if self.node_embedding is not None:
+            h = h + self.node_embedding.to(h.dtype)
         h = h + self.out_degree(out_degree.clamp(max=self.max_degree))
         # Zero the padding so that padded positions carry no information at all.
         return h * node_mask.unsqueeze(-1).to(h.dtype)
@@ -128,9 +211,14 @@ class GraphAttentionBias(nn.Module):
         unreachable_as_far (bool, optional): unreachable pairs use the entry of pairs farther than
             ``max_distance`` (Microsoft's layout, where both are distance 510) rather than their
             own. (default: :obj:`False`)
+        continuous_dim (int, optional): width of the continuous edge features, projected to
+            ``H`` and added to the categorical embedding (0: none). With neither, every edge
+            gets one learned ``[H]`` vector, so that paths still carry their length and hop
+            transforms. (default: :obj:`0`)
 
     Shapes:
-        - spatial_pos ``[B, N, N]``, edge_path ``[B, N, N, >=K]``, edge_attr ``[E, F_e]``
+        - spatial_pos ``[B, N, N]``, edge_path ``[B, N, N, >=K]``, edge_attr ``[E, F_e]``,
+          edge_attr_continuous ``[E, F_ec]``
         - output ``[B, H, N + 1, N + 1]`` (graph token at index 0)
     """
 
@@ -143,6 +231,7 @@ class GraphAttentionBias(nn.Module):
         multi_hop_max_dist: int = 5,
         feature_stride: int | None = None,
         unreachable_as_far: bool = False,
+        continuous_dim: int = 0,
     ) -> None:
         super().__init__()
         if edge_encoding not in ("multi_hop", "single_hop"):
@@ -158,9 +247,19 @@ class GraphAttentionBias(nn.Module):
         self.unreachable_as_far = unreachable_as_far
         # Rows: distances 0..max_distance, then "farther", then "unreachable" (unless it is "far").
         self.spatial = nn.Embedding(max_distance + (2 if unreachable_as_far else 3), num_heads)
-        self.edge = CategoricalEmbedding(
-            bond_feature_dims, num_heads, stride=feature_stride, reduce="mean"
+        self.continuous_dim = continuous_dim
+        self.edge = (
+            CategoricalEmbedding(bond_feature_dims, num_heads, stride=feature_stride, reduce="mean")
+            if len(bond_feature_dims)
+            else None
         )
+        self.edge_continuous = (
+            ContinuousProjection(continuous_dim, num_heads) if continuous_dim else None
+        )
+        if self.edge is None and self.edge_continuous is None:
+            self.edge_embedding = nn.Parameter(torch.empty(num_heads))
+        else:
+            self.register_parameter("edge_embedding", None)
         if edge_encoding == "multi_hop":
             self.hop_weight = nn.Parameter(torch.empty(multi_hop_max_dist, num_heads, num_heads))
         else:
@@ -170,7 +269,11 @@ class GraphAttentionBias(nn.Module):
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.spatial.weight, std=0.02)
-        self.edge.reset_parameters()
+        for part in (self.edge, self.edge_continuous):
+            if part is not None:
+                part.reset_parameters()
+        if self.edge_embedding is not None:
+            nn.init.normal_(self.edge_embedding, std=0.02)
         if self.hop_weight is not None:
             nn.init.normal_(self.hop_weight, std=0.02)
         nn.init.normal_(self.graph_token_distance, std=0.02)
@@ -182,7 +285,25 @@ class GraphAttentionBias(nn.Module):
         index = spatial_pos.clamp(max=far)
         return torch.where(spatial_pos < 0, torch.full_like(index, unreachable), index)
 
-    def edge_bias(self, spatial_pos: Tensor, edge_path: Tensor, edge_attr: Tensor) -> Tensor:
+    def edge_embeddings(self, edge_attr: Tensor, edge_attr_continuous: Tensor | None) -> Tensor:
+        """``[E, H]``: each edge's categorical embedding (mean over its columns), plus the
+        projection of its continuous features, or the one learned edge vector."""
+        _input_width("edge", edge_attr_continuous, self.continuous_dim)
+        if self.edge_embedding is not None:
+            return self.edge_embedding.expand(edge_attr.size(0), -1)
+        emb = self.edge(edge_attr) if self.edge is not None else None
+        if self.edge_continuous is not None:
+            projected = self.edge_continuous(edge_attr_continuous)
+            emb = projected if emb is None else emb + projected.to(emb.dtype)
+        return emb
+
+    def edge_bias(
+        self,
+        spatial_pos: Tensor,
+        edge_path: Tensor,
+        edge_attr: Tensor,
+        edge_attr_continuous: Tensor | None = None,
+    ) -> Tensor:
         """Edge encoding ``[B, N, N, H]``."""
         hops = self.multi_hop_max_dist
         if edge_path.size(-1) < hops:
@@ -191,7 +312,7 @@ class GraphAttentionBias(nn.Module):
                 f"edge_path has {edge_path.size(-1)} hops but the model's multi_hop_max_dist is "
                 f"{hops}: raise the data's max_hops"
             )
-        edge_emb = self.edge(edge_attr)  # [E, H], mean over the bond features
+        edge_emb = self.edge_embeddings(edge_attr, edge_attr_continuous)  # [E, H]
         num_edges = edge_emb.size(0)
         path = edge_path[..., :hops].long()  # [B, N, N, K]
         if self.hop_weight is None:
@@ -218,9 +339,16 @@ class GraphAttentionBias(nn.Module):
         out = mean.new_zeros(flat.size(0), self.num_heads).index_copy(0, rows, mean)
         return out.view(*path.shape[:-1], self.num_heads)  # [B, N, N, H]
 
-    def forward(self, spatial_pos: Tensor, edge_path: Tensor, edge_attr: Tensor) -> Tensor:
+    def forward(
+        self,
+        spatial_pos: Tensor,
+        edge_path: Tensor,
+        edge_attr: Tensor,
+        edge_attr_continuous: Tensor | None = None,
+    ) -> Tensor:
         node_bias = self.spatial(self.spatial_index(spatial_pos))  # [B, N, N, H]
-        node_bias = node_bias + self.edge_bias(spatial_pos, edge_path, edge_attr)
+        edge = self.edge_bias(spatial_pos, edge_path, edge_attr, edge_attr_continuous)
+        node_bias = node_bias + edge
         node_bias = node_bias.permute(0, 3, 1, 2)  # [B, H, N, N]
         bias = F.pad(node_bias, (1, 0, 1, 0))  # [B, H, N+1, N+1], zero row/col for the token
         n1 = bias.size(-1)

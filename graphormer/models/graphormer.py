@@ -50,7 +50,12 @@ class GraphormerConfig:
             otherwise unnormalised; Microsoft's and Hugging Face's encoders define one for pre-LN
             but never apply it, so converted models leave it off).
         atom_feature_dims, bond_feature_dims: vocabulary per categorical node / edge feature;
-            None means OGB's molecule featurisation (``ogb.utils.features``).
+            None means OGB's molecule featurisation (``ogb.utils.features``), an empty list no
+            categorical feature.
+        node_continuous_dim, edge_continuous_dim: width of the float node / edge feature
+            vectors, each projected by a learned linear layer after standardisation with the
+            training split's statistics (0: none). A graph with neither categorical nor
+            continuous node (edge) features gets one learned node (edge) embedding.
         feature_stride: None for a compact embedding table; an int gives every feature column that
             many rows, as Microsoft's checkpoints do (512).
         max_degree: degrees above it share one centrality embedding.
@@ -79,6 +84,8 @@ class GraphormerConfig:
     pre_layernorm: bool = True
     atom_feature_dims: list[int] | None = None
     bond_feature_dims: list[int] | None = None
+    node_continuous_dim: int = 0
+    edge_continuous_dim: int = 0
     feature_stride: int | None = None
     max_degree: int = 64
     max_distance: int = 20
@@ -94,7 +101,7 @@ class GraphormerConfig:
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads", "num_tasks"):
             _integer(name, getattr(self, name), 1)
-        for name in ("max_degree", "max_distance"):
+        for name in ("max_degree", "max_distance", "node_continuous_dim", "edge_continuous_dim"):
             _integer(name, getattr(self, name), 0)
         _integer("multi_hop_max_dist", self.multi_hop_max_dist, 1)
         _integer("feature_stride", self.feature_stride, 1, optional=True)
@@ -135,14 +142,12 @@ class GraphormerConfig:
             self.bond_feature_dims = ogb_bond_feature_dims()
         for name in ("atom_feature_dims", "bond_feature_dims"):
             dims = getattr(self, name)
-            if (
-                not isinstance(dims, list | tuple)
-                or not dims
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)
+            if not isinstance(dims, list | tuple) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims
             ):
                 raise ValueError(
                     f"model.{name}={dims!r} is not allowed: a list of vocabulary sizes >= 1 "
-                    "(or null for OGB's molecule features)"
+                    "(empty for none, or null for OGB's molecule features)"
                 )
             setattr(self, name, [int(d) for d in dims])
         self._check_size()
@@ -160,6 +165,7 @@ class GraphormerConfig:
         heads = self.num_heads
         tables = (rows + 2 * (self.max_degree + 2) + 2) * h
         tables += (edge_rows + self.max_distance + 3) * heads + self.multi_hop_max_dist * heads**2
+        tables += (self.node_continuous_dim + 1) * h + (self.edge_continuous_dim + 1) * heads
         return layers * per_layer + tables + 4 * h + h * h + (h + 1) * self.num_tasks
 
     def _check_size(self) -> None:
@@ -266,7 +272,11 @@ class Graphormer(nn.Module):
         self.config = config
         c = config
         self.node_encoder = NodeEncoder(
-            c.atom_feature_dims, c.hidden_dim, c.max_degree, c.feature_stride
+            c.atom_feature_dims,
+            c.hidden_dim,
+            c.max_degree,
+            c.feature_stride,
+            c.node_continuous_dim,
         )
         self.attn_bias = GraphAttentionBias(
             c.num_heads,
@@ -276,6 +286,7 @@ class Graphormer(nn.Module):
             c.multi_hop_max_dist,
             c.feature_stride,
             c.unreachable_as_far,
+            c.edge_continuous_dim,
         )
         self.graph_token = nn.Parameter(torch.empty(1, 1, c.hidden_dim))
         # Microsoft's encoder_normalize_before: one LayerNorm over the summed input embeddings.
@@ -335,7 +346,9 @@ class Graphormer(nn.Module):
         perturbation; Kong et al., 2020), at real nodes only; the graph token is never perturbed.
         """
         node_mask = batch.node_mask
-        h = self.node_encoder(batch.x, batch.in_degree, batch.out_degree, node_mask)  # [B, N, d]
+        h = self.node_encoder(
+            batch.x, batch.in_degree, batch.out_degree, node_mask, batch.x_continuous
+        )  # [B, N, d]
         if perturb is not None:
             h = h + perturb.to(h.dtype) * node_mask.unsqueeze(-1).to(h.dtype)
         token = self.graph_token.expand(h.size(0), -1, -1).to(h.dtype)
@@ -345,7 +358,9 @@ class Graphormer(nn.Module):
         # The bias is computed once and shared by every layer, as in the paper; the padding mask
         # is folded into it once too. Keys at padding get the most negative value; the graph
         # token (column 0) is never masked, so no query row is empty.
-        attn_bias = self.attn_bias(batch.spatial_pos, batch.edge_path, batch.edge_attr)
+        attn_bias = self.attn_bias(
+            batch.spatial_pos, batch.edge_path, batch.edge_attr, batch.edge_attr_continuous
+        )
         # Cast once to the dtype attention computes in (bf16 under autocast), not once per layer,
         # and mask with that dtype's own most negative value (float32's would overflow to -inf).
         dtype = attn_bias.dtype

@@ -20,6 +20,7 @@ from graphormer.training.module import GraphormerModule
 from graphormer.training.run import (
     absolute_paths,
     build_datamodule,
+    feature_mismatch,
     is_terminal,
     quiet_third_parties,
 )
@@ -127,6 +128,11 @@ def evaluate(
         raise CheckpointError(
             f"checkpoint {checkpoint} has unusable data settings: {error}"
         ) from error
+    mismatch = feature_mismatch(module.config, datamodule.source)
+    if mismatch:
+        raise CheckpointError(
+            f"the dataset of checkpoint {checkpoint} no longer fits its model: {mismatch}"
+        )
     if datamodule.task != module.task:
         raise CheckpointError(
             f"checkpoint {checkpoint} was trained for {module.task} but its dataset settings now "

@@ -24,7 +24,7 @@ from graphormer.training.settings import FlagSettings
 
 __all__ = ["GraphormerModule", "NonFiniteError", "auto_loss", "masked_loss"]
 
-_LOSSES = ("bce", "l1", "mse")
+_LOSSES = ("bce", "ce", "l1", "mse")
 _NONFINITE = ("stop", "skip")
 # The model settings that set tensors' shapes (named when a checkpoint's settings do not fit).
 _SIZE_SETTINGS = (
@@ -38,6 +38,8 @@ _SIZE_SETTINGS = (
     "bond_feature_dims",
     "feature_stride",
     "edge_encoding",
+    "node_continuous_dim",
+    "edge_continuous_dim",
 )
 
 
@@ -51,6 +53,12 @@ def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
     A batch with no labelled entry gives a zero that still depends on ``pred`` (so DDP sees a
     gradient for every parameter).
     """
+    if loss == "ce":
+        # Multi-class: pred [B, C] logits, target [B, 1] class ids (NaN = unlabelled).
+        labelled = ~torch.isnan(target[:, 0])
+        if not labelled.any():
+            return pred.sum() * 0.0
+        return F.cross_entropy(pred[labelled], target[labelled, 0].long())
     labelled = ~torch.isnan(target)
     if not labelled.any():
         return pred.sum() * 0.0
@@ -95,8 +103,11 @@ def build_adamw(
 
 
 def auto_loss(task: TaskInfo) -> str:
-    """The loss that optimises what the task is scored by: BCE for classification, L1 for MAE,
-    MSE for RMSE (and L1 for any other regression metric)."""
+    """The loss that optimises what the task is scored by: BCE for binary classification,
+    cross-entropy for multi-class, L1 for MAE, MSE for RMSE (and L1 for any other regression
+    metric)."""
+    if task.is_multiclass:
+        return "ce"
     if task.is_classification:
         return "bce"
     return "mse" if task.metric == "rmse" else "l1"
@@ -179,10 +190,16 @@ class GraphormerModule(pl.LightningModule):
             raise ValueError(f"loss must be one of auto, {', '.join(_LOSSES)}; got {loss!r}")
         if loss == "bce" and not self.task.is_classification:
             raise ValueError(
-                f"loss=bce needs a classification task; {self.task.name} is regression"
+                f"loss=bce needs a binary classification task; {self.task.name} is "
+                f"{self.task.task_type}"
+            )
+        if (loss == "ce") != self.task.is_multiclass:
+            raise ValueError(
+                f"loss={loss} does not fit {self.task.name} ({self.task.task_type}): loss=ce is "
+                "the loss of multi-class tasks, and theirs alone"
             )
         self.loss_name = loss
-        self.config = GraphormerConfig.from_dict({**model, "num_tasks": self.task.num_tasks})
+        self.config = GraphormerConfig.from_dict({**model, "num_tasks": self.task.num_outputs})
         self.model = Graphormer(self.config)
         self.evaluator = self.task.evaluator()
         num_tasks = self.task.num_tasks
@@ -243,7 +260,11 @@ class GraphormerModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         # Runs on every rank after the data is set up, and before a resumed run restores its
         # checkpoint (whose buffers then win).
-        if stage != "fit" or self.task.is_classification or not self.hparams.normalize_targets:
+        if stage != "fit":
+            return
+        self._standardise_inputs()
+        classification = self.task.is_classification or self.task.is_multiclass
+        if classification or not self.hparams.normalize_targets:
             return
         datamodule = self.trainer.datamodule
         if not isinstance(datamodule, GraphDataModule):
@@ -256,6 +277,30 @@ class GraphormerModule(pl.LightningModule):
         std = torch.nanmean((targets - mean) ** 2, dim=0).sqrt()
         self.target_mean.copy_(torch.nan_to_num(mean, nan=0.0))
         self.target_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
+
+    def _standardise_inputs(self) -> None:
+        """Continuous node and edge inputs are standardised with the training split's mean and
+        standard deviation, kept as buffers of the projections (so in the checkpoint: eval and
+        prediction standardise as training did)."""
+        projections = {
+            "x_continuous": self.model.node_encoder.continuous,
+            "edge_attr_continuous": self.model.attn_bias.edge_continuous,
+        }
+        datamodule = self.trainer.datamodule
+        for key, projection in projections.items():
+            if projection is None:
+                continue
+            rows = datamodule.train_rows(key) if isinstance(datamodule, GraphDataModule) else None
+            if rows is None or rows.size(-1) != projection.mean.numel():
+                width = None if rows is None else rows.size(-1)
+                raise ValueError(
+                    f"the model reads {projection.mean.numel()} continuous {key} column(s) but "
+                    f"the training graphs carry {width}"
+                )
+            if len(rows):
+                mean = rows.double().mean(0)
+                std = rows.double().std(0, correction=0)
+                projection.set_statistics(mean.float(), std.float())
 
     def _to_units(self, raw: Tensor) -> Tensor:
         # float32 whatever the trainer's precision (bf16-true keeps these buffers in bf16).
@@ -431,14 +476,14 @@ class GraphormerModule(pl.LightningModule):
         self.log(f"{stage}/{self.task.metric}", value, prog_bar=True, sync_dist=False)
 
     def _gather_outputs(self) -> tuple[Tensor, Tensor, Tensor]:
-        num_tasks = self.task.num_tasks
+        num_tasks, outputs = self.task.num_tasks, self.task.num_outputs
         if self._eval_outputs:
             index = torch.cat([o[0] for o in self._eval_outputs]).to(self.device)
             pred = torch.cat([o[1] for o in self._eval_outputs])
             target = torch.cat([o[2] for o in self._eval_outputs])
         else:
             index = torch.zeros(0, dtype=torch.long, device=self.device)
-            pred = torch.zeros(0, num_tasks, device=self.device)
+            pred = torch.zeros(0, outputs, device=self.device)
             target = torch.zeros(0, num_tasks, device=self.device)
         if self.trainer.world_size > 1:
             index, pred, target = _all_gather_rows(self, index, pred, target)

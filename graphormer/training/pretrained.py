@@ -30,6 +30,8 @@ _STRUCTURE = (
     "final_layernorm",
     "atom_feature_dims",
     "bond_feature_dims",
+    "node_continuous_dim",
+    "edge_continuous_dim",
     "feature_stride",
     "max_degree",
     "max_distance",

@@ -33,6 +33,7 @@ __all__ = [
     "absolute_paths",
     "build_datamodule",
     "build_module",
+    "feature_mismatch",
     "quiet_third_parties",
     "train",
 ]
@@ -97,6 +98,16 @@ def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule
     types), where the config leaves them null; the filled values are saved with the checkpoint's
     model settings, so eval.py and fine-tuning rebuild the same tables. Sources featurised like
     OGB (``feature_dims()`` is None) keep the model's default, OGB's featurisation."""
+    widths = datamodule.source.continuous_dims()
+    for key, width in zip(("node_continuous_dim", "edge_continuous_dim"), widths, strict=True):
+        given = model_cfg.get(key)
+        if given is None and width:
+            model_cfg[key] = int(width)
+        elif given is not None and int(given) != int(width):
+            raise ConfigError(
+                f"model.{key}={given} does not fit {datamodule.task.name}: its graphs carry "
+                f"{width} continuous column(s); leave model.{key} unset to follow the data"
+            )
     dims = datamodule.source.feature_dims()
     if dims is None:
         return
@@ -115,6 +126,33 @@ def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule
                 f"{list(needed)}; set model.{key}=null to follow the dataset (or give "
                 f"{len(needed)} size(s) at least that large)"
             )
+
+
+def feature_mismatch(config: Any, source: Any) -> str | None:
+    """Why the data of ``source`` cannot be read by a model of ``config`` (a
+    :class:`~graphormer.models.GraphormerConfig`, e.g. a checkpoint's), or None when it can: the
+    same continuous widths, the same categorical columns, vocabularies no larger than the
+    model's tables. Evaluation and fine-tuning ask here, so that a mismatch is one clear error
+    rather than an index error deep in the model."""
+    widths = source.continuous_dims()
+    model_widths = (config.node_continuous_dim, config.edge_continuous_dim)
+    for kind, width, model_width in zip(("node", "edge"), widths, model_widths, strict=True):
+        if int(width) != int(model_width):
+            return (
+                f"its graphs carry {width} continuous {kind} feature column(s) but the model "
+                f"reads {model_width}"
+            )
+    dims = source.feature_dims()
+    if dims is None:
+        return None
+    model_dims = (config.atom_feature_dims, config.bond_feature_dims)
+    for kind, needed, given in zip(("node", "edge"), dims, model_dims, strict=True):
+        if len(needed) != len(given) or any(n > g for n, g in zip(needed, given, strict=True)):
+            return (
+                f"its categorical {kind} features need tables {list(needed)} but the model "
+                f"has {list(given)}"
+            )
+    return None
 
 
 def absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:

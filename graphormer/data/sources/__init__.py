@@ -14,9 +14,13 @@ from typing import Any
 
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import DatasetCacheError, DatasetNotFoundError
+from graphormer.data.sources.lrgb import LRGBSource
 from graphormer.data.sources.ogb import OGBSource
+from graphormer.data.sources.ogbg_ppa import PPASource
 from graphormer.data.sources.pcqm4mv2 import PCQM4Mv2Source
+from graphormer.data.sources.pyg_file import PygFileSource
 from graphormer.data.sources.smiles_csv import SmilesCsvSource
+from graphormer.data.sources.tu import TUSource
 from graphormer.data.sources.zinc import ZINCSource
 from graphormer.errors import ConfigError
 
@@ -24,11 +28,15 @@ __all__ = [
     "SOURCES",
     "DatasetCacheError",
     "DatasetNotFoundError",
+    "LRGBSource",
     "LoadedDataset",
     "OGBSource",
     "PCQM4Mv2Source",
+    "PPASource",
+    "PygFileSource",
     "SmilesCsvSource",
     "Source",
+    "TUSource",
     "ZINCSource",
     "build_source",
 ]
@@ -39,6 +47,10 @@ SOURCES: dict[str, type[Source]] = {
     "smiles_csv": SmilesCsvSource,
     "pcqm4mv2": PCQM4Mv2Source,
     "zinc": ZINCSource,
+    "pyg_file": PygFileSource,
+    "tu": TUSource,
+    "ogbg_ppa": PPASource,
+    "lrgb": LRGBSource,
 }
 
 # Class paths that checkpoints of graphormer 0.1 stored as ``_target_``: read as the names above.

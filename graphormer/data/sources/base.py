@@ -54,9 +54,19 @@ class Source(ABC):
         caches structural features."""
 
     def feature_dims(self) -> tuple[list[int], list[int]] | None:
-        """Vocabulary sizes of the node and edge feature columns; None for OGB's featurisation
-        (the model's default tables)."""
+        """Vocabulary sizes of the categorical node and edge feature columns (an empty list: no
+        categorical column); None for OGB's featurisation (the model's default tables)."""
         return None
+
+    def categorical_columns(self) -> tuple[list[int] | None, list[int] | None]:
+        """Which columns of a graph's ``x`` and ``edge_attr`` are categorical when a user gives
+        graphs to predict (``Predictor.predict_graphs``); None: every column (OGB's layout)."""
+        return None, None
+
+    def continuous_dims(self) -> tuple[int, int]:
+        """Widths of the continuous node and edge features (``x_continuous``,
+        ``edge_attr_continuous`` of each graph; 0: none)."""
+        return 0, 0
 
     def node_counts(self, dataset: Dataset) -> torch.Tensor:
         """``[G]`` nodes of each graph of ``dataset`` (what :meth:`load` returned), without

@@ -68,11 +68,13 @@ def ogb_task_info(name: str) -> TaskInfo:
         known = ", ".join(OGB_MOLECULE_DATASETS)
         raise ConfigError(f"unknown OGB dataset {name!r}; molecule datasets: {known}")
     meta = table[name]
+    multiclass = meta["task type"] == "multiclass classification"
     return TaskInfo(
         name=name,
         task_type=meta["task type"],
         num_tasks=int(meta["num tasks"]),
         metric=meta["eval metric"],
+        num_classes=int(meta["num classes"]) if multiclass else None,
     )
 
 

@@ -21,7 +21,7 @@ from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
 from graphormer.data.splits import group_split, random_split
 from graphormer.data.structure import StructuralFeatures, add_structural_features
-from graphormer.data.tasks import TaskInfo
+from graphormer.data.tasks import TaskInfo, check_class_labels, user_task, warn_absent_classes
 from graphormer.errors import ConfigError, DataError
 from graphormer.safe_io import PYG_DATA, allow, load_data
 
@@ -112,34 +112,7 @@ class SmilesCsvDataset(InMemoryDataset):
         pass
 
     def _read(self) -> pd.DataFrame:
-        try:
-            with open(self.csv_path, encoding="utf-8") as f:
-                text = f.read()
-        except UnicodeDecodeError as error:
-            raise DataError(
-                f"dataset.path={self.csv_path} is not UTF-8 text (byte {error.start} cannot be "
-                "decoded; a binary, UTF-16 or Latin-1 file?): save it as a UTF-8 CSV"
-            ) from error
-        if "\x00" in text:
-            raise DataError(
-                f"dataset.path={self.csv_path} holds NUL bytes, so it is not a text CSV (a binary "
-                "or UTF-16 file?): save it as a UTF-8 CSV"
-            )
-        if self.comment:
-            # Whole comment lines only: pandas' own `comment` also cuts lines at the character,
-            # and '#' is SMILES' triple bond.
-            text = "".join(
-                line for line in text.splitlines(True) if not line.startswith(self.comment)
-            )
-        header = None if self.columns else "infer"
-        try:
-            return pd.read_csv(io.StringIO(text), header=header, names=self.columns)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else "no data"
-            raise DataError(
-                f"dataset.path={self.csv_path} cannot be read as a CSV ({first}): give a "
-                "comma-separated file with a header row, or dataset.columns for one without"
-            ) from error
+        return read_csv_table(self.csv_path, self.columns, self.comment)
 
     def _refuse_duplicate_columns(self, table: pd.DataFrame) -> None:
         # pandas renames a repeated header name to name.1 and reads the first silently (#20).
@@ -222,6 +195,39 @@ class SmilesCsvDataset(InMemoryDataset):
             json.dump({"skipped_rows": skipped, "scaffolds": scaffolds}, f)
 
 
+def read_csv_table(
+    csv_path: str, columns: Sequence[str] | None, comment: str | None
+) -> pd.DataFrame:
+    """A user's CSV as a table: UTF-8 text, whole comment lines skipped, ``columns`` naming the
+    columns of a file without a header row."""
+    try:
+        with open(csv_path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"dataset.path={csv_path} is not UTF-8 text (byte {error.start} cannot be "
+            "decoded; a binary, UTF-16 or Latin-1 file?): save it as a UTF-8 CSV"
+        ) from error
+    if "\x00" in text:
+        raise DataError(
+            f"dataset.path={csv_path} holds NUL bytes, so it is not a text CSV (a binary "
+            "or UTF-16 file?): save it as a UTF-8 CSV"
+        )
+    if comment:
+        # Whole comment lines only: pandas' own `comment` also cuts lines at the character,
+        # and '#' is SMILES' triple bond.
+        text = "".join(line for line in text.splitlines(True) if not line.startswith(comment))
+    header = None if columns else "infer"
+    try:
+        return pd.read_csv(io.StringIO(text), header=header, names=columns)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "no data"
+        raise DataError(
+            f"dataset.path={csv_path} cannot be read as a CSV ({first}): give a "
+            "comma-separated file with a header row, or dataset.columns for one without"
+        ) from error
+
+
 def load_cache(path: str) -> tuple:
     """A cached ``(data, slices)`` pair, read as data only (tensors, plain values and PyG's
     allow-listed storage classes); an unreadable file is an error naming it and the fix."""
@@ -268,7 +274,8 @@ class SmilesCsvSource(Source):
     Args:
         path (str): the CSV file.
         targets (Sequence[str]): target columns.
-        task_type (str): ``"binary"`` (0/1 targets, BCE, ROC-AUC) or ``"regression"`` (MSE, RMSE).
+        task_type (str): ``"binary"`` (0/1 targets, BCE, ROC-AUC), ``"regression"`` (MSE, RMSE)
+            or ``"multiclass"`` (one integer class-id column, cross-entropy, accuracy or ``f1``).
         smiles_column (str, optional): (default: :obj:`"smiles"`)
         split (str, optional): ``"scaffold"`` or ``"random"``. (default: :obj:`"scaffold"`)
         split_ratios (Sequence[float], optional): train/valid/test fractions.
@@ -278,10 +285,11 @@ class SmilesCsvSource(Source):
         name (str, optional): label used in outputs. (default: :obj:`"smiles_csv"`)
         columns (Sequence[str] | None, optional): column names for a CSV without a header row.
         comment (str | None, optional): skip lines starting with this character.
+        num_classes (int | None, optional): classes of a multi-class task; None: the largest
+            label + 1.
     """
 
-    _TASK_TYPES = {"binary": "binary classification", "regression": "regression"}
-    _METRICS = {"binary": ("rocauc", "ap"), "regression": ("rmse",)}
+    _METRICS = {"binary": ("rocauc", "ap"), "regression": ("rmse",), "multiclass": ("acc", "f1")}
 
     def __init__(
         self,
@@ -297,10 +305,12 @@ class SmilesCsvSource(Source):
         name: str = "smiles_csv",
         columns: Sequence[str] | None = None,
         comment: str | None = None,
+        num_classes: int | None = None,
     ) -> None:
-        if task_type not in self._TASK_TYPES:
+        if task_type not in self._METRICS:
             raise ConfigError(
-                f"dataset.task_type must be 'binary' or 'regression', got {task_type!r}"
+                f"dataset.task_type must be 'binary', 'regression' or 'multiclass', got "
+                f"{task_type!r}"
             )
         if split not in ("scaffold", "random"):
             raise ConfigError(f"dataset.split must be 'scaffold' or 'random', got {split!r}")
@@ -312,6 +322,15 @@ class SmilesCsvSource(Source):
                 f"dataset.metric={metric!r} does not fit task_type={task_type!r}; choose one of "
                 f"{list(self._METRICS[task_type])}"
             )
+        if task_type == "multiclass" and len(targets) != 1:
+            raise ConfigError(
+                f"dataset.task_type=multiclass takes one target column (the class ids), got "
+                f"{list(targets)}"
+            )
+        if num_classes is not None and (
+            isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2
+        ):
+            raise ConfigError(f"dataset.num_classes must be an integer >= 2, got {num_classes!r}")
         self.path = path
         self.targets = list(targets)
         self.smiles_column_name = smiles_column
@@ -322,9 +341,29 @@ class SmilesCsvSource(Source):
         self.name = name
         self.columns = list(columns) if columns else None
         self.comment = comment
-        self._task = TaskInfo(name, self._TASK_TYPES[task_type], len(self.targets), metric)
+        self.task_type = task_type
+        self.metric = metric
+        self.num_classes = num_classes
+        self._task = None
+        if task_type != "multiclass" or num_classes is not None:
+            self._task = user_task(
+                name, task_type, metric, len(self.targets), num_classes, self._METRICS
+            )
 
     def task_info(self) -> TaskInfo:
+        if self._task is None:
+            # Multi-class without dataset.num_classes: as many classes as the labels name.
+            table = read_csv_table(resolve_path(self.path), self.columns, self.comment)
+            target = self.targets[0]
+            if target not in table.columns:
+                raise DataError(
+                    f"{self.path} has no column {target!r}; its columns are {list(table.columns)}"
+                )
+            labels = torch.tensor(
+                pd.to_numeric(table[target], errors="coerce").to_numpy(dtype=float)
+            )
+            classes = check_class_labels(labels, None, f"target column {target!r} of {self.path}")
+            self._task = user_task(self.name, "multiclass", self.metric, 1, classes, self._METRICS)
         return self._task
 
     def task_names(self) -> list[str]:
@@ -344,14 +383,21 @@ class SmilesCsvSource(Source):
             columns=self.columns,
             comment=self.comment,
         )
-        if self._task.is_classification:
+        task = self.task_info()
+        if task.is_classification:
             _check_binary_labels(dataset, self.targets, self.path)
+        if task.is_multiclass:
+            where = f"target column {self.targets[0]!r} of {self.path}"
+            check_class_labels(dataset.y, task.num_classes, where)
         if self.split == "scaffold":
             split = group_split(dataset.scaffolds, self.split_ratios)
         else:
             split = random_split(len(dataset), self.split_ratios, self.split_seed)
         _check_labelled_splits(dataset, split, self.targets, self.path)
-        return LoadedDataset(dataset, split, self._task)
+        if task.is_multiclass:
+            y = dataset.y.view(len(dataset), -1)
+            warn_absent_classes(y[torch.as_tensor(split["train"])], task.num_classes, self.name)
+        return LoadedDataset(dataset, split, task)
 
 
 def _check_binary_labels(dataset: SmilesCsvDataset, targets: list[str], path: str) -> None:

@@ -1,0 +1,252 @@
+"""TU datasets (Morris et al., 2020, "TUDataset: A collection of benchmark datasets for learning
+with graphs", https://chrsmrrs.github.io/datasets/): PROTEINS, ENZYMES, NCI1, MUTAG, IMDB-BINARY,
+COLLAB, ... (``dataset=tu dataset.name=NAME``; issue #17).
+
+The raw files are PyG's ``TUDataset`` layout, ``<root>/<NAME>/raw/<NAME>_A.txt`` (1-based edges,
+both directions), ``_graph_indicator``, ``_graph_labels`` (or ``_graph_attributes``: regression),
+and optional ``_node_labels``, ``_node_attributes``, ``_edge_labels``, ``_edge_attributes``, parsed
+by PyG's own ``read_tu_data``. PyG's ``TUDataset`` class itself is not used: its processed file
+is read back with a full-unpickling fallback, and it keeps node labels only as one-hot columns.
+Here node and edge labels are categorical (embedding tables), attributes continuous (a
+standardised projection), and graphs without either take the absent-feature path.
+"""
+
+from __future__ import annotations
+
+import os
+import os.path as osp
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.io.tu import read_file, read_tu_data
+
+from graphormer.data.features import check_finite, vocabulary_sizes
+from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.sources.folders import DatasetNotFoundError, remove_empty_tree
+from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
+from graphormer.data.splits import random_split, stratified_split
+from graphormer.data.structure import StructuralFeatures, add_structural_features
+from graphormer.data.tasks import TaskInfo, user_task, warn_absent_classes
+from graphormer.errors import ConfigError, DataError
+from graphormer.safe_io import download_timeout
+
+__all__ = ["TU_URL", "TUSource", "read_tu_graphs"]
+
+TU_URL = "https://www.chrsmrrs.com/graphkerneldatasets"
+
+
+def _labels_as_ids(one_hot: Tensor, raw: Tensor) -> Tensor:
+    """Class ids ``[rows, k]`` back from PyG's one-hot columns: one block per raw label column,
+    each as wide as that column's range (as ``read_tu_data`` built them)."""
+    raw = raw.view(raw.size(0), -1)
+    widths = (raw.max(0).values - raw.min(0).values + 1).tolist()
+    blocks = one_hot.split(widths, dim=-1)
+    return torch.stack([b.argmax(-1) for b in blocks], dim=-1)
+
+
+def read_tu_graphs(
+    folder: str, name: str, use_node_attr: bool = True, use_edge_attr: bool = True
+) -> tuple[GraphFile, bool]:
+    """The graphs of a TU dataset's raw ``folder``, flattened (see :class:`GraphFile`), and
+    whether its targets are regression values (``_graph_attributes``)."""
+    data, slices, sizes = read_tu_data(folder, name)
+    where = f"{name} ({folder})"
+    batch = read_file(folder, name, "graph_indicator", torch.long).view(-1) - 1
+    num_graphs = int(batch.max()) + 1
+    node_ptr = torch.zeros(num_graphs + 1, dtype=torch.long)
+    node_ptr[1:] = torch.bincount(batch, minlength=num_graphs).cumsum(0)
+    edge_ptr = slices["edge_index"]
+    parts: dict[str, Tensor] = {"edge_index": data.edge_index}
+    total_nodes, total_edges = int(node_ptr[-1]), data.edge_index.size(1)
+    node_graph = torch.arange(num_graphs).repeat_interleave(node_ptr[1:] - node_ptr[:-1])
+    edge_graph = torch.arange(num_graphs).repeat_interleave(edge_ptr[1:] - edge_ptr[:-1])
+
+    attributes, labels = sizes["num_node_attributes"], sizes["num_node_labels"]
+    x = data.x if data.x is not None else torch.zeros(total_nodes, 0)
+    parts["x"] = torch.zeros(total_nodes, 0, dtype=torch.long)
+    if labels:
+        # Nodes keep their order in read_tu_data: the raw labels are the ids (from 0).
+        raw = read_file(folder, name, "node_labels", torch.long).view(total_nodes, -1)
+        parts["x"] = raw - raw.min(0).values
+    if attributes and use_node_attr:
+        parts["x_continuous"] = x[:, :attributes].float()
+        check_finite(parts["x_continuous"], node_graph, "node", where)
+
+    attributes, labels = sizes["num_edge_attributes"], sizes["num_edge_labels"]
+    edge_attr = data.edge_attr if data.edge_attr is not None else torch.zeros(total_edges, 0)
+    parts["edge_attr"] = torch.zeros(total_edges, 0, dtype=torch.long)
+    if labels:
+        # Edges were reordered (coalesced): their ids come back from PyG's one-hot columns.
+        raw = read_file(folder, name, "edge_labels", torch.long)
+        parts["edge_attr"] = _labels_as_ids(edge_attr[:, attributes:], raw)
+    if attributes and use_edge_attr:
+        parts["edge_attr_continuous"] = edge_attr[:, :attributes].float()
+        check_finite(parts["edge_attr_continuous"], edge_graph, "edge", where)
+
+    if data.y is None:
+        raise DataError(f"{where} has neither {name}_graph_labels.txt nor _graph_attributes.txt")
+    regression = osp.isfile(osp.join(folder, f"{name}_graph_attributes.txt"))
+    y = data.y.float().view(num_graphs, -1)
+    if regression:
+        check_finite(y, torch.arange(num_graphs), "graph attribute", where)
+    storage = Data(**parts, y=y)
+    new_slices = {"x": node_ptr, "edge_index": edge_ptr, "edge_attr": edge_ptr.clone()}
+    new_slices["y"] = torch.arange(num_graphs + 1)
+    if "x_continuous" in parts:
+        new_slices["x_continuous"] = node_ptr.clone()
+    if "edge_attr_continuous" in parts:
+        new_slices["edge_attr_continuous"] = edge_ptr.clone()
+    graphs = GraphFile(
+        storage,
+        new_slices,
+        None,
+        vocabulary_sizes(parts["x"]),
+        vocabulary_sizes(parts["edge_attr"]),
+        parts["x_continuous"].size(1) if "x_continuous" in parts else 0,
+        parts["edge_attr_continuous"].size(1) if "edge_attr_continuous" in parts else 0,
+    )
+    return graphs, regression
+
+
+class TUSource(Source):
+    """A TU dataset: node/edge labels categorical, attributes continuous; task from the labels
+    (two classes: binary, ROC-AUC; more: multi-class, accuracy; graph attributes: regression,
+    RMSE); a seeded split, stratified by class or random.
+
+    Args:
+        name (str): the TU name (``PROTEINS``, ``NCI1``, ...).
+        root (str, optional): the folder holding ``<name>/raw/``. (default: :obj:`"data"`)
+        split (str, optional): ``stratified`` or ``random``. (default: :obj:`"stratified"`)
+        split_ratios (Sequence[float], optional): train/valid/test fractions.
+        split_seed (int, optional): the split's seed. (default: :obj:`0`)
+        use_node_attr, use_edge_attr (bool, optional): read node / edge attributes when the
+            dataset has them. (default: :obj:`True`)
+        metric (str | None, optional): binary ``rocauc`` | ``ap``; multi-class ``acc`` | ``f1``;
+            regression ``rmse`` | ``mae``; None for the first. (default: :obj:`None`)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        root: str = "data",
+        split: str = "stratified",
+        split_ratios: Sequence[float] = (0.8, 0.1, 0.1),
+        split_seed: int = 0,
+        use_node_attr: bool = True,
+        use_edge_attr: bool = True,
+        metric: str | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise ConfigError(
+                f"dataset.name must be a TU dataset name (e.g. PROTEINS), got {name!r}"
+            )
+        if split not in ("stratified", "random"):
+            raise ConfigError(f"dataset.split must be 'stratified' or 'random', got {split!r}")
+        for key, value in (("use_node_attr", use_node_attr), ("use_edge_attr", use_edge_attr)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"dataset.{key} must be true or false, got {value!r}")
+        self.name = name
+        self.root = root
+        self.split = split
+        self.split_ratios = tuple(split_ratios)
+        self.split_seed = split_seed
+        self.use_node_attr = use_node_attr
+        self.use_edge_attr = use_edge_attr
+        self.metric = metric
+        self._graphs: GraphFile | None = None
+        self._task: TaskInfo | None = None
+
+    @property
+    def raw_dir(self) -> str:
+        return osp.join(self.root, self.name, "raw")
+
+    def graphs(self) -> GraphFile:
+        if self._graphs is None:
+            self._download()
+            self._graphs, regression = read_tu_graphs(
+                self.raw_dir, self.name, self.use_node_attr, self.use_edge_attr
+            )
+            y = self._graphs.data.y
+            if regression:
+                kind, classes = "regression", None
+            else:
+                classes = int(y.max()) + 1  # read_tu_data numbers the labels 0..C-1
+                kind = "binary" if classes == 2 else "multiclass"
+            if classes is not None and classes < 2:
+                raise DataError(f"{self.name}: every graph has the same label; nothing to learn")
+            self._task = user_task(self.name, kind, self.metric, y.size(1), classes)
+        return self._graphs
+
+    def _download(self) -> None:
+        if osp.isfile(osp.join(self.raw_dir, f"{self.name}_A.txt")):
+            return
+        url = f"{TU_URL}/{self.name}.zip"
+        folder = osp.join(self.root, self.name)
+        if osp.isdir(self.raw_dir) and os.listdir(self.raw_dir):
+            raise DatasetNotFoundError(
+                f"{osp.abspath(self.raw_dir)} lacks {self.name}_A.txt; put the files of {url} "
+                f"there (or delete the folder to download them again)"
+            )
+        from torch_geometric.data import download_url, extract_zip
+
+        try:
+            with download_timeout():
+                path = download_url(url, folder, log=False)
+            extract_zip(path, folder, log=False)
+            os.unlink(path)
+            os.replace(osp.join(folder, self.name), self.raw_dir)
+        except Exception as error:  # no network, DNS failure, HTTP error, timeout, bad zip ...
+            remove_empty_tree(folder)
+            reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+            raise DatasetNotFoundError(
+                f"TU dataset {self.name} is not in {osp.abspath(self.raw_dir)} and could not be "
+                f"downloaded from {url} ({type(error).__name__}: {reason}). Fix: download {url} "
+                f"on a machine with network access and unzip its {self.name}/ folder's files "
+                f"into {osp.abspath(self.raw_dir)}, or point dataset.root= at the folder that "
+                f"holds {self.name}/raw/"
+            ) from error
+
+    def task_info(self) -> TaskInfo:
+        self.graphs()
+        return self._task
+
+    def feature_dims(self) -> tuple[list[int], list[int]]:
+        graphs = self.graphs()
+        return graphs.node_dims, graphs.edge_dims
+
+    def categorical_columns(self) -> tuple[list[int], list[int]]:
+        """Graphs given to predict hold the labels first, then the attributes: ``x`` =
+        ``[node labels | node attributes]``, likewise ``edge_attr``."""
+        graphs = self.graphs()
+        return list(range(len(graphs.node_dims))), list(range(len(graphs.edge_dims)))
+
+    def continuous_dims(self) -> tuple[int, int]:
+        graphs = self.graphs()
+        return graphs.node_width, graphs.edge_width
+
+    def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
+        graphs = self.graphs()
+        task = self._task
+        if pre_transform is not None:
+            add_structural_features(graphs.data, graphs.slices, pre_transform)
+        y = graphs.data.y.view(-1)
+        if self.split == "stratified":
+            if task.task_type == "regression":
+                raise ConfigError(
+                    f"dataset.split=stratified needs class labels, but {self.name} is a "
+                    "regression dataset: set dataset.split=random"
+                )
+            split = stratified_split(y, self.split_ratios, self.split_seed)
+        else:
+            split = random_split(graphs.num_graphs, self.split_ratios, self.split_seed)
+        if task.is_multiclass:
+            warn_absent_classes(y[split["train"]], task.num_classes, self.name)
+        return LoadedDataset(InMemoryGraphs(graphs), split, task)
+
+    def smiles_refusal(self) -> str:
+        return (
+            f"was trained on the TU dataset {self.name}, not on molecules featurised from "
+            "SMILES: predict graphs with predict.py input=graphs.pt, or Predictor.predict_graphs"
+        )
