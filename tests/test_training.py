@@ -6,12 +6,14 @@ import hydra
 import lightning.pytorch as pl
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from graphormer import checkpoint as checkpoint_record
+from graphormer.batch import GraphormerBatch
 from graphormer.cli.train import settings_from
-from graphormer.data import build_source
+from graphormer.data import GraphormerCollator, StructuralFeatures, build_source
 from graphormer.devices import resolve_pad_to_multiple, resolve_precision
 from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import (
@@ -26,9 +28,11 @@ from helpers import (
     compose_config,
     compose_train,
     evaluate_run,
+    nci_graphs,
     options,
     run_failing,
     run_script,
+    to_data,
     train_config,
 )
 
@@ -122,6 +126,52 @@ def test_masked_loss_ignores_missing_labels():
     empty = masked_loss(pred, torch.full_like(target, float("nan")), "l1")
     assert empty.item() == 0.0 and empty.requires_grad
     assert masked_loss(pred, torch.zeros(2, 2), "l1").item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("loss", ["bce", "l1", "mse"])
+def test_masked_loss_equals_the_loss_of_the_labelled_entries(loss):
+    # masked_loss weighs entries instead of selecting them (no host synchronisation, #21): the
+    # same value and gradient as the loss of the selected entries.
+    torch.manual_seed(0)
+    pred = torch.randn(16, 3, requires_grad=True)
+    target = torch.randint(0, 2, (16, 3)).float()
+    target[torch.rand(16, 3) < 0.4] = float("nan")
+    labelled = ~torch.isnan(target)
+    functions = {"bce": F.binary_cross_entropy_with_logits, "l1": F.l1_loss, "mse": F.mse_loss}
+    selected = pred.detach().clone().requires_grad_()
+    expected = functions[loss](selected[labelled], target[labelled])
+    expected.backward()
+    value = masked_loss(pred, target, loss)
+    value.backward()
+    torch.testing.assert_close(value, expected)
+    torch.testing.assert_close(pred.grad, selected.grad)
+    # A NaN prediction where the label is missing stays out of the loss and the gradient.
+    broken = pred.detach().clone()
+    broken[~labelled] = float("nan")
+    broken.requires_grad_()
+    again = masked_loss(broken, target, loss)
+    again.backward()
+    torch.testing.assert_close(again, expected)
+    assert torch.isfinite(broken.grad).all()
+
+
+def test_batches_go_to_a_gpu_without_blocking(monkeypatch):
+    # Lightning calls our batch's to(device) without non_blocking: a host synchronisation per
+    # tensor on a GPU (#21). The module asks for non-blocking copies there, and only there.
+    calls = []
+
+    def to(self, device, non_blocking=False):
+        calls.append((torch.device(device).type, non_blocking))
+        return self
+
+    monkeypatch.setattr(GraphormerBatch, "to", to)
+    task = {"name": "toy", "task_type": "regression", "num_tasks": 1, "metric": "mae"}
+    module = GraphormerModule(model={"num_layers": 1, "hidden_dim": 16, "num_heads": 2}, task=task)
+    graphs = [StructuralFeatures(5)(to_data(g, 1.0)) for g in nci_graphs(4)]
+    batch = GraphormerCollator(max_hops=5)(graphs)
+    for device in ("cuda", "cpu"):
+        assert module.transfer_batch_to_device(batch, torch.device(device), 0) is batch
+    assert calls == [("cuda", True), ("cpu", False)]
 
 
 def test_warmup_then_linear_decay():
