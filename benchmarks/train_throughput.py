@@ -86,10 +86,14 @@ def connected(graph: dict) -> bool:
     return len({root(i) for i in range(n)}) == 1
 
 
-def molecules() -> list[dict]:
+def molecules(limit: int | None = None) -> list[dict]:
+    """The connected NCI molecules (the first ``limit`` of them)."""
     from common import nci_graphs
 
-    return [g for g in nci_graphs() if connected(g)]
+    # Nearly all are connected: twice the molecules asked for (and a few) are enough to featurise.
+    return [g for g in nci_graphs(None if limit is None else 2 * limit + 16) if connected(g)][
+        :limit
+    ]
 
 
 def plan(sizes: list[int], scenario: Scenario, pad_to_multiple: int) -> list[list[int]]:
@@ -141,7 +145,9 @@ def timed(batches, collate, step) -> dict:
     }
 
 
-def run_ours(scenario: Scenario, batches_limit: int | None, threads: int, device: str) -> dict:
+def run_ours(
+    scenario: Scenario, batches_limit: int | None, threads: int, device: str, limit=None
+) -> dict:
     import torch
 
     from graphormer.data import GraphormerCollator, StructuralFeatures
@@ -153,7 +159,7 @@ def run_ours(scenario: Scenario, batches_limit: int | None, threads: int, device
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    graphs = molecules()
+    graphs = molecules(limit)
     transform = StructuralFeatures(5)
     data = [transform(to_data(g, y=g["num_nodes"] / 30.0)) for g in graphs]
     pad = 8 if device == "cuda" else 1
@@ -201,8 +207,11 @@ def run_ours(scenario: Scenario, batches_limit: int | None, threads: int, device
     return result
 
 
-def run_reference(scenario: Scenario, batches_limit: int | None, threads: int) -> dict:
-    """Hugging Face's Graphormer, same molecules, batches, size, dropouts, loss and optimiser."""
+def run_reference(
+    scenario: Scenario, batches_limit: int | None, threads: int, device: str = "cpu", limit=None
+) -> dict:
+    """Hugging Face's Graphormer, same molecules, batches, size, dropouts, loss and optimiser
+    (and, on a GPU, the same bf16 autocast as ours)."""
     import torch
     from transformers import GraphormerConfig as HFConfig
     from transformers import GraphormerForGraphClassification
@@ -217,7 +226,7 @@ def run_reference(scenario: Scenario, batches_limit: int | None, threads: int) -
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    graphs = molecules()
+    graphs = molecules(limit)
     items = [
         preprocess_item(
             {
@@ -245,39 +254,48 @@ def run_reference(scenario: Scenario, batches_limit: int | None, threads: int) -
         pre_layernorm=preset["pre_layernorm"],
         encoder_normalize_before=ours.uses_embedding_layernorm,
     )
-    model = GraphormerForGraphClassification(config).train(scenario.train)
+    model = GraphormerForGraphClassification(config).to(device).train(scenario.train)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     collator = GraphormerDataCollator()
-    batches = plan([g["num_nodes"] for g in graphs], scenario, 1)[:batches_limit]
+    # The same batches as ours: on a GPU ours pads to multiples of 8, which size-grouping sees.
+    pad = 8 if device == "cuda" else 1
+    batches = plan([g["num_nodes"] for g in graphs], scenario, pad)[:batches_limit]
+    bf16 = device == "cuda" or scenario.bf16
 
     def collate(batch):
-        return collator([items[i] for i in batch])
+        return {k: v.to(device) for k, v in collator([items[i] for i in batch]).items()}
 
     def train_step(batch) -> None:
         labels = batch.pop("labels").float().view(-1, 1)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=scenario.bf16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             logits = model(**batch).logits.float().view(-1, 1)
         loss = torch.nn.functional.l1_loss(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
         optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     def predict_step(batch) -> None:
         batch.pop("labels")
         with torch.inference_mode():
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=scenario.bf16):
-                model(**batch).logits.float()
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+                model(**batch).logits.float().cpu()
 
     result = timed(batches, collate, train_step if scenario.train else predict_step)
     result["params"] = sum(p.numel() for p in model.parameters())
     result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    if device == "cuda":
+        result["peak_cuda_gb"] = torch.cuda.max_memory_allocated() / 2**30
     return result
 
 
 def child(args, name: str, reference: bool) -> dict:
     cmd = [sys.executable, __file__, "--one", name, "--threads", str(args.threads)]
     cmd += ["--device", args.device]
+    if getattr(args, "molecules", None):
+        cmd += ["--molecules", str(args.molecules)]
     batches = args.batches or SCENARIOS[name].batches
     if batches:
         cmd += ["--batches", str(batches)]
@@ -296,6 +314,9 @@ def main() -> None:
         "--batches", type=int, default=None, help="time the first N batches of each epoch"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--molecules", type=int, default=None, help="use the first N connected molecules"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
         "--reference",
@@ -308,15 +329,17 @@ def main() -> None:
     if args.one:
         scenario = SCENARIOS[args.one]
         if args.hf:
-            result = run_reference(scenario, args.batches, args.threads)
+            result = run_reference(
+                scenario, args.batches, args.threads, args.device, args.molecules
+            )
         else:
-            result = run_ours(scenario, args.batches, args.threads, args.device)
+            result = run_ours(scenario, args.batches, args.threads, args.device, args.molecules)
         print(json.dumps(result))
         return
 
     epoch = f"first {args.batches} batches" if args.batches else "whole epoch (base: 16 batches)"
     print(
-        f"{args.device}, {args.threads} threads, {len(molecules())} connected NCI molecules, "
+        f"{args.device}, {args.threads} threads, {len(molecules(args.molecules))} connected NCI molecules, "
         f"timed: {epoch}; graphs/s per epoch | of the median step; collation ms/batch apart"
     )
     header = "| scenario | ours graphs/s | median step | collate ms | peak RSS GB |"

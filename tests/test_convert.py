@@ -485,6 +485,37 @@ def test_the_microsoft_preset_fits_a_converted_base_checkpoint():
     assert back == preset
 
 
+def test_the_pre_ln_molhiv_checkpoint_converts_into_its_preset(tmp_path):
+    """The layout of Microsoft's pcqm4mv1_graphormer_base_for_molhiv, which the fixed molhiv
+    recipe fine-tunes (PR #96, --pre-layernorm): pre-LN layers, the embedding LayerNorm, and an
+    encoder-level final_layer_norm its forward never applies; shrunk to 2 x 32 here."""
+    sizes = {"num_layers": 2, "hidden_dim": 32, "ffn_dim": 48, "num_heads": 4}
+    preset = model_preset("graphormer_base_microsoft_preln")
+    config = GraphormerConfig(**{**preset, **sizes, "num_tasks": 1})
+    model = random_model(config)
+    source = write_fairseq(tmp_path / "preln.pt", config, model)
+    held = torch.load(source, weights_only=False)
+    assert ENC + "final_layer_norm.weight" in held["model"]
+    assert ENC + "emb_layer_norm.weight" in held["model"]
+    assert (held["args"].pre_layernorm, held["args"].encoder_normalize_before) == (True, True)
+    path, converted = convert_checkpoint(source, tmp_path / "preln.ckpt")
+    assert converted == config
+    presets = {p.stem: model_preset(p.stem) for p in (CONFIGS / "model").glob("*.yaml")}
+    assert fine_tune_overrides(converted, presets) == [
+        "model=graphormer_base_microsoft_preln",
+        *(f"model.{k}={v}" for k, v in sizes.items()),
+    ]
+    # The molhiv recipe builds exactly this network around the converted weights.
+    assert (
+        trained_model(["experiment=molhiv_finetune", *(f"model.{k}={v}" for k, v in sizes.items())])
+        == config
+    )
+    module = GraphormerModule.from_checkpoint(path)
+    batch = batch_of(molecules([0, 5, 17, 33, 120, 250]))
+    with torch.no_grad():
+        torch.testing.assert_close(module.model(batch), model(batch), atol=1e-5, rtol=0)
+
+
 def test_a_checkpoint_that_does_not_fit_is_an_error_unless_not_strict(converted, caplog):
     path, config, _ = converted
     # Same names and shapes, different function: pre-LN layers.

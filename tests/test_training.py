@@ -6,12 +6,14 @@ import hydra
 import lightning.pytorch as pl
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from graphormer import checkpoint as checkpoint_record
+from graphormer.batch import GraphormerBatch
 from graphormer.cli.train import settings_from
-from graphormer.data import build_source
+from graphormer.data import GraphormerCollator, StructuralFeatures, build_source
 from graphormer.devices import resolve_pad_to_multiple, resolve_precision
 from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import (
@@ -26,9 +28,11 @@ from helpers import (
     compose_config,
     compose_train,
     evaluate_run,
+    nci_graphs,
     options,
     run_failing,
     run_script,
+    to_data,
     train_config,
 )
 
@@ -59,6 +63,7 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
         "graphormer_small": 12_687_937,
         "graphormer_base": 47_550_785,
         "graphormer_base_microsoft": 47_549_185,
+        "graphormer_base_microsoft_preln": 47_549_185,  # the same tensors, LayerNorms moved
         "graphormer_large": 120_326_209,
     }
     assert set(options("model")) == set(counts)
@@ -129,6 +134,52 @@ def test_masked_loss_ignores_missing_labels():
     empty = masked_loss(pred, torch.full_like(target, float("nan")), "l1")
     assert empty.item() == 0.0 and empty.requires_grad
     assert masked_loss(pred, torch.zeros(2, 2), "l1").item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("loss", ["bce", "l1", "mse"])
+def test_masked_loss_equals_the_loss_of_the_labelled_entries(loss):
+    # masked_loss weighs entries instead of selecting them (no host synchronisation, #21): the
+    # same value and gradient as the loss of the selected entries.
+    torch.manual_seed(0)
+    pred = torch.randn(16, 3, requires_grad=True)
+    target = torch.randint(0, 2, (16, 3)).float()
+    target[torch.rand(16, 3) < 0.4] = float("nan")
+    labelled = ~torch.isnan(target)
+    functions = {"bce": F.binary_cross_entropy_with_logits, "l1": F.l1_loss, "mse": F.mse_loss}
+    selected = pred.detach().clone().requires_grad_()
+    expected = functions[loss](selected[labelled], target[labelled])
+    expected.backward()
+    value = masked_loss(pred, target, loss)
+    value.backward()
+    torch.testing.assert_close(value, expected)
+    torch.testing.assert_close(pred.grad, selected.grad)
+    # A NaN prediction where the label is missing stays out of the loss and the gradient.
+    broken = pred.detach().clone()
+    broken[~labelled] = float("nan")
+    broken.requires_grad_()
+    again = masked_loss(broken, target, loss)
+    again.backward()
+    torch.testing.assert_close(again, expected)
+    assert torch.isfinite(broken.grad).all()
+
+
+def test_batches_go_to_a_gpu_without_blocking(monkeypatch):
+    # Lightning calls our batch's to(device) without non_blocking: a host synchronisation per
+    # tensor on a GPU (#21). The module asks for non-blocking copies there, and only there.
+    calls = []
+
+    def to(self, device, non_blocking=False):
+        calls.append((torch.device(device).type, non_blocking))
+        return self
+
+    monkeypatch.setattr(GraphormerBatch, "to", to)
+    task = {"name": "toy", "task_type": "regression", "num_tasks": 1, "metric": "mae"}
+    module = GraphormerModule(model={"num_layers": 1, "hidden_dim": 16, "num_heads": 2}, task=task)
+    graphs = [StructuralFeatures(5)(to_data(g, 1.0)) for g in nci_graphs(4)]
+    batch = GraphormerCollator(max_hops=5)(graphs)
+    for device in ("cuda", "cpu"):
+        assert module.transfer_batch_to_device(batch, torch.device(device), 0) is batch
+    assert calls == [("cuda", True), ("cpu", False)]
 
 
 def test_warmup_then_linear_decay():
@@ -389,9 +440,17 @@ def test_fine_tuning_recipes_need_a_pretrained_checkpoint(tmp_path):
         assert cfg.optim.total_steps > cfg.optim.warmup_steps > 0
         with pytest.raises(ConfigError, match="pass pretrained=FILE.ckpt"):
             train_config(cfg)
-    # molhiv: Microsoft's base (post-LN) as hiv_pre.sh; molpcba: v1's large model as pcba.sh.
+    # molhiv: Microsoft's pre-LN base as the fixed hiv_pre.sh (PR #96); molpcba: v1's large
+    # model as pcba.sh.
     hiv = compose_train(["experiment=molhiv_finetune", f"output_dir={tmp_path}"])
-    assert hiv.model.pre_layernorm is False and hiv.model.hidden_dim == 768
+    assert hiv.model == compose_train(["model=graphormer_base_microsoft_preln"]).model
+    assert (hiv.model.pre_layernorm, hiv.model.embedding_layernorm) == (True, True)
+    assert (hiv.model.num_layers, hiv.model.hidden_dim, hiv.model.num_heads) == (12, 768, 32)
+    assert (hiv.optim.lr, hiv.optim.end_lr, hiv.optim.weight_decay) == (2e-4, 1e-5, 0.0)
+    assert (hiv.optim.total_steps, hiv.optim.warmup_steps) == (1031, 164)
+    assert (hiv.flag.m, hiv.flag.step_size, hiv.flag.mag) == (3, 1e-2, 0.0)
+    assert (hiv.datamodule.batch_size, hiv.trainer.devices, hiv.trainer.max_epochs) == (128, 1, 5)
+    assert hiv.seed == 1 and hiv.trainer.gradient_clip_val == 5.0
     pcba = compose_train(["experiment=molpcba_finetune", f"output_dir={tmp_path}"])
     m = pcba.model
     assert (m.num_layers, m.hidden_dim, m.ffn_dim, m.num_heads) == (18, 1024, 1024, 32)
@@ -416,8 +475,33 @@ def test_fine_tuning_recipes_need_a_pretrained_checkpoint(tmp_path):
     assert cfg.dataset.source == "pcqm4mv2" and cfg.loss == "l1"
 
 
-def test_the_zinc_recipe_is_microsofts_slim(tmp_path):
+def test_the_zinc_recipe_is_microsofts_v1_slim(tmp_path):
+    # The paper's 0.122: v1.0's examples/benchmarking-gnns command and entry.py's defaults.
     cfg = compose_train(["experiment=zinc_slim", f"output_dir={tmp_path}"])
+    model = cfg.model
+    assert (model.num_layers, model.hidden_dim, model.ffn_dim, model.num_heads) == (12, 80, 80, 8)
+    assert (model.pre_layernorm, model.embedding_layernorm, model.final_layernorm) == (
+        True,
+        False,
+        True,
+    )
+    assert (model.dropout, model.attention_dropout, model.activation_dropout) == (0.1, 0.1, 0.0)
+    assert model.input_dropout == 0.1 and model.multi_hop_max_dist == 20
+    assert cfg.datamodule.max_hops == 20 and cfg.datamodule.batch_size == 256
+    assert (cfg.optim.warmup_steps, cfg.optim.total_steps, cfg.trainer.max_steps) == (
+        40_000,
+        400_000,
+        400_001,
+    )
+    assert (cfg.optim.lr, cfg.optim.end_lr, cfg.optim.weight_decay) == (2e-4, 1e-9, 0.01)
+    assert cfg.trainer.gradient_clip_val is None and cfg.normalize_targets is False
+    assert cfg.dataset.source == "zinc" and cfg.dataset.subset is True and cfg.loss == "l1"
+    built = GraphormerConfig.from_dict({**model, "atom_feature_dims": [28], "num_tasks": 1})
+    assert Graphormer(built).input_dropout.p == 0.1
+
+
+def test_the_zinc_v2_recipe_is_microsofts_fairseq_slim(tmp_path):
+    cfg = compose_train(["experiment=zinc_slim_v2", f"output_dir={tmp_path}"])
     model = cfg.model
     assert (model.num_layers, model.hidden_dim, model.ffn_dim, model.num_heads) == (12, 80, 80, 8)
     assert (model.pre_layernorm, model.embedding_layernorm) == (False, True)

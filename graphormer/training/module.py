@@ -53,21 +53,29 @@ def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
     A batch with no labelled entry gives a zero that still depends on ``pred`` (so DDP sees a
     gradient for every parameter).
     """
+    # Unlabelled entries are replaced and weigh nothing, rather than selected out: boolean
+    # indexing and a Python test of the mask would each wait for the GPU (a host
+    # synchronisation in every training step, issue #21). Replacing ``pred`` there too keeps a
+    # NaN prediction for a missing label out of the loss and its gradient, as selecting did.
     if loss == "ce":
         # Multi-class: pred [B, C] logits, target [B, 1] class ids (NaN = unlabelled).
         labelled = ~torch.isnan(target[:, 0])
-        if not labelled.any():
-            return pred.sum() * 0.0
-        return F.cross_entropy(pred[labelled], target[labelled, 0].long())
+        pred = torch.where(labelled.unsqueeze(1), pred, torch.zeros_like(pred))
+        classes = torch.where(labelled, target[:, 0], torch.zeros_like(target[:, 0])).long()
+        each = F.cross_entropy(pred, classes, reduction="none")
+        count = labelled.sum().clamp(min=1).to(each.dtype)
+        return torch.where(labelled, each, torch.zeros_like(each)).sum() / count
     labelled = ~torch.isnan(target)
-    if not labelled.any():
-        return pred.sum() * 0.0
-    pred, target = pred[labelled], target[labelled]
+    pred = torch.where(labelled, pred, torch.zeros_like(pred))
+    target = torch.where(labelled, target, torch.zeros_like(target))
     if loss == "bce":
-        return F.binary_cross_entropy_with_logits(pred, target)
-    if loss == "l1":
-        return F.l1_loss(pred, target)
-    return F.mse_loss(pred, target)
+        each = F.binary_cross_entropy_with_logits(pred, target, reduction="none")
+    elif loss == "l1":
+        each = F.l1_loss(pred, target, reduction="none")
+    else:
+        each = F.mse_loss(pred, target, reduction="none")
+    count = labelled.sum().clamp(min=1).to(each.dtype)
+    return torch.where(labelled, each, torch.zeros_like(each)).sum() / count
 
 
 def build_adamw(
@@ -316,6 +324,14 @@ class GraphormerModule(pl.LightningModule):
     def _loss(self, raw: Tensor, target: Tensor) -> Tensor:
         # The loss compares standardised values (identity unless normalize_targets).
         return masked_loss(raw, (target - self.target_mean) / self.target_std, self.loss_name)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
+        # Lightning copies plain tensors to a GPU without blocking but calls ``to(device)`` of
+        # other types as is: for our batch, one host synchronisation per tensor in every step
+        # (issue #21). The DataLoader pins batches on GPU machines, so these copies overlap.
+        if isinstance(batch, GraphormerBatch) and torch.device(device).type == "cuda":
+            return batch.to(device, non_blocking=True)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def training_step(self, batch: GraphormerBatch, batch_idx: int) -> Tensor:
         if self.flag.enabled:

@@ -197,6 +197,8 @@ def quiet_third_parties() -> None:
         # each rank logs the same value: Lightning's advice to sync them does not apply.
         r".*when logging on epoch level in distributed setting",
         r".*torch.distributed.nn.functional.all_gather is deprecated",  # Lightning, torch >= 2.10
+        # GraphormerModule moves batches itself (non-blocking on GPUs, issue #21), as intended.
+        r".*overridden `transfer_batch_to_device` in `LightningModule` but have passed in a",
     ):
         warnings.filterwarnings("ignore", message=pattern)
 
