@@ -19,7 +19,7 @@ from graphormer.console import report
 from graphormer.errors import ConfigError, UserFacingError
 from graphormer.rundir import claim_run_dir, discard_if_untrained, run_dir_of
 
-__all__ = ["RunDirGuard", "plain", "run_reporting_errors"]
+__all__ = ["RunDirGuard", "checkpoint_inputs", "plain", "run_reporting_errors"]
 
 
 def _resume_dir(ckpt_path: Any, default: str) -> str:
@@ -76,6 +76,14 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
             + " on the command line (see --help)"
         )
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def checkpoint_inputs(ckpt: Any) -> dict[str, Any]:
+    """``ckpt=`` as inputs no output may overwrite: one path, or each of a list's (an ensemble's
+    members)."""
+    if isinstance(ckpt, list | tuple):
+        return {f"ckpt[{i}]": str(p) for i, p in enumerate(ckpt)}
+    return {"ckpt": ckpt}
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.cli.common import checkpoint_inputs, plain, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import atomic_path, check_outputs
@@ -47,15 +47,24 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             raise ConfigError(f"{key}={path} is a folder; give a file name, e.g. {path}/out.csv")
     check_outputs(
         {"output": output, "embeddings": embeddings},
-        {"ckpt": cfg["ckpt"], "input": cfg.get("input") or None},
+        {**checkpoint_inputs(cfg["ckpt"]), "input": cfg.get("input") or None},
         overwrite=bool(cfg.get("overwrite")),
     )
+    interval = cfg.get("interval")
+    if interval is not None and (
+        isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval < 1
+    ):
+        raise ConfigError(
+            f"interval={interval!r} is not allowed: a coverage level in (0, 1), e.g. 0.9"
+        )
     predictor = Predictor.from_checkpoint(
         cfg["ckpt"],
         device=cfg["device"],
         precision=cfg.get("precision"),
         batch_size=cfg["batch_size"],
         max_atoms=cfg.get("max_atoms"),
+        mc_dropout=cfg.get("mc_dropout") or 0,
+        allow_missing=bool((cfg.get("ensemble") or {}).get("allow_missing")),
     )
     column = cfg.get("smiles_column") or predictor.training_smiles_column or "smiles"
     table, column = read_input(cfg.get("input"), cfg.get("smiles"), column)
@@ -64,7 +73,10 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         # The summary below names the rows without a prediction.
         warnings.simplefilter("ignore", UnpredictableMoleculeWarning)
         result = predictor.run(
-            table[column].tolist(), embeddings=embeddings is not None, progress=cfg["progress"]
+            table[column].tolist(),
+            embeddings=embeddings is not None,
+            progress=cfg["progress"],
+            interval=interval,
         )
     out = predictor.table(table, result)
     try:

@@ -58,12 +58,16 @@ def settings_from(cfg: DictConfig) -> RunSettings:
     return RunSettings.from_dict(plain(cfg))
 
 
-def build_loggers(cfg: DictConfig) -> list[Any]:
+def build_loggers(cfg: DictConfig, folder: Path | None = None) -> list[Any]:
     """The logger the ``logger=`` group chose on the command line (none for ``logger=null``).
-    Built from the command line's config only, never from a stored one."""
+    Built from the command line's config only, never from a stored one. ``folder``: an ensemble
+    member's or a fold's run folder, which its logs go to instead of ``output_dir``."""
     if not cfg.get("logger"):
         return []
-    return [hydra.utils.instantiate(cfg.logger)]
+    logger = cfg.logger
+    if folder is not None and "save_dir" in logger:
+        logger = OmegaConf.merge(logger, {"save_dir": str(folder)})
+    return [hydra.utils.instantiate(logger)]
 
 
 def _command_line() -> tuple[list[str], dict[str, Any]] | None:
@@ -274,12 +278,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Trains as the composed config says; returns what ``metrics.json`` holds. Under the
     command line, a resume (``ckpt_path=``) continues with its run's own settings and
     ``pretrained=`` takes the checkpoint's architecture (see :func:`resume_values`)."""
-    from graphormer.training.run import RunInterrupted, train
+    from graphormer.training.run import RunInterrupted
     from graphormer.training.settings import RunSettings
 
     command_line = _command_line()
     if command_line is None:  # called as a library function: the config says everything
-        return train(settings_from(cfg), loggers=build_loggers(cfg))
+        return _train(settings_from(cfg), cfg)
     given, choices = command_line
     if cfg.get("ckpt_path"):
         settings = RunSettings.from_dict(resume_values(cfg, given, choices))
@@ -288,11 +292,26 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             take_pretrained_architecture(cfg, given)
         settings = settings_from(cfg)
     try:
-        return train(settings, loggers=build_loggers(cfg))
+        return _train(settings, cfg)
     except RunInterrupted as stop:
         if stop.checkpoint is not None:  # the run's own settings come with it: nothing else
             stop.advice = f"resume with: {_program()} ckpt_path={stop.checkpoint}"
         raise
+
+
+def _train(settings: RunSettings, cfg: DictConfig) -> dict[str, Any]:
+    """One run, an ensemble (``ensemble.size``) or a resampling (``cv.*``) of either."""
+    from graphormer.training.run import train
+
+    if settings.cv.enabled:
+        from graphormer.training.crossval import cross_validate
+
+        return cross_validate(settings, lambda folder: build_loggers(cfg, folder))
+    if settings.ensemble.size > 1:
+        from graphormer.training.ensemble import train_ensemble
+
+        return train_ensemble(settings, lambda folder: build_loggers(cfg, folder))
+    return train(settings, loggers=build_loggers(cfg))
 
 
 def _program() -> str:

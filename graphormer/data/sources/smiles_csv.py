@@ -370,6 +370,10 @@ class SmilesCsvSource(Source):
     def smiles_column(self) -> str:
         return self.smiles_column_name
 
+    def split_groups(self, dataset: SmilesCsvDataset) -> list[str]:
+        """Bemis-Murcko scaffolds: a scaffold's molecules stay in one fold."""
+        return list(dataset.scaffolds)
+
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         dataset = SmilesCsvDataset(
             self.path,
