@@ -18,8 +18,8 @@ from graphormer.training.calibration import (
     expected_calibration_error,
 )
 from graphormer.training.crossval import assign_folds
-from graphormer.training.ensemble import resolve_members
 from graphormer.training.evaluation import evaluate
+from graphormer.training.members import resolve_members
 from graphormer.training.module import GraphormerModule
 
 from helpers import TINY, compose_train, nci_table, read_json

@@ -301,17 +301,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 def _train(settings: RunSettings, cfg: DictConfig) -> dict[str, Any]:
     """One run, an ensemble (``ensemble.size``) or a resampling (``cv.*``) of either."""
-    from graphormer.training.run import train
+    from graphormer.training.experiment import fit
 
-    if settings.cv.enabled:
-        from graphormer.training.crossval import cross_validate
-
-        return cross_validate(settings, lambda folder: build_loggers(cfg, folder))
-    if settings.ensemble.size > 1:
-        from graphormer.training.ensemble import train_ensemble
-
-        return train_ensemble(settings, lambda folder: build_loggers(cfg, folder))
-    return train(settings, loggers=build_loggers(cfg))
+    return fit(settings, lambda folder: build_loggers(cfg, folder))
 
 
 def _program() -> str:

@@ -203,8 +203,8 @@ class Predictor:
         the run's ``calibration.json`` (when fitted for these weights) calibrates binary
         probabilities and gives intervals.
         """
-        from graphormer.training.ensemble import check_members, resolve_members
         from graphormer.training.evaluation import calibration_of
+        from graphormer.training.members import check_members, resolve_members
 
         found = resolve_members(path, allow_missing)
         records = [checkpoints.load(p) for p in found.paths]

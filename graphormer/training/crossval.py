@@ -114,13 +114,10 @@ def _fold_splits(settings: Any, source: Any, folder: Path) -> tuple[list[dict[st
     return out, grouped
 
 
-def cross_validate(
-    settings: Any, loggers_for: Callable[[Path], list[Any]] | None = None
-) -> dict[str, Any]:
-    """Trains one run per fold (or replicate) into ``output_dir/folds/<k>`` and writes
-    ``cv_metrics.json``: each fold's metrics, their mean and standard deviation."""
-    from graphormer.training.ensemble import train_ensemble
-    from graphormer.training.run import train
+def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """Trains one run (or ensemble) per fold or replicate into ``output_dir/folds/<k>`` with
+    ``fit`` (settings -> metrics) and writes ``cv_metrics.json``: each fold's metrics, their
+    mean and standard deviation."""
     from graphormer.training.settings import CrossValidationSettings
 
     output_dir = Path(settings.output_dir)
@@ -148,10 +145,7 @@ def cross_validate(
             cv=CrossValidationSettings(),
         )
         report(f"fold {f + 1} of {len(datasets)}: {run.output_dir}")
-        if settings.ensemble.size > 1:
-            found = train_ensemble(run, loggers_for)
-        else:
-            found = train(run, loggers=loggers_for(run.output_dir) if loggers_for else None)
+        found = fit(run)
         rows.append(
             {
                 "fold": f,

@@ -4,10 +4,12 @@ OGB's Evaluator (or the dataset's own metric)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 
 from graphormer import checkpoint as checkpoints
@@ -18,10 +20,9 @@ from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
 from graphormer.outputs import atomic_path
 from graphormer.training.calibration import CALIBRATION_FILE, Calibration
-from graphormer.training.ensemble import (
+from graphormer.training.members import (
     Members,
     check_members,
-    member_outputs,
     resolve_members,
     uncertainty_report,
 )
@@ -94,6 +95,28 @@ def predict_split(
     position = torch.searchsorted(index, expected)
     module.eval()
     return pred[position]
+
+
+def member_outputs(
+    modules: Sequence[Any],
+    datamodule: Any,
+    split: str,
+    trainer: Any,
+    mc_passes: int = 0,
+    seed: int = 0,
+) -> np.ndarray:
+    """``[M, n, T]`` predictions of every member (probabilities for binary tasks) for ``split``,
+    in its order; with ``mc_passes`` K, each member contributes K passes with dropout on."""
+    outputs = []
+    for module in modules:
+        for k in range(max(1, mc_passes)):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed + k)
+                pred = predict_split(trainer, module, datamodule, split, dropout=mc_passes > 0)
+            if module.task.is_classification:
+                pred = torch.sigmoid(pred)
+            outputs.append(pred.float().numpy())
+    return np.stack(outputs)
 
 
 def _datamodule_of(

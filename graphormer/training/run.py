@@ -310,7 +310,6 @@ def train(
         test = {metric: float(scores[0][f"test/{metric}"])}
     results = {**_results(trainer, checkpoint, task, output_dir), "test": test}
     if trainer.is_global_zero:
-        results["calibration"] = _calibrate(settings, Path(best), output_dir)
         path = output_dir / "metrics.json"
         path.write_text(json.dumps(results, indent=2) + "\n")
         report(f"best checkpoint: {results['best_checkpoint']}")
@@ -319,21 +318,6 @@ def train(
         report(f"valid {metric}: {results['valid'][metric]:.4f}  test {metric}: {test_text}")
         report(f"evaluate with: python scripts/eval.py ckpt={results['best_checkpoint']}")
     return results
-
-
-def _calibrate(settings: RunSettings, best: Path, output_dir: Path) -> dict[str, Any]:
-    """Fits the run's calibration on the validation split with its best checkpoint (#19):
-    ``calibration.json`` beside ``checkpoints/``."""
-    from graphormer.training.evaluation import score_members
-
-    found = score_members(
-        [best],
-        splits=[],
-        accelerator=settings.trainer.accelerator,
-        fit_calibration=settings.calibration,
-        calibration_dir=output_dir,
-    )
-    return found["calibration"]
 
 
 def _results(trainer: pl.Trainer, checkpoint: RunCheckpoint, task, output_dir: Path) -> dict:
