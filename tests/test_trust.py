@@ -5,10 +5,13 @@ import json
 import shutil
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
+from graphormer.cli.eval import run as eval_run
+from graphormer.cli.predict import run as predict_run
 from graphormer.cli.train import run as train_run
 from graphormer.errors import ConfigError
 from graphormer.inference.predictor import Predictor
@@ -22,7 +25,7 @@ from graphormer.training.evaluation import evaluate
 from graphormer.training.members import resolve_members
 from graphormer.training.module import GraphormerModule
 
-from helpers import TINY, compose_train, nci_table, read_json
+from helpers import TINY, compose_config, compose_train, nci_table, read_json, run_script
 
 MOLECULES = ["CCO", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O", "NCCc1ccc(O)c(O)c1"]
 
@@ -114,7 +117,7 @@ def test_predict_with_an_ensemble_gives_std_and_intervals(ensemble_run):
     out, metrics = ensemble_run
     predictor = Predictor.from_checkpoint(out, device="cpu")
     result = predictor.run(MOLECULES, interval=0.9)
-    table = predictor.table(__import__("pandas").DataFrame({"smiles": MOLECULES}), result)
+    table = predictor.table(pd.DataFrame({"smiles": MOLECULES}), result)
     assert list(table.columns) == [
         "smiles",
         "tpsa",
@@ -274,3 +277,59 @@ def test_conformal_radius_and_ece_known_answers():
     assert expected_calibration_error(np.array([0.8, 0.8]), np.array([1.0, 0.0])) == pytest.approx(
         0.3
     )
+
+
+def test_scripts_train_an_ensemble_then_eval_and_predict_use_every_member(nci_csv, tmp_path):
+    """As a user runs it: train.py ensemble.size=2, then eval.py and predict.py on the folder
+    (their applications called in-process, with the configs they compose)."""
+    out = tmp_path / "run"
+    dataset = [
+        "dataset=smiles_csv",
+        f"dataset.path={nci_csv}",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.targets=[tpsa]",
+        "dataset.split=random",
+    ]
+    with pytest.raises(ConfigError, match="ensemble.parallel=true trains each member on a GPU"):
+        train_run(
+            compose_train(
+                [*dataset, "ensemble.size=2", "ensemble.parallel=true", f"output_dir={out}"]
+            )
+        )
+    log = run_script(
+        "train.py",
+        [*dataset, "ensemble.size=2", "trainer.max_epochs=2", f"hydra.run.dir={out}", *TINY],
+        cwd=tmp_path,
+    )
+    assert f"evaluate with: python scripts/eval.py ckpt={out.resolve()}" in log
+    for i, seed in enumerate((42, 43)):  # each member resumable as a run of its own
+        config = (out / "members" / str(i) / ".hydra" / "config.yaml").read_text()
+        assert f"seed: {seed}" in config and "size: 1" in config
+        assert (out / "members" / str(i) / "logs").is_dir()  # its own CSV logs
+    preds = tmp_path / "preds.csv"
+    predict_run(
+        compose_config(
+            "predict",
+            [f"ckpt={out}", "smiles=[CCO,c1ccccc1O]", "interval=0.8", f"output={preds}"],
+        )
+    )
+    table = pd.read_csv(preds)
+    assert list(table.columns) == [
+        "smiles",
+        "tpsa",
+        "tpsa_std",
+        "tpsa_lower",
+        "tpsa_upper",
+        "error",
+    ]
+    assert (table.tpsa_lower < table.tpsa).all() and (table.tpsa < table.tpsa_upper).all()
+    metrics = read_json(out / "metrics.json")
+    members = ",".join(m["best_checkpoint"] for m in metrics["members"])
+    result = tmp_path / "eval.json"
+    eval_run(
+        compose_config("eval", [f"ckpt=[{members}]", f"output={result}", f"output_dir={tmp_path}"])
+    )
+    found = read_json(result)
+    assert found["ensemble_size"] == 2
+    assert found["test"]["rmse"] == pytest.approx(metrics["test"]["rmse"], abs=1e-5)
+    assert "std_error_spearman" in found["uncertainty"]["test"]

@@ -27,6 +27,7 @@ import torch
 from graphormer.console import report
 from graphormer.errors import ConfigError, UserFacingError
 from graphormer.outputs import atomic_path
+from graphormer.rundir import is_first_process
 from graphormer.training.evaluation import score_members
 from graphormer.training.members import ENSEMBLE_FILE, MEMBERS_DIR
 from graphormer.training.run import train
@@ -38,6 +39,8 @@ def train_calibrated(settings: Any, loggers: list[Any] | None = None) -> dict[st
     """One run (:func:`~graphormer.training.train`), then its calibration fitted on the
     validation split with the best checkpoint: ``calibration.json`` beside ``checkpoints/``."""
     results = train(settings, loggers=loggers)
+    if not is_first_process():  # the other ranks of a launch: the first one calibrates
+        return results
     found = score_members(
         [Path(results["best_checkpoint"])],
         splits=[],
@@ -106,6 +109,13 @@ def train_ensemble(
     """
     output_dir = Path(settings.output_dir)
     size = settings.ensemble.size
+    visible = torch.cuda.device_count()
+    if settings.ensemble.parallel and visible < size:
+        raise ConfigError(
+            f"ensemble.parallel=true trains each member on a GPU of its own: {size} members "
+            f"need {size} visible GPUs, found {visible}; leave ensemble.parallel=false (members "
+            "train one after another)"
+        )
     members = [_member_settings(settings, i) for i in range(size)]
     state: dict[str, Any] = {
         "size": size,
@@ -144,13 +154,6 @@ def _train_parallel(members: list[Any], state: dict[str, Any]) -> list[dict[str,
     import concurrent.futures
     import multiprocessing
 
-    visible = torch.cuda.device_count()
-    if visible < len(members):
-        raise ConfigError(
-            f"ensemble.parallel=true trains each member on a GPU of its own: {len(members)} "
-            f"members need {len(members)} visible GPUs, found {visible}; leave "
-            "ensemble.parallel=false (members train one after another)"
-        )
     results: list[dict[str, Any] | None] = [None] * len(members)
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(len(members), mp_context=context) as pool:
