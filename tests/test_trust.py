@@ -333,3 +333,42 @@ def test_scripts_train_an_ensemble_then_eval_and_predict_use_every_member(nci_cs
     assert found["ensemble_size"] == 2
     assert found["test"]["rmse"] == pytest.approx(metrics["test"]["rmse"], abs=1e-5)
     assert "std_error_spearman" in found["uncertainty"]["test"]
+
+
+def test_mlflow_logger_records_the_config_and_the_metrics(nci_csv, tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    store = tmp_path / "mlruns"
+    overrides = [
+        "dataset=smiles_csv",
+        f"dataset.path={nci_csv}",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.targets=[tpsa]",
+        "dataset.split=random",
+        f"output_dir={tmp_path / 'run'}",
+        "logger=mlflow",
+        f"logger.tracking_uri=file:{store}",
+        "trainer.max_epochs=2",
+        *TINY,
+    ]
+    metrics = train_run(compose_train(overrides))
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"file:{store}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "smiles_csv"]
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.params["config/trainer/max_epochs"] == "2"
+    assert run.data.params["config/dataset/targets"] == "['tpsa']"
+    assert run.data.metrics["test/rmse"] == pytest.approx(metrics["test"]["rmse"], rel=1e-5)
+    history = client.get_metric_history(run.info.run_id, "val/rmse")
+    assert len(history) == 2  # one per epoch
+    # Without the package: one error naming the extra that installs it.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"pip install 'graphormer\[mlflow\]'"):
+        train_run(
+            compose_train([*overrides[:-6], f"output_dir={tmp_path / 'again'}", "logger=mlflow"])
+        )

@@ -65,9 +65,43 @@ def build_loggers(cfg: DictConfig, folder: Path | None = None) -> list[Any]:
     if not cfg.get("logger"):
         return []
     logger = cfg.logger
+    _check_logger_package(str(logger.get("_target_", "")))
     if folder is not None and "save_dir" in logger:
         logger = OmegaConf.merge(logger, {"save_dir": str(folder)})
-    return [hydra.utils.instantiate(logger)]
+    if folder is not None and "run_name" in logger and Path(folder) != Path(cfg.output_dir):
+        # An ensemble member's or a fold's own MLflow run, named after its folder.
+        name = str(Path(folder).relative_to(cfg.output_dir))
+        logger = OmegaConf.merge(logger, {"run_name": name})
+    if str(logger.get("tracking_uri") or "").startswith("file:"):
+        # MLflow 3 keeps its local file store only on request; ./mlruns is the documented
+        # default here (a database backend: logger.tracking_uri=sqlite:///mlflow.db).
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    built = hydra.utils.instantiate(logger)
+    if type(built).__name__ == "MLFlowLogger":
+        # The composed config as the run's params (the module logs its own hyper-parameters
+        # too; "config/" keeps their names apart).
+        built.log_hyperparams({"config": plain(cfg)})
+    return [built]
+
+
+# The packages a logger needs, and the extra that installs them.
+_LOGGER_PACKAGES = {
+    "lightning.pytorch.loggers.MLFlowLogger": ("mlflow", "mlflow"),
+    "lightning.pytorch.loggers.TensorBoardLogger": ("tensorboard", None),
+}
+
+
+def _check_logger_package(target: str) -> None:
+    import importlib.util
+
+    package, extra = _LOGGER_PACKAGES.get(target, (None, None))
+    if package is None or importlib.util.find_spec(package) is not None:
+        return
+    install = f"pip install 'graphormer[{extra}]'" if extra else f"pip install {package}"
+    raise ConfigError(
+        f"logger={target.rpartition('.')[2]} needs the {package} package, which is not "
+        f"installed: {install} (or choose logger=csv)"
+    )
 
 
 def _command_line() -> tuple[list[str], dict[str, Any]] | None:
