@@ -372,3 +372,41 @@ def test_mlflow_logger_records_the_config_and_the_metrics(nci_csv, tmp_path, mon
         train_run(
             compose_train([*overrides[:-6], f"output_dir={tmp_path / 'again'}", "logger=mlflow"])
         )
+
+
+@pytest.mark.slow
+def test_optuna_search_completes_and_its_best_settings_reproduce_its_value(nci_csv, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    import yaml
+
+    common = [
+        "dataset=smiles_csv",
+        f"dataset.path={nci_csv}",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.targets=[tpsa]",
+        "dataset.split=random",
+        "trainer.max_epochs=2",
+        "trainer.enable_progress_bar=false",
+        "~logger",
+    ]
+    sweep = tmp_path / "sweep"
+    log = run_script(
+        "train.py",
+        [
+            "-m",
+            "hparams_search=optuna",
+            *common,
+            f"hydra.sweep.dir={sweep}",
+            "hydra.sweeper.n_trials=3",
+            "hydra.sweeper.sampler.n_startup_trials=2",
+        ],
+        cwd=tmp_path,
+    )
+    assert "Best parameters" in log and "Directions: ['minimize']" in log  # rmse
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    trials = [read_json(p) for p in sorted(sweep.glob("*/metrics.json"))]
+    assert len(trials) == 3  # each trial an ordinary run folder
+    assert best["best_value"] == min(t["valid"]["rmse"] for t in trials)
+    again = [f"{k}={v}" for k, v in best["best_params"].items()]
+    metrics = train_run(compose_train([*common, *again, f"output_dir={tmp_path / 'best'}"]))
+    assert metrics["valid"]["rmse"] == pytest.approx(best["best_value"], abs=1e-6)

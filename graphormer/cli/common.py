@@ -37,7 +37,22 @@ def _resume_subdir(ckpt_path: Any) -> str:
     return f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S_%f}"
 
 
+def _metric_direction(dataset: Any) -> str:
+    """``hydra.sweeper.direction`` of ``hparams_search=optuna``: ``maximize`` for a metric whose
+    larger value is better (ROC-AUC, AP), else ``minimize`` (RMSE, MAE); from the dataset's task,
+    without reading its data."""
+    from graphormer.data.sources import build_source
+
+    values = (
+        OmegaConf.to_container(dataset, resolve=True)
+        if isinstance(dataset, DictConfig)
+        else dict(dataset)
+    )
+    return "maximize" if build_source(values).task_info().higher_is_better else "minimize"
+
+
 OmegaConf.register_new_resolver("resume_dir", _resume_dir, replace=True)
+OmegaConf.register_new_resolver("metric_direction", _metric_direction, replace=True)
 OmegaConf.register_new_resolver("resume_subdir", _resume_subdir, use_cache=True, replace=True)
 
 

@@ -346,14 +346,14 @@ def _program() -> str:
     return f"python {script}" if script.endswith(".py") else "graphormer-train"
 
 
-def _task(cfg: DictConfig) -> None:
+def _task(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
     started = time.time()
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        run_reporting_errors(run, cfg)
+        results = run_reporting_errors(run, cfg)
     except BaseException as error:
         # A failed or interrupted start leaves no run folder with nothing trained in it; a
         # resume that trained no epoch leaves its run as it found it (an interrupted one keeps
@@ -369,6 +369,16 @@ def _task(cfg: DictConfig) -> None:
                 if str(hydra_cfg.output_subdir).startswith(".hydra/resume-"):
                     shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)
         raise
+    return objective(results)
+
+
+def objective(results: dict[str, Any]) -> float:
+    """What a hyperparameter search optimises (Hydra's Optuna sweeper reads the task function's
+    return value): the run's best validation metric, the mean over folds with ``cv.*``."""
+    valid = results["valid"]
+    if "mean" in valid:
+        return float(valid["mean"])
+    return float(valid[results["metric"]])
 
 
 _hydra_main = hydra.main(config_path="../configs", config_name="train", version_base="1.3")(_task)
