@@ -20,7 +20,7 @@ __all__ = [
 
 RUN_MARKER = ".graphormer-run"
 # What a run leaves in its folder: finding any of them means the folder is taken.
-_RECORDS = ("metrics.json", "checkpoints", "logs", "tb", ".hydra", RUN_MARKER)
+_RECORDS = ("metrics.json", "checkpoints", "logs", "tb", ".hydra", "members", "folds", RUN_MARKER)
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 # The folders this process claimed: the open marker (its lock lasts as long as the process) and
 # whether the folder was new, so that a failed new run can be cleaned up.
@@ -138,9 +138,13 @@ def discard_if_untrained(run_dir: str | Path) -> bool:
         return False
     if any((run_dir / "checkpoints").glob("*.ckpt")) or _has_logged_metrics(run_dir):
         return False
-    for name in ("checkpoints", "logs", "tb", ".hydra"):
+    # An ensemble's members and a cross-validation's folds are runs inside this one.
+    inner = ("members/*/", "folds/*/", "folds/*/members/*/")
+    if any(any(run_dir.glob(f"{where}checkpoints/*.ckpt")) for where in inner):
+        return False
+    for name in ("checkpoints", "logs", "tb", ".hydra", "members", "folds"):
         shutil.rmtree(run_dir / name, ignore_errors=True)
-    for name in ("train.log", RUN_MARKER):
+    for name in ("train.log", "ensemble.json", RUN_MARKER):
         (run_dir / name).unlink(missing_ok=True)
     if handle is not None:
         handle.close()

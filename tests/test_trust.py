@@ -410,3 +410,71 @@ def test_optuna_search_completes_and_its_best_settings_reproduce_its_value(nci_c
     again = [f"{k}={v}" for k, v in best["best_params"].items()]
     metrics = train_run(compose_train([*common, *again, f"output_dir={tmp_path / 'best'}"]))
     assert metrics["valid"]["rmse"] == pytest.approx(best["best_value"], abs=1e-6)
+
+
+def test_optuna_search_direction_follows_the_metric(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from graphormer.cli import CONFIGS
+
+    for dataset, direction in (("ogbg-molhiv", "maximize"), ("nci_tpsa", "minimize")):
+        overrides = ["hparams_search=optuna", f"dataset={dataset}", f"output_dir={tmp_path}"]
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            cfg = compose("train", overrides=overrides, return_hydra_config=True)
+        assert cfg.hydra.sweeper.direction == direction
+        assert "optim.lr" in cfg.hydra.sweeper.params
+
+
+def test_a_failed_member_is_reported_and_refused_unless_allowed(nci_csv, tmp_path):
+    overrides = [
+        "dataset=smiles_csv",
+        f"dataset.path={nci_csv}",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.targets=[tpsa]",
+        "ensemble.size=2",
+        "optim.lr=1e3",  # diverges: each member stops with its NaN loss
+        "~logger",
+        *TINY[:-1],
+    ]
+    with pytest.raises(ConfigError, match=r"every ensemble member failed \(member 0: .*NaN"):
+        train_run(compose_train([*overrides, f"output_dir={tmp_path / 'run'}"]))
+    state = read_json(tmp_path / "run" / "ensemble.json")
+    assert set(state["failed"]) == {"0", "1"} and state["seeds"] == [42, 43]
+
+
+def test_one_failed_member_is_refused_unless_allow_missing(nci_csv, tmp_path, monkeypatch):
+    from graphormer.training import ensemble
+    from graphormer.training.module import NonFiniteError
+
+    real = ensemble.train
+
+    def second_member_fails(settings, loggers=None):
+        if settings.seed == 43:
+            raise NonFiniteError("train/loss is NaN at step 3")
+        return real(settings, loggers=loggers)
+
+    monkeypatch.setattr(ensemble, "train", second_member_fails)
+    overrides = [
+        "dataset=smiles_csv",
+        f"dataset.path={nci_csv}",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.targets=[tpsa]",
+        "dataset.split=random",
+        "ensemble.size=2",
+        "trainer.max_epochs=1",
+        "~logger",
+        *TINY,
+    ]
+    with pytest.raises(ConfigError, match=r"member\(s\) 1 \(train/loss is NaN at step 3\) failed"):
+        train_run(compose_train([*overrides, f"output_dir={tmp_path / 'strict'}"]))
+    assert read_json(tmp_path / "strict" / "ensemble.json")["failed"] == {
+        "1": "train/loss is NaN at step 3"
+    }
+    out = tmp_path / "allowed"
+    metrics = train_run(
+        compose_train([*overrides, "ensemble.allow_missing=true", f"output_dir={out}"])
+    )
+    assert metrics["members"][1]["failed"] == "train/loss is NaN at step 3"
+    assert metrics["test"]["rmse"] == pytest.approx(metrics["members"][0]["test"]["rmse"], abs=1e-5)
+    with pytest.raises(CheckpointError, match="member 1 .* has no best checkpoint"):
+        resolve_members(out)

@@ -3,6 +3,8 @@ command line) with a checkpoint.
 
 graphormer-predict ckpt=PATH input=mols.csv [smiles_column=smiles] [output=preds.csv]
 graphormer-predict ckpt=PATH smiles=[CCO,c1ccccc1O] [embeddings=FILE.npy|.parquet]
+graphormer-predict ckpt=RUN_FOLDER|[A.ckpt,B.ckpt] ... [interval=0.9]: an ensemble: mean, <task>_std
+graphormer-predict ckpt=PATH ... mc_dropout=K [interval=0.9]: K passes with dropout on
 [overwrite=true]: replace existing outputs (never an input)
 """
 

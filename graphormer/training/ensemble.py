@@ -140,6 +140,9 @@ def train_ensemble(
                 state["failed"][str(i)] = first
                 report(f"WARNING: ensemble member {i} failed: {first}")
     _write_json(output_dir / ENSEMBLE_FILE, state)
+    if len(state["failed"]) == size:
+        first = next(iter(state["failed"].values()))
+        raise ConfigError(f"every ensemble member failed (member 0: {first}): nothing to score")
     if state["failed"] and not settings.ensemble.allow_missing:
         failed = ", ".join(f"{i} ({why})" for i, why in state["failed"].items())
         raise ConfigError(
