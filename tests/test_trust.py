@@ -13,6 +13,7 @@ from graphormer.checkpoint import CheckpointError
 from graphormer.cli.eval import run as eval_run
 from graphormer.cli.predict import run as predict_run
 from graphormer.cli.train import run as train_run
+from graphormer.cli.train import settings_from
 from graphormer.errors import ConfigError
 from graphormer.inference.predictor import Predictor
 from graphormer.training.calibration import (
@@ -25,7 +26,15 @@ from graphormer.training.evaluation import evaluate
 from graphormer.training.members import resolve_members
 from graphormer.training.module import GraphormerModule
 
-from helpers import TINY, compose_config, compose_train, nci_table, read_json, run_script
+from helpers import (
+    TINY,
+    compose_config,
+    compose_train,
+    nci_table,
+    read_json,
+    run_failing,
+    run_script,
+)
 
 MOLECULES = ["CCO", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O", "NCCc1ccc(O)c(O)c1"]
 
@@ -478,3 +487,57 @@ def test_one_failed_member_is_refused_unless_allow_missing(nci_csv, tmp_path, mo
     assert metrics["test"]["rmse"] == pytest.approx(metrics["members"][0]["test"]["rmse"], abs=1e-5)
     with pytest.raises(CheckpointError, match="member 1 .* has no best checkpoint"):
         resolve_members(out)
+
+
+def test_an_interrupted_ensemble_resumes_member_by_member(nci_csv, tmp_path):
+    from graphormer.training.ensemble import train_ensemble
+
+    out = tmp_path / "run"
+    overrides = [
+        "dataset=smiles_csv",
+        f"dataset.path={nci_csv}",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.targets=[tpsa]",
+        "dataset.split=random",
+        "ensemble.size=2",
+        f"output_dir={out}",
+        "~logger",
+        *TINY,
+    ]
+    first = train_run(compose_train([*overrides, "trainer.max_epochs=1"]))
+    kept = (out / "members" / "0" / "checkpoints" / "last.ckpt").stat().st_mtime_ns
+    # Member 1 as a kill during its training leaves it: checkpoints, no final metrics.
+    (out / "members" / "1" / "metrics.json").unlink()
+    (out / "members" / "1" / "calibration.json").unlink()
+    settings = settings_from(compose_train([*overrides, "trainer.max_epochs=2"]))
+    again = train_ensemble(settings, resume=True)
+    assert (out / "members" / "0" / "checkpoints" / "last.ckpt").stat().st_mtime_ns == kept
+    assert again["members"][0]["test"] == first["members"][0]["test"]
+    resumed = read_json(out / "members" / "1" / "metrics.json")
+    assert resumed["epochs"] == 2  # it continued from its epoch-1 checkpoint
+    assert again["members"][1]["test"] == resumed["test"]
+    assert Calibration.load(out / "calibration.json").fits(
+        [checkpoints.load(m["best_checkpoint"]).meta["weights_sha256"] for m in again["members"]]
+    )
+
+
+@pytest.mark.slow
+def test_train_script_resumes_an_ensemble_folder(nci_csv, tmp_path):
+    out = tmp_path / "run"
+    dataset = [
+        "dataset=smiles_csv",
+        f"dataset.path={nci_csv}",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.targets=[tpsa]",
+        "dataset.split=random",
+    ]
+    args = [*dataset, "ensemble.size=2", "trainer.max_epochs=1", f"hydra.run.dir={out}", *TINY]
+    run_script("train.py", args, cwd=tmp_path)
+    (out / "members" / "1" / "metrics.json").unlink()
+    refused = run_failing("train.py", [f"ckpt_path={out}", "model.hidden_dim=64"], tmp_path)
+    assert "model.hidden_dim would change the ensemble this resumes" in refused.stderr
+    log = run_script("train.py", [f"ckpt_path={out}", "trainer.max_epochs=2"], cwd=tmp_path)
+    assert "ensemble member 0 finished before: kept" in log
+    assert "ensemble member 1: resuming" in log
+    assert read_json(out / "members" / "1" / "metrics.json")["epochs"] == 2
+    assert read_json(out / "metrics.json")["ensemble_size"] == 2

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from graphormer.cli.common import plain, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError
-from graphormer.rundir import discard_if_untrained, is_first_process, run_dir_of
+from graphormer.rundir import ENSEMBLE_FILE, discard_if_untrained, is_first_process, run_dir_of
 
 if TYPE_CHECKING:
     from graphormer.training.settings import RunSettings
@@ -319,6 +319,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if command_line is None:  # called as a library function: the config says everything
         return _train(settings_from(cfg), cfg)
     given, choices = command_line
+    if cfg.get("ckpt_path") and Path(str(cfg.ckpt_path), ENSEMBLE_FILE).is_file():
+        return _resume_ensemble(cfg, given)
     if cfg.get("ckpt_path"):
         settings = RunSettings.from_dict(resume_values(cfg, given, choices))
     else:
@@ -328,8 +330,50 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     try:
         return _train(settings, cfg)
     except RunInterrupted as stop:
-        if stop.checkpoint is not None:  # the run's own settings come with it: nothing else
+        if settings.ensemble.size > 1 and not settings.cv.enabled:  # the whole ensemble
+            stop.advice = (
+                f"resume with: {_program()} ckpt_path={Path(settings.output_dir).resolve()}"
+            )
+        elif stop.checkpoint is not None:  # the run's own settings come with it: nothing else
             stop.advice = f"resume with: {_program()} ckpt_path={stop.checkpoint}"
+        raise
+
+
+def _resume_ensemble(cfg: DictConfig, given: list[str]) -> dict[str, Any]:
+    """``ckpt_path=RUN`` of an ensemble: its own composed config (``RUN/.hydra/config.yaml``,
+    read as data), finished members kept, interrupted ones resumed, the others trained, then the
+    ensemble scored again. Only what keeps a resume exact may change on the command line."""
+    from graphormer.training.ensemble import train_ensemble
+    from graphormer.training.run import RunInterrupted
+    from graphormer.training.settings import RunSettings
+
+    folder = Path(str(cfg.ckpt_path)).expanduser().resolve()
+    config = folder / ".hydra" / "config.yaml"
+    if not config.is_file():
+        raise ConfigError(
+            f"ckpt_path={folder} is an ensemble without its composed config ({config}): resume "
+            "its members one by one with ckpt_path=RUN/members/<i>/checkpoints/last.ckpt"
+        )
+    unsafe = [k for k in given if not _safe(k) and k != "ensemble.allow_missing"]
+    if unsafe:
+        raise ConfigError(
+            f"{unsafe[0]} would change the ensemble this resumes: a resume keeps its model, data, "
+            "seeds and optimiser; drop it"
+        )
+    stored = OmegaConf.load(config)
+    current = plain(cfg)
+    with open_dict(stored):
+        stored.output_dir = str(folder)
+        for key in given:  # the safe changes of this command line
+            if key.split(".")[0] not in ("ckpt_path", "resume_strict", "output_dir", "logger"):
+                OmegaConf.update(stored, key, OmegaConf.select(OmegaConf.create(current), key))
+        stored.ckpt_path = None
+    settings = RunSettings.from_dict(OmegaConf.to_container(stored, resolve=True))
+    report(f"resuming the ensemble {folder} with its run's settings ({config})")
+    try:
+        return train_ensemble(settings, lambda member: build_loggers(cfg, member), resume=True)
+    except RunInterrupted as stop:
+        stop.advice = f"resume with: {_program()} ckpt_path={folder}"
         raise
 
 

@@ -27,9 +27,10 @@ import torch
 from graphormer.console import report
 from graphormer.errors import ConfigError, UserFacingError
 from graphormer.outputs import atomic_path
-from graphormer.rundir import is_first_process
+from graphormer.rundir import is_first_process, newest_checkpoint
+from graphormer.training.calibration import CALIBRATION_FILE
 from graphormer.training.evaluation import score_members
-from graphormer.training.members import ENSEMBLE_FILE, MEMBERS_DIR
+from graphormer.training.members import ENSEMBLE_FILE, MEMBERS_DIR, best_checkpoint
 from graphormer.training.run import train
 
 __all__ = ["score_ensemble", "train_calibrated", "train_ensemble"]
@@ -70,6 +71,21 @@ def _write_json(path: Path, values: dict[str, Any]) -> None:
         partial.write_text(json.dumps(values, indent=2) + "\n")
 
 
+def _finished(member: Any) -> dict[str, Any] | None:
+    """A member's results when it trained to the end (``metrics.json`` not interrupted, its best
+    checkpoint and its calibration there); None when it must train or resume."""
+    folder = Path(member.output_dir)
+    try:
+        found = json.loads((folder / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    best = best_checkpoint(folder)
+    if found.get("interrupted") or best is None or not (folder / CALIBRATION_FILE).is_file():
+        return None
+    found["best_checkpoint"] = str(best.resolve())  # the folder may have moved
+    return found
+
+
 def _write_member_configs(output_dir: Path, members: list[Any]) -> None:
     """Each member's composed config (``members/<i>/.hydra/config.yaml``: the run's, with the
     member's seed), so that ``train.py ckpt_path=RUN/members/<i>/checkpoints/last.ckpt``
@@ -97,7 +113,9 @@ def _train_member(settings: Any, device: int | None) -> dict[str, Any]:
 
 
 def train_ensemble(
-    settings: Any, loggers_for: Callable[[Path], list[Any]] | None = None
+    settings: Any,
+    loggers_for: Callable[[Path], list[Any]] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Trains ``settings.ensemble.size`` members (seeds ``seed``, ``seed + 1``, ...) into
     ``output_dir/members/<i>``, one after another (or at once, one GPU each, with
@@ -105,7 +123,9 @@ def train_ensemble(
     calibration and writes the top ``metrics.json``; returns what it holds.
 
     A member that fails is reported and recorded in ``ensemble.json``; the others still train,
-    and the ensemble is scored without it only with ``ensemble.allow_missing``.
+    and the ensemble is scored without it only with ``ensemble.allow_missing``. With ``resume``
+    (``train.py ckpt_path=RUN``), finished members are kept, interrupted ones continue from
+    their newest checkpoint (exactly, as any resume) and the others train.
     """
     output_dir = Path(settings.output_dir)
     size = settings.ensemble.size
@@ -132,6 +152,16 @@ def train_ensemble(
     else:
         for i, member in enumerate(members):
             report(f"ensemble member {i + 1} of {size} (seed {member.seed}): {member.output_dir}")
+            if resume:
+                finished = _finished(member)
+                if finished is not None:
+                    report(f"ensemble member {i} finished before: kept")
+                    results[i] = finished
+                    continue
+                last = newest_checkpoint(member.output_dir)
+                if last is not None:
+                    report(f"ensemble member {i}: resuming {last}")
+                    member = dataclasses.replace(member, ckpt_path=str(last))
             try:
                 loggers = loggers_for(member.output_dir) if loggers_for else None
                 results[i] = train_calibrated(member, loggers=loggers)

@@ -25,6 +25,7 @@ import numpy as np
 from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
 from graphormer.errors import ConfigError
+from graphormer.rundir import ENSEMBLE_FILE, run_dir_of
 
 __all__ = [
     "ENSEMBLE_FILE",
@@ -41,7 +42,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MEMBERS_DIR = "members"
-ENSEMBLE_FILE = "ensemble.json"
 # Interval levels eval.py reports (coverage and mean width on the test split).
 REPORTED_LEVELS = (0.8, 0.9, 0.95)
 
@@ -97,7 +97,7 @@ def resolve_members(ckpt: Any, allow_missing: bool = False) -> Members:
         return Members(paths)
     path = Path(str(ckpt)).expanduser()
     if not path.is_dir():
-        return Members([path], folder=_run_dir_of(path))
+        return Members([path], folder=run_dir_of(path))
     description = path / ENSEMBLE_FILE
     if not description.is_file():
         best = best_checkpoint(path)
@@ -132,12 +132,6 @@ def resolve_members(ckpt: Any, allow_missing: bool = False) -> Members:
     for text in missing:
         report(f"WARNING: ensemble {path}: {text}; scoring the other {len(paths)} member(s)")
     return Members(paths, folder=path, missing=missing)
-
-
-def _run_dir_of(path: Path) -> Path | None:
-    from graphormer.rundir import run_dir_of
-
-    return run_dir_of(path)
 
 
 def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
