@@ -541,3 +541,23 @@ def test_train_script_resumes_an_ensemble_folder(nci_csv, tmp_path):
     assert "ensemble member 1: resuming" in log
     assert read_json(out / "members" / "1" / "metrics.json")["epochs"] == 2
     assert read_json(out / "metrics.json")["ensemble_size"] == 2
+
+
+def test_replicates_train_on_seeded_random_splits(nci_csv, tmp_path):
+    out = tmp_path / "cv"
+    overrides = [
+        "dataset=smiles_csv",
+        f"dataset.path={nci_csv}",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.targets=[tpsa]",
+        "cv.replicates=2",
+        "trainer.max_epochs=1",
+        f"output_dir={out}",
+        "~logger",
+        *TINY,
+    ]
+    summary = train_run(compose_train(overrides))
+    assert summary["kind"] == "2 seeded random splits" and len(summary["folds"]) == 2
+    seeds = [read_json(out / "folds" / str(k) / "metrics.json") for k in range(2)]
+    assert seeds[0]["test"] != seeds[1]["test"]  # other molecules, another score
+    assert summary["valid"]["n"] == 2

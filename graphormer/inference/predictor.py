@@ -25,6 +25,7 @@ from graphormer.devices import DEFAULT_PRECISION, PRECISIONS, resolve_pad_to_mul
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, atom_labels
 from graphormer.training.calibration import Calibration, conformal_radius
+from graphormer.training.evaluation import has_dropout
 from graphormer.training.module import GraphormerModule
 from graphormer.training.tasknames import read_task_names, stored_source
 
@@ -147,7 +148,7 @@ class Predictor:
                 f"mc_dropout={mc_dropout} is for a single model: an ensemble's {len(self.modules)} "
                 "members already give the spread; drop mc_dropout, or give one checkpoint"
             )
-        if mc_dropout and not _has_dropout(module.config):
+        if mc_dropout and not has_dropout(module.config):
             raise ConfigError(
                 f"mc_dropout={mc_dropout} needs dropout, but this model was trained without it "
                 "(model.dropout, attention_dropout and activation_dropout are 0): train with "
@@ -505,11 +506,6 @@ def _device(name: str) -> torch.device:
                 f"device={name} but only {torch.cuda.device_count()} CUDA device(s) are visible"
             )
     return device
-
-
-def _has_dropout(config: Any) -> bool:
-    rates = (config.dropout, config.attention_dropout, config.activation_dropout)
-    return any((r or 0) > 0 for r in (*rates, config.input_dropout))
 
 
 def _check_molecule_features(config: Any) -> None:

@@ -36,10 +36,12 @@ from graphormer.training.run import (
 from graphormer.training.tasknames import read_task_names
 
 __all__ = [
+    "calibration_of",
     "evaluate",
     "format_table",
     "format_uncertainty",
-    "calibration_of",
+    "has_dropout",
+    "member_outputs",
     "predict_split",
     "score_members",
 ]
@@ -168,10 +170,10 @@ def _eval_trainer(accelerator: str, precision: str) -> pl.Trainer:
     )
 
 
-def _has_dropout(module) -> bool:
-    config = module.config
-    rates = [config.dropout, config.attention_dropout, config.activation_dropout]
-    return any((r or 0) > 0 for r in [*rates, config.input_dropout])
+def has_dropout(config) -> bool:
+    """Whether a network's settings drop anything (what MC dropout needs)."""
+    rates = (config.dropout, config.attention_dropout, config.activation_dropout)
+    return any((r or 0) > 0 for r in (*rates, config.input_dropout))
 
 
 def calibration_of(folder: Path | None, records: list) -> Calibration | None:
@@ -235,7 +237,7 @@ def score_members(
         outputs = member_outputs(modules, datamodule, "valid", trainer)
         y = datamodule.split_targets("valid").float().numpy()
         mc_std = None
-        if not ensemble and not task.is_classification and _has_dropout(module):
+        if not ensemble and not task.is_classification and has_dropout(module.config):
             mc = member_outputs(modules, datamodule, "valid", trainer, MC_CALIBRATION_PASSES)
             mc_std = mc.std(0)
         calibration = Calibration.fit(
