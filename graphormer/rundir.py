@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import IO
 
 __all__ = [
+    "ENSEMBLE_FILE",
     "RUN_MARKER",
     "claim_run_dir",
     "discard_if_untrained",
@@ -19,8 +20,10 @@ __all__ = [
 ]
 
 RUN_MARKER = ".graphormer-run"
+# An ensemble's description, at the top of its run folder (graphormer.training.ensemble).
+ENSEMBLE_FILE = "ensemble.json"
 # What a run leaves in its folder: finding any of them means the folder is taken.
-_RECORDS = ("metrics.json", "checkpoints", "logs", "tb", ".hydra", RUN_MARKER)
+_RECORDS = ("metrics.json", "checkpoints", "logs", "tb", ".hydra", "members", "folds", RUN_MARKER)
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 # The folders this process claimed: the open marker (its lock lasts as long as the process) and
 # whether the folder was new, so that a failed new run can be cleaned up.
@@ -34,8 +37,11 @@ def is_first_process() -> bool:
 
 def run_dir_of(ckpt_path: str | Path) -> Path | None:
     """The run folder a checkpoint belongs to (``RUN/checkpoints/x.ckpt``), or None for a file
-    kept elsewhere."""
+    kept elsewhere. An ensemble's folder is its own run folder (``ckpt_path=RUN`` resumes the
+    ensemble)."""
     path = Path(ckpt_path).expanduser().absolute()
+    if (path / ENSEMBLE_FILE).is_file():
+        return path
     if path.parent.name != "checkpoints":
         return None
     return path.parent.parent
@@ -138,9 +144,13 @@ def discard_if_untrained(run_dir: str | Path) -> bool:
         return False
     if any((run_dir / "checkpoints").glob("*.ckpt")) or _has_logged_metrics(run_dir):
         return False
-    for name in ("checkpoints", "logs", "tb", ".hydra"):
+    # An ensemble's members and a cross-validation's folds are runs inside this one.
+    inner = ("members/*/", "folds/*/", "folds/*/members/*/")
+    if any(any(run_dir.glob(f"{where}checkpoints/*.ckpt")) for where in inner):
+        return False
+    for name in ("checkpoints", "logs", "tb", ".hydra", "members", "folds"):
         shutil.rmtree(run_dir / name, ignore_errors=True)
-    for name in ("train.log", RUN_MARKER):
+    for name in ("train.log", ENSEMBLE_FILE, RUN_MARKER):
         (run_dir / name).unlink(missing_ok=True)
     if handle is not None:
         handle.close()

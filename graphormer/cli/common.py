@@ -19,7 +19,7 @@ from graphormer.console import report
 from graphormer.errors import ConfigError, UserFacingError
 from graphormer.rundir import claim_run_dir, discard_if_untrained, run_dir_of
 
-__all__ = ["RunDirGuard", "plain", "run_reporting_errors"]
+__all__ = ["RunDirGuard", "checkpoint_inputs", "plain", "run_reporting_errors"]
 
 
 def _resume_dir(ckpt_path: Any, default: str) -> str:
@@ -37,7 +37,22 @@ def _resume_subdir(ckpt_path: Any) -> str:
     return f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S_%f}"
 
 
+def _metric_direction(dataset: Any) -> str:
+    """``hydra.sweeper.direction`` of ``hparams_search=optuna``: ``maximize`` for a metric whose
+    larger value is better (ROC-AUC, AP), else ``minimize`` (RMSE, MAE); from the dataset's task,
+    without reading its data."""
+    from graphormer.data.sources import build_source
+
+    values = (
+        OmegaConf.to_container(dataset, resolve=True)
+        if isinstance(dataset, DictConfig)
+        else dict(dataset)
+    )
+    return "maximize" if build_source(values).task_info().higher_is_better else "minimize"
+
+
 OmegaConf.register_new_resolver("resume_dir", _resume_dir, replace=True)
+OmegaConf.register_new_resolver("metric_direction", _metric_direction, replace=True)
 OmegaConf.register_new_resolver("resume_subdir", _resume_subdir, use_cache=True, replace=True)
 
 
@@ -76,6 +91,14 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
             + " on the command line (see --help)"
         )
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+
+def checkpoint_inputs(ckpt: Any) -> dict[str, Any]:
+    """``ckpt=`` as inputs no output may overwrite: one path, or each of a list's (an ensemble's
+    members)."""
+    if isinstance(ckpt, list | tuple):
+        return {f"ckpt[{i}]": str(p) for i, p in enumerate(ckpt)}
+    return {"ckpt": ckpt}
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:

@@ -1,6 +1,6 @@
 """``graphormer-eval`` (``python scripts/eval.py``): score a checkpoint.
 
-graphormer-eval ckpt=PATH [split=valid|test|all] [dataset.root=DIR] [output=FILE.json] [overwrite=true]
+graphormer-eval ckpt=PATH|RUN_FOLDER|[A.ckpt,B.ckpt] [split=valid|test|all] [dataset.root=DIR] [output=FILE.json] [overwrite=true]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.cli.common import checkpoint_inputs, plain, run_reporting_errors
 from graphormer.outputs import check_outputs
 
 __all__ = ["main", "run"]
@@ -25,7 +25,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     output = values.get("output") or Path(values["output_dir"]) / "eval_metrics.json"
     check_outputs(
         {"output": output},
-        {"ckpt": values["ckpt"], "dataset.path": dataset.get("path")},
+        {**checkpoint_inputs(values["ckpt"]), "dataset.path": dataset.get("path")},
         overwrite=bool(values.get("overwrite")),
     )
     return evaluate(
@@ -39,6 +39,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         batch_size=values.get("batch_size"),
         max_tokens=values.get("max_tokens"),
         num_workers=values.get("num_workers"),
+        allow_missing=bool((values.get("ensemble") or {}).get("allow_missing")),
     )
 
 

@@ -3,6 +3,8 @@ command line) with a checkpoint.
 
 graphormer-predict ckpt=PATH input=mols.csv [smiles_column=smiles] [output=preds.csv]
 graphormer-predict ckpt=PATH smiles=[CCO,c1ccccc1O] [embeddings=FILE.npy|.parquet]
+graphormer-predict ckpt=RUN_FOLDER|[A.ckpt,B.ckpt] ... [interval=0.9]: an ensemble: mean, <task>_std
+graphormer-predict ckpt=PATH ... mc_dropout=K [interval=0.9]: K passes with dropout on
 [overwrite=true]: replace existing outputs (never an input)
 """
 
@@ -20,7 +22,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.cli.common import checkpoint_inputs, plain, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import atomic_path, check_outputs
@@ -47,15 +49,24 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             raise ConfigError(f"{key}={path} is a folder; give a file name, e.g. {path}/out.csv")
     check_outputs(
         {"output": output, "embeddings": embeddings},
-        {"ckpt": cfg["ckpt"], "input": cfg.get("input") or None},
+        {**checkpoint_inputs(cfg["ckpt"]), "input": cfg.get("input") or None},
         overwrite=bool(cfg.get("overwrite")),
     )
+    interval = cfg.get("interval")
+    if interval is not None and (
+        isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval < 1
+    ):
+        raise ConfigError(
+            f"interval={interval!r} is not allowed: a coverage level in (0, 1), e.g. 0.9"
+        )
     predictor = Predictor.from_checkpoint(
         cfg["ckpt"],
         device=cfg["device"],
         precision=cfg.get("precision"),
         batch_size=cfg["batch_size"],
         max_atoms=cfg.get("max_atoms"),
+        mc_dropout=cfg.get("mc_dropout") or 0,
+        allow_missing=bool((cfg.get("ensemble") or {}).get("allow_missing")),
     )
     if _is_graph_file(cfg.get("input")):
         # A torch.save list of PyG graphs (issue #17): one row per graph, in file order.
@@ -68,7 +79,9 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         splits = [g.get("split") for g in graphs]
         if any(isinstance(v, str) for v in splits):
             table["split"] = splits
-        result = predictor.predict_graphs(graphs, embeddings=embeddings is not None)
+        result = predictor.predict_graphs(
+            graphs, embeddings=embeddings is not None, interval=interval
+        )
     else:
         column = cfg.get("smiles_column") or predictor.training_smiles_column or "smiles"
         table, column = read_input(cfg.get("input"), cfg.get("smiles"), column)
@@ -76,7 +89,10 @@ def run(cfg: DictConfig) -> pd.DataFrame:
             # The summary below names the rows without a prediction.
             warnings.simplefilter("ignore", UnpredictableMoleculeWarning)
             result = predictor.run(
-                table[column].tolist(), embeddings=embeddings is not None, progress=cfg["progress"]
+                table[column].tolist(),
+                embeddings=embeddings is not None,
+                progress=cfg["progress"],
+                interval=interval,
             )
     out = predictor.table(table, result)
     try:

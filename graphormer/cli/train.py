@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from graphormer.cli.common import plain, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError
-from graphormer.rundir import discard_if_untrained, is_first_process, run_dir_of
+from graphormer.rundir import ENSEMBLE_FILE, discard_if_untrained, is_first_process, run_dir_of
 
 if TYPE_CHECKING:
     from graphormer.training.settings import RunSettings
@@ -58,12 +58,50 @@ def settings_from(cfg: DictConfig) -> RunSettings:
     return RunSettings.from_dict(plain(cfg))
 
 
-def build_loggers(cfg: DictConfig) -> list[Any]:
+def build_loggers(cfg: DictConfig, folder: Path | None = None) -> list[Any]:
     """The logger the ``logger=`` group chose on the command line (none for ``logger=null``).
-    Built from the command line's config only, never from a stored one."""
+    Built from the command line's config only, never from a stored one. ``folder``: an ensemble
+    member's or a fold's run folder, which its logs go to instead of ``output_dir``."""
     if not cfg.get("logger"):
         return []
-    return [hydra.utils.instantiate(cfg.logger)]
+    logger = cfg.logger
+    _check_logger_package(str(logger.get("_target_", "")))
+    if folder is not None and "save_dir" in logger:
+        logger = OmegaConf.merge(logger, {"save_dir": str(folder)})
+    if folder is not None and "run_name" in logger and Path(folder) != Path(cfg.output_dir):
+        # An ensemble member's or a fold's own MLflow run, named after its folder.
+        name = str(Path(folder).relative_to(cfg.output_dir))
+        logger = OmegaConf.merge(logger, {"run_name": name})
+    if str(logger.get("tracking_uri") or "").startswith("file:"):
+        # MLflow 3 keeps its local file store only on request; ./mlruns is the documented
+        # default here (a database backend: logger.tracking_uri=sqlite:///mlflow.db).
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    built = hydra.utils.instantiate(logger)
+    if type(built).__name__ == "MLFlowLogger":
+        # The composed config as the run's params (the module logs its own hyper-parameters
+        # too; "config/" keeps their names apart).
+        built.log_hyperparams({"config": plain(cfg)})
+    return [built]
+
+
+# The packages a logger needs, and the extra that installs them.
+_LOGGER_PACKAGES = {
+    "lightning.pytorch.loggers.MLFlowLogger": ("mlflow", "mlflow"),
+    "lightning.pytorch.loggers.TensorBoardLogger": ("tensorboard", None),
+}
+
+
+def _check_logger_package(target: str) -> None:
+    import importlib.util
+
+    package, extra = _LOGGER_PACKAGES.get(target, (None, None))
+    if package is None or importlib.util.find_spec(package) is not None:
+        return
+    install = f"pip install 'graphormer[{extra}]'" if extra else f"pip install {package}"
+    raise ConfigError(
+        f"logger={target.rpartition('.')[2]} needs the {package} package, which is not "
+        f"installed: {install} (or choose logger=csv)"
+    )
 
 
 def _command_line() -> tuple[list[str], dict[str, Any]] | None:
@@ -274,13 +312,15 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Trains as the composed config says; returns what ``metrics.json`` holds. Under the
     command line, a resume (``ckpt_path=``) continues with its run's own settings and
     ``pretrained=`` takes the checkpoint's architecture (see :func:`resume_values`)."""
-    from graphormer.training.run import RunInterrupted, train
+    from graphormer.training.run import RunInterrupted
     from graphormer.training.settings import RunSettings
 
     command_line = _command_line()
     if command_line is None:  # called as a library function: the config says everything
-        return train(settings_from(cfg), loggers=build_loggers(cfg))
+        return _train(settings_from(cfg), cfg)
     given, choices = command_line
+    if cfg.get("ckpt_path") and Path(str(cfg.ckpt_path), ENSEMBLE_FILE).is_file():
+        return _resume_ensemble(cfg, given)
     if cfg.get("ckpt_path"):
         settings = RunSettings.from_dict(resume_values(cfg, given, choices))
     else:
@@ -288,11 +328,60 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             take_pretrained_architecture(cfg, given)
         settings = settings_from(cfg)
     try:
-        return train(settings, loggers=build_loggers(cfg))
+        return _train(settings, cfg)
     except RunInterrupted as stop:
-        if stop.checkpoint is not None:  # the run's own settings come with it: nothing else
+        if settings.ensemble.size > 1 and not settings.cv.enabled:  # the whole ensemble
+            stop.advice = (
+                f"resume with: {_program()} ckpt_path={Path(settings.output_dir).resolve()}"
+            )
+        elif stop.checkpoint is not None:  # the run's own settings come with it: nothing else
             stop.advice = f"resume with: {_program()} ckpt_path={stop.checkpoint}"
         raise
+
+
+def _resume_ensemble(cfg: DictConfig, given: list[str]) -> dict[str, Any]:
+    """``ckpt_path=RUN`` of an ensemble: its own composed config (``RUN/.hydra/config.yaml``,
+    read as data), finished members kept, interrupted ones resumed, the others trained, then the
+    ensemble scored again. Only what keeps a resume exact may change on the command line."""
+    from graphormer.training.ensemble import train_ensemble
+    from graphormer.training.run import RunInterrupted
+    from graphormer.training.settings import RunSettings
+
+    folder = Path(str(cfg.ckpt_path)).expanduser().resolve()
+    config = folder / ".hydra" / "config.yaml"
+    if not config.is_file():
+        raise ConfigError(
+            f"ckpt_path={folder} is an ensemble without its composed config ({config}): resume "
+            "its members one by one with ckpt_path=RUN/members/<i>/checkpoints/last.ckpt"
+        )
+    unsafe = [k for k in given if not _safe(k) and k != "ensemble.allow_missing"]
+    if unsafe:
+        raise ConfigError(
+            f"{unsafe[0]} would change the ensemble this resumes: a resume keeps its model, data, "
+            "seeds and optimiser; drop it"
+        )
+    stored = OmegaConf.load(config)
+    current = plain(cfg)
+    with open_dict(stored):
+        stored.output_dir = str(folder)
+        for key in given:  # the safe changes of this command line
+            if key.split(".")[0] not in ("ckpt_path", "resume_strict", "output_dir", "logger"):
+                OmegaConf.update(stored, key, OmegaConf.select(OmegaConf.create(current), key))
+        stored.ckpt_path = None
+    settings = RunSettings.from_dict(OmegaConf.to_container(stored, resolve=True))
+    report(f"resuming the ensemble {folder} with its run's settings ({config})")
+    try:
+        return train_ensemble(settings, lambda member: build_loggers(cfg, member), resume=True)
+    except RunInterrupted as stop:
+        stop.advice = f"resume with: {_program()} ckpt_path={folder}"
+        raise
+
+
+def _train(settings: RunSettings, cfg: DictConfig) -> dict[str, Any]:
+    """One run, an ensemble (``ensemble.size``) or a resampling (``cv.*``) of either."""
+    from graphormer.training.experiment import fit
+
+    return fit(settings, lambda folder: build_loggers(cfg, folder))
 
 
 def _program() -> str:
@@ -301,14 +390,14 @@ def _program() -> str:
     return f"python {script}" if script.endswith(".py") else "graphormer-train"
 
 
-def _task(cfg: DictConfig) -> None:
+def _task(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
 
     started = time.time()
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        run_reporting_errors(run, cfg)
+        results = run_reporting_errors(run, cfg)
     except BaseException as error:
         # A failed or interrupted start leaves no run folder with nothing trained in it; a
         # resume that trained no epoch leaves its run as it found it (an interrupted one keeps
@@ -324,6 +413,16 @@ def _task(cfg: DictConfig) -> None:
                 if str(hydra_cfg.output_subdir).startswith(".hydra/resume-"):
                     shutil.rmtree(run_dir / hydra_cfg.output_subdir, ignore_errors=True)
         raise
+    return objective(results)
+
+
+def objective(results: dict[str, Any]) -> float:
+    """What a hyperparameter search optimises (Hydra's Optuna sweeper reads the task function's
+    return value): the run's best validation metric, the mean over folds with ``cv.*``."""
+    valid = results["valid"]
+    if "mean" in valid:
+        return float(valid["mean"])
+    return float(valid[results["metric"]])
 
 
 _hydra_main = hydra.main(config_path="../configs", config_name="train", version_base="1.3")(_task)

@@ -366,6 +366,11 @@ class GraphDataModule(pl.LightningDataModule):
         rows = torch.arange(int(counts.sum())) + offsets
         return values[rows].float()
 
+    def split_targets(self, split: str) -> torch.Tensor:
+        """Targets ``[n, T]`` of every graph of ``split``, in the split's order (NaN = missing)."""
+        y = self.loaded.dataset.y
+        return y.view(y.size(0), -1)[self.loaded.split[split]]
+
     def split_size(self, split: str) -> int:
         return len(self.loaded.split[split])
 

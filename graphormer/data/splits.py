@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 import torch
@@ -10,7 +10,15 @@ from rdkit.Chem.Scaffolds import MurckoScaffold
 
 from graphormer.errors import ConfigError
 
-__all__ = ["group_split", "random_split", "scaffold_split", "stratified_split"]
+__all__ = [
+    "SPLIT_NAMES",
+    "column_split",
+    "file_split",
+    "group_split",
+    "random_split",
+    "scaffold_split",
+    "stratified_split",
+]
 
 
 def _check_ratios(ratios: Sequence[float]) -> tuple[float, float, float]:
@@ -88,3 +96,141 @@ def stratified_split(
         split["valid"].append(members[a:b])
         split["test"].append(members[b:])
     return {k: torch.cat(v).sort().values for k, v in split.items()}
+
+
+SPLIT_NAMES = ("train", "valid", "test")
+_SHOWN = 5
+
+
+def _shown(rows: Sequence[int]) -> str:
+    more = f" and {len(rows) - _SHOWN} more" if len(rows) > _SHOWN else ""
+    return ", ".join(str(int(r)) for r in rows[:_SHOWN]) + more
+
+
+def _rows_to_graphs(
+    rows_of: dict[str, list[int]], graph_rows: Sequence[int], what: str
+) -> dict[str, torch.Tensor]:
+    """Graph indices of each split from the input rows it lists. Rows without a graph (SMILES
+    rdkit could not parse, already reported) are left out with a warning; rows that no split
+    lists are reported too, and an empty split is an error naming ``what`` (the setting)."""
+    import warnings
+
+    graph_of = {int(r): g for g, r in enumerate(graph_rows)}
+    split: dict[str, torch.Tensor] = {}
+    unusable = []
+    for name in SPLIT_NAMES:
+        rows = rows_of.get(name, [])
+        unusable += [r for r in rows if r not in graph_of]
+        split[name] = torch.tensor(
+            sorted(graph_of[r] for r in rows if r in graph_of), dtype=torch.long
+        )
+    empty = [name for name in SPLIT_NAMES if len(split[name]) == 0]
+    if empty:
+        raise ConfigError(
+            f"{what} leaves the {' and '.join(empty)} split(s) empty: training needs molecules "
+            "in train, valid and test; list some in each"
+        )
+    if unusable:
+        warnings.warn(
+            f"{what}: {len(unusable)} listed row(s) have no molecule (rows {_shown(sorted(unusable))}; "
+            "their SMILES could not be parsed, see the warning above) and are left out",
+            stacklevel=3,
+        )
+    listed = {r for rows in rows_of.values() for r in rows}
+    unlisted = sorted(set(graph_of) - listed)
+    if unlisted:
+        warnings.warn(
+            f"{what}: {len(unlisted)} molecule(s) are in no split (rows {_shown(unlisted)}) and "
+            "are not used",
+            stacklevel=3,
+        )
+    return split
+
+
+def column_split(
+    labels: Sequence[object], graph_rows: Sequence[int], column: str
+) -> dict[str, torch.Tensor]:
+    """The split a column of the input names, row by row: ``train``, ``valid`` or ``test``
+    (surrounding blanks ignored). Any other value (an empty cell too) is an error naming the
+    rows.
+
+    Args:
+        labels (Sequence): the column's value of every input row.
+        graph_rows (Sequence[int]): the input row of each graph, in graph order.
+        column (str): the column's name, for messages.
+    """
+    rows_of: dict[str, list[int]] = {name: [] for name in SPLIT_NAMES}
+    bad: dict[str, list[int]] = defaultdict(list)
+    for row, value in enumerate(labels):
+        text = "" if value is None or value != value else str(value).strip()  # NaN: empty cell
+        if text in rows_of:
+            rows_of[text].append(row)
+        else:
+            bad[text].append(row)
+    if bad:
+        value, rows = next(iter(bad.items()))
+        others = f" (and {len(bad) - 1} other value(s))" if len(bad) > 1 else ""
+        raise ConfigError(
+            f"dataset.split_column={column!r} holds {value!r} at rows {_shown(rows)} (0-based, "
+            f"header excluded){others}: each row's split must be train, valid or test"
+        )
+    return _rows_to_graphs(rows_of, graph_rows, f"dataset.split_column={column!r}")
+
+
+def file_split(path: str, num_rows: int, graph_rows: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The split a JSON file lists: ``{"train": [rows], "valid": [rows], "test": [rows]}``,
+    rows 0-based in the input file (header excluded). A row out of range, a row in two splits,
+    a missing or empty split, another key, or anything but integers is an error naming the file.
+
+    Args:
+        path (str): the JSON file (``dataset.split_file``).
+        num_rows (int): rows of the input file.
+        graph_rows (Sequence[int]): the input row of each graph, in graph order.
+    """
+    import json
+    import os.path as osp
+
+    from graphormer.errors import DataError
+
+    what = f"dataset.split_file={path}"
+    if not osp.isfile(path):
+        raise DataError(f"{what} does not exist; give a JSON file of row indices per split")
+    try:
+        with open(path, encoding="utf-8") as f:
+            listed = json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise DataError(
+            f'{what} is not JSON ({error}): write {{"train": [0, 1, ...], "valid": [...], '
+            '"test": [...]}} (0-based input rows)'
+        ) from error
+    if not isinstance(listed, dict) or set(listed) != set(SPLIT_NAMES):
+        keys = sorted(listed) if isinstance(listed, dict) else type(listed).__name__
+        raise DataError(
+            f"{what} holds {keys}: it must be a JSON object with exactly the keys train, valid "
+            "and test, each a list of 0-based input rows"
+        )
+    rows_of: dict[str, list[int]] = {}
+    seen: dict[int, str] = {}
+    for name in SPLIT_NAMES:
+        rows = listed[name]
+        if not isinstance(rows, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in rows
+        ):
+            raise DataError(f"{what}: {name!r} must be a list of integers (0-based input rows)")
+        outside = [r for r in rows if not 0 <= r < num_rows]
+        if outside:
+            raise DataError(
+                f"{what}: {name!r} lists rows {_shown(outside)}, outside the input's {num_rows} "
+                f"rows (0-based, header excluded: 0 to {num_rows - 1})"
+            )
+        counts = Counter(rows)
+        twice = sorted({r for r in rows if r in seen or counts[r] > 1})
+        if twice:
+            other = seen.get(twice[0], name)
+            raise DataError(
+                f"{what}: rows {_shown(twice)} are listed more than once (row {twice[0]} in "
+                f"{other!r} and {name!r}); each row belongs to one split"
+            )
+        seen.update((r, name) for r in rows)
+        rows_of[name] = list(rows)
+    return _rows_to_graphs(rows_of, graph_rows, what)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +22,14 @@ from graphormer.checkpoint import CheckpointError
 from graphormer.data.collate import GraphormerCollator
 from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles, smiles_feature_dims
 from graphormer.data.sampling import pack_by_tokens
-from graphormer.data.sources import Source, build_source
 from graphormer.data.sources.pyg_file import read_graphs
 from graphormer.devices import DEFAULT_PRECISION, PRECISIONS, resolve_pad_to_multiple
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, atom_labels
+from graphormer.training.calibration import Calibration, conformal_radius
+from graphormer.training.evaluation import has_dropout
 from graphormer.training.module import GraphormerModule
+from graphormer.training.tasknames import read_task_names, stored_source
 
 __all__ = [
     "Predictions",
@@ -61,34 +63,17 @@ class Predictions:
         errors: ``""``, or why the molecule has no prediction.
         embeddings: ``[n, hidden_dim]`` float32 graph-token final states (NaN rows where there is
             no prediction), or None when not asked for.
+        std: ``[n, T]`` the spread of the values: over an ensemble's members or MC-dropout
+            passes (of probabilities for binary tasks); None for a single deterministic model.
+        lower, upper: ``[n, T]`` calibrated intervals (regression, ``interval=``), or None.
     """
 
     values: np.ndarray
     errors: list[str]
     embeddings: np.ndarray | None = None
-
-
-def read_task_names(module: Any) -> list[str]:
-    """The names of a checkpoint's tasks, as its dataset source names them (a SMILES-CSV
-    model's target columns, an OGB model's label columns); ``task_i`` when it cannot."""
-    num_tasks = module.task.num_tasks
-    source = _stored_source(module)
-    names = source.task_names() if source is not None else None
-    if names is None or len(names) != num_tasks or len(set(names)) != num_tasks:
-        names = [f"task_{i}" for i in range(num_tasks)]
-    return names
-
-
-def _stored_source(module: Any) -> Source | None:
-    """The dataset source a checkpoint's settings describe; None when it records none (a
-    converted checkpoint) or one graphormer cannot build (prediction needs no dataset)."""
-    dataset = (module.hparams.get("data") or {}).get("dataset")
-    if not isinstance(dataset, Mapping) or not dataset:
-        return None
-    try:
-        return build_source(dataset)
-    except ConfigError:
-        return None
+    std: np.ndarray | None = None
+    lower: np.ndarray | None = None
+    upper: np.ndarray | None = None
 
 
 class Predictor:
@@ -114,6 +99,13 @@ class Predictor:
             None for no limit. (default: :obj:`1000`)
         training_smiles_column (str | None, optional): the SMILES column of the training CSV,
             the default column of ``scripts/predict.py``. (default: :obj:`None`)
+        members (Sequence[GraphormerModule] | None, optional): an ensemble's other members:
+            the prediction is their mean (of probabilities for binary tasks), with their spread
+            (``std``). (default: :obj:`None`)
+        mc_dropout (int, optional): K > 0: K passes of a single model with dropout on, their
+            mean and spread (MC dropout, Gal & Ghahramani 2016). (default: :obj:`0`)
+        calibration (Calibration | None, optional): the run's ``calibration.json``: calibrated
+            probabilities for binary tasks, intervals for regression. (default: :obj:`None`)
 
     The module is put in eval mode and moved to ``device`` (and to the precision's dtype).
 
@@ -138,6 +130,9 @@ class Predictor:
         batch_size: int = 128,
         max_atoms: int | None = 1000,
         training_smiles_column: str | None = None,
+        members: Sequence[Any] | None = None,
+        mc_dropout: int = 0,
+        calibration: Calibration | None = None,
     ) -> None:
         num_tasks = module.task.num_tasks
         names = list(task_names) if task_names else [f"task_{i}" for i in range(num_tasks)]
@@ -151,7 +146,23 @@ class Predictor:
         # predict_graphs still serves such a model.
         self.smiles_refusal = _molecule_features_problem(module.config)
         self.categorical_columns: tuple[list[int] | None, list[int] | None] = (None, None)
-        self.module = module.eval()
+        self.modules = [module.eval(), *(m.eval() for m in members or [])]
+        if isinstance(mc_dropout, bool) or not isinstance(mc_dropout, int) or mc_dropout < 0:
+            raise ConfigError(f"mc_dropout={mc_dropout!r} is not allowed: a number of passes >= 0")
+        if mc_dropout and len(self.modules) > 1:
+            raise ConfigError(
+                f"mc_dropout={mc_dropout} is for a single model: an ensemble's {len(self.modules)} "
+                "members already give the spread; drop mc_dropout, or give one checkpoint"
+            )
+        if mc_dropout and not has_dropout(module.config):
+            raise ConfigError(
+                f"mc_dropout={mc_dropout} needs dropout, but this model was trained without it "
+                "(model.dropout, attention_dropout and activation_dropout are 0): train with "
+                "model.dropout=0.1, or use an ensemble (ensemble.size=N)"
+            )
+        self.mc_dropout = int(mc_dropout)
+        self.calibration = calibration
+        self.module = self.modules[0]
         self.task = module.task
         self.task_names = names
         self.training_smiles_column = training_smiles_column
@@ -163,7 +174,8 @@ class Predictor:
                 f"precision={DEFAULT_PRECISION}"
             )
         weights_dtype, self._autocast_dtype = PRECISIONS[self.precision]
-        self.module.to(device=self.device, dtype=weights_dtype)
+        for member in self.modules:
+            member.to(device=self.device, dtype=weights_dtype)
         hops = max_hops or module.config.multi_hop_max_dist
         try:
             module.config.check_hops(int(hops), key="max_hops")
@@ -180,23 +192,36 @@ class Predictor:
     @classmethod
     def from_checkpoint(
         cls,
-        path: str | Path,
+        path: str | Path | Sequence[str | Path],
         *,
         device: str = "auto",
         precision: str | None = None,
         batch_size: int = 128,
         max_atoms: int | None = 1000,
+        mc_dropout: int = 0,
+        allow_missing: bool = False,
     ) -> Predictor:
-        """A predictor for a checkpoint written by ``train.py`` (or converted into that format).
+        """A predictor for a checkpoint written by ``train.py`` (or converted into that format),
+        a run folder (its best checkpoint), an ensemble's folder or a list of checkpoints (the
+        members' mean and spread).
 
-        The checkpoint is read as data (weights only, digest verified), never as code. Its
-        structural settings and, unless ``precision`` is given, its training precision are used.
+        The checkpoints are read as data (weights only, digest verified), never as code. Their
+        structural settings and, unless ``precision`` is given, the training precision are used;
+        the run's ``calibration.json`` (when fitted for these weights) calibrates binary
+        probabilities and gives intervals.
         """
-        record = checkpoints.load(path)
-        module = GraphormerModule.from_checkpoint(record)
+        from graphormer.training.evaluation import calibration_of
+        from graphormer.training.members import check_members, resolve_members
+
+        found = resolve_members(path, allow_missing)
+        records = [checkpoints.load(p) for p in found.paths]
+        modules = [GraphormerModule.from_checkpoint(r) for r in records]
+        check_members(records, modules)
+        record, module = records[0], modules[0]
+        path = found.paths[0]
         data = module.hparams.get("data") or {}
         datamodule = dict(data.get("datamodule") or {})
-        source = _stored_source(module)
+        source = stored_source(module)
         refusal = source.smiles_refusal() if source is not None else None
         predictor = cls(
             module,
@@ -208,6 +233,9 @@ class Predictor:
             batch_size=batch_size,
             max_atoms=max_atoms,
             training_smiles_column=source.smiles_column() if source is not None else None,
+            members=modules[1:],
+            mc_dropout=mc_dropout,
+            calibration=calibration_of(found.folder, records),
         )
         if refusal is not None:
             predictor.smiles_refusal = f"checkpoint {path} {refusal}"
@@ -276,14 +304,29 @@ class Predictor:
             )
         return maps
 
+    @property
+    def spread(self) -> str | None:
+        """Where ``std`` comes from: ``ensemble``, ``mc`` (MC dropout) or None."""
+        if len(self.modules) > 1:
+            return "ensemble"
+        return "mc" if self.mc_dropout else None
+
     def run(
-        self, smiles: Sequence[str], embeddings: bool = False, progress: bool = False
+        self,
+        smiles: Sequence[str],
+        embeddings: bool = False,
+        progress: bool = False,
+        interval: float | None = None,
     ) -> Predictions:
-        """Predictions (and embeddings) of every SMILES, in input order."""
+        """Predictions (and embeddings) of every SMILES, in input order; ``interval`` (a
+        coverage level such as 0.9) adds calibrated intervals (regression)."""
         smiles = _smiles_list(smiles)
         self._check_smiles_allowed()
+        if interval is not None:
+            self._check_interval(interval)
         n = len(smiles)
         values = np.full((n, self.task.num_outputs), np.nan, dtype=np.float32)
+        spread = np.full_like(values, np.nan) if self.spread else None
         vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
         errors = [""] * n
         bar = _progress_bar(n, progress)
@@ -296,8 +339,10 @@ class Predictor:
                 bar.update(len(featurized.errors) - len(featurized.valid))
                 for rows in self._batches(featurized):
                     graphs = [featurized.graphs[i] for i in rows]
-                    out, graph_states = self._predict_batch(graphs, vectors is not None)
+                    out, std, graph_states = self._predict_batch(graphs, vectors is not None)
                     values[start + rows.numpy()] = out
+                    if spread is not None:
+                        spread[start + rows.numpy()] = std
                     if vectors is not None:
                         vectors[start + rows.numpy()] = graph_states
                     bar.update(len(rows))
@@ -312,7 +357,35 @@ class Predictor:
                 UnpredictableMoleculeWarning,
                 stacklevel=2,
             )
-        return Predictions(values, errors, vectors)
+        return self._finish(Predictions(values, errors, vectors, spread), interval)
+
+    def _finish(self, result: Predictions, interval: float | None) -> Predictions:
+        """``result`` with the run's calibration applied: calibrated binary probabilities, and
+        intervals at level ``interval`` (regression)."""
+        values, calibration = result.values, self.calibration
+        if calibration is not None and calibration.calibrates_probabilities:
+            result.values = calibration.calibrate(values).astype(np.float32)
+        if interval is not None:
+            lower, upper = calibration.intervals(values, result.std, interval, self.spread)
+            result.lower, result.upper = lower.astype(np.float32), upper.astype(np.float32)
+        return result
+
+    def _check_interval(self, interval: float) -> None:
+        if self.task.is_classification:
+            raise ConfigError(
+                f"interval={interval} is for regression models; this one predicts "
+                "probabilities (calibrated with the run's calibration, if it has one)"
+            )
+        if self.calibration is None or self.calibration.residual is None:
+            raise ConfigError(
+                f"interval={interval} needs the run's calibration (calibration.json beside "
+                "checkpoints/, written at the end of training, for these very weights): give "
+                "ckpt= the run folder or a checkpoint inside its checkpoints/ folder"
+            )
+        if isinstance(interval, bool) or not isinstance(interval, int | float):
+            raise ConfigError(f"interval={interval!r} is not allowed: a level in (0, 1), e.g. 0.9")
+        # Too few validation molecules for this level: said before anything is computed.
+        conformal_radius(np.asarray(self.calibration.residual[0]), float(interval))
 
     def table(self, inputs: pd.DataFrame, result: Predictions) -> pd.DataFrame:
         """``inputs`` with one column per task and an ``error`` column appended. A name already
@@ -322,6 +395,17 @@ class Predictor:
             raise ValueError(f"{len(inputs)} input rows but {len(result.errors)} results")
         out = inputs.copy()
         added = self.outputs(result.values)
+        names = (
+            [f"{self.task_names[0]}_prob_{k}" for k in range(self.task.num_classes)]
+            if self.task.is_multiclass
+            else self.task_names
+        )
+        for j, name in enumerate(names):
+            if result.std is not None:
+                added[f"{name}_std"] = result.std[:, j]
+            if result.lower is not None:
+                added[f"{name}_lower"] = result.lower[:, j]
+                added[f"{name}_upper"] = result.upper[:, j]
         added["error"] = np.array(result.errors, dtype=object)
         taken = set(map(str, out.columns))
         renamed = []
@@ -357,15 +441,21 @@ class Predictor:
         columns[name] = predicted
         return columns
 
-    def predict_graphs(self, graphs: Sequence[Data], embeddings: bool = False) -> Predictions:
+    def predict_graphs(
+        self, graphs: Sequence[Data], embeddings: bool = False, interval: float | None = None
+    ) -> Predictions:
         """Predictions (and embeddings) of PyG graphs, in input order, for a model trained on any
         source: features split into categorical and continuous columns as its training data
         were (``x``, ``edge_attr``; ``num_nodes`` without ``x``). A graph that does not fit
         the model (other feature columns, a class id beyond its tables, a NaN, too many nodes)
-        keeps its row with NaN predictions and the reason in ``errors``."""
+        keeps its row with NaN predictions and the reason in ``errors``. An ensemble or MC
+        dropout adds ``std``; ``interval`` calibrated intervals (regression), as :meth:`run`."""
+        if interval is not None:
+            self._check_interval(interval)
         graphs = list(graphs)
         n = len(graphs)
         values = np.full((n, self.task.num_outputs), np.nan, dtype=np.float32)
+        spread = np.full_like(values, np.nan) if self.spread else None
         vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
         errors = [""] * n
         inputs: dict[int, Data] = {}
@@ -381,11 +471,13 @@ class Predictor:
         for count in counts:
             rows = np.array(order[start : start + count])
             start += count
-            out, states = self._predict_batch([inputs[i] for i in rows], embeddings)
+            out, std, states = self._predict_batch([inputs[i] for i in rows], embeddings)
             values[rows] = out
+            if spread is not None:
+                spread[rows] = std
             if vectors is not None:
                 vectors[rows] = states
-        return Predictions(values, errors, vectors)
+        return self._finish(Predictions(values, errors, vectors, spread), interval)
 
     def _graph_input(self, graph: Any) -> Data:
         """One graph as the model reads it, or a DataError saying why it cannot be."""
@@ -443,7 +535,9 @@ class Predictor:
 
     def _predict_batch(
         self, graphs: list, embeddings: bool
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The mean prediction of a batch, its spread (members or MC passes; None for one
+        deterministic model) and the first model's graph states."""
         begin = time.perf_counter()
         batch = self.collator(graphs)
         middle = time.perf_counter()
@@ -455,10 +549,13 @@ class Predictor:
             hook = self.module.model.head_transform.register_forward_pre_hook(
                 lambda _, args: captured.append(args[0])
             )
+        outputs = []
         try:
             with self._inference():
-                out = self.module(batch.to(self.device, non_blocking=True))
-                values = self._outputs(out)
+                batch = batch.to(self.device, non_blocking=True)
+                for member in self.modules:
+                    for k in range(max(1, self.mc_dropout)):
+                        outputs.append(self._pass(member, batch, k))
                 states = captured[0].float().cpu().numpy() if embeddings else None
         finally:
             if hook is not None:
@@ -466,7 +563,22 @@ class Predictor:
         end = time.perf_counter()
         self.timings["featurize_s"] += middle - begin
         self.timings["model_s"] += end - middle
-        return values, states
+        stacked = np.stack(outputs)  # [members x passes, B, T]
+        std = stacked.std(0) if len(outputs) > 1 else None
+        return stacked.mean(0), std, states
+
+    def _pass(self, member: Any, batch: Any, k: int) -> np.ndarray:
+        """One forward pass; with MC dropout, pass ``k`` has dropout on, seeded by ``k`` so that
+        a prediction is reproducible."""
+        if not self.mc_dropout:
+            return self._outputs(member(batch))
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(k)
+            member.model.train()
+            try:
+                return self._outputs(member(batch))
+            finally:
+                member.eval()
 
     def _outputs(self, out: Tensor) -> np.ndarray:
         out = out.float()

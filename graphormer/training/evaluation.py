@@ -4,18 +4,28 @@ OGB's Evaluator (or the dataset's own metric)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
+from graphormer.data.tasks import score
 from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
 from graphormer.outputs import atomic_path
+from graphormer.training.calibration import CALIBRATION_FILE, Calibration
+from graphormer.training.members import (
+    Members,
+    check_members,
+    resolve_members,
+    uncertainty_report,
+)
 from graphormer.training.module import GraphormerModule
 from graphormer.training.run import (
     absolute_paths,
@@ -24,8 +34,21 @@ from graphormer.training.run import (
     is_terminal,
     quiet_third_parties,
 )
+from graphormer.training.tasknames import read_task_names
 
-__all__ = ["evaluate", "format_table"]
+__all__ = [
+    "calibration_of",
+    "evaluate",
+    "format_table",
+    "format_uncertainty",
+    "has_dropout",
+    "member_outputs",
+    "predict_split",
+    "score_members",
+]
+
+# MC-dropout passes over the validation split when a single model with dropout is calibrated.
+MC_CALIBRATION_PASSES = 10
 
 
 def format_table(results: dict[str, Any], splits: list[str], metric: str) -> str:
@@ -48,12 +71,17 @@ def _chosen_splits(split: str, datamodule) -> list[str]:
     return [split]
 
 
-def predict_split(trainer: pl.Trainer, module, datamodule, split: str) -> torch.Tensor:
-    """Predictions ``[n, T]`` for every graph of ``split``, in the split's order."""
+def predict_split(
+    trainer: pl.Trainer, module, datamodule, split: str, dropout: bool = False
+) -> torch.Tensor:
+    """Predictions ``[n, T]`` for every graph of ``split``, in the split's order; ``dropout``
+    keeps the network's dropout on (one MC-dropout pass)."""
     # A plain loop in the trainer's device and precision (Lightning's predict loop would try to
     # rebuild our fixed list of batches as a sampler class).
     device = trainer.strategy.root_device
     module = module.to(device).eval()
+    if dropout:
+        module.model.train()
     indices, preds = [], []
     with torch.inference_mode(), trainer.precision_plugin.forward_context():
         for batch in datamodule.eval_dataloader(split):
@@ -68,42 +96,38 @@ def predict_split(trainer: pl.Trainer, module, datamodule, split: str) -> torch.
         raise RuntimeError(f"{split} predictions cover {len(index)} graphs, not the split's")
     # Back to the split's own order (the order OGB's files list the molecules in).
     position = torch.searchsorted(index, expected)
+    module.eval()
     return pred[position]
 
 
-def evaluate(
-    checkpoint: str | Path,
-    *,
-    split: str = "test",
-    output: str | Path | None = None,
-    dataset_root: str | None = None,
-    dataset_path: str | None = None,
-    accelerator: str = "auto",
-    precision: str | None = None,
-    batch_size: int | None = None,
-    max_tokens: int | None = None,
-    num_workers: int | None = None,
-) -> dict[str, Any]:
-    """Evaluates a checkpoint on ``split``; writes and returns the JSON of its scores.
+def member_outputs(
+    modules: Sequence[Any],
+    datamodule: Any,
+    split: str,
+    trainer: Any,
+    mc_passes: int = 0,
+    seed: int = 0,
+) -> np.ndarray:
+    """``[M, n, T]`` predictions of every member (probabilities for binary tasks) for ``split``,
+    in its order; with ``mc_passes`` K, each member contributes K passes with dropout on."""
+    outputs = []
+    for module in modules:
+        for k in range(max(1, mc_passes)):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed + k)
+                pred = predict_split(trainer, module, datamodule, split, dropout=mc_passes > 0)
+            if module.task.is_classification:
+                pred = torch.sigmoid(pred)
+            elif module.task.is_multiclass:
+                pred = torch.softmax(pred, dim=-1)
+            outputs.append(pred.float().numpy())
+    return np.stack(outputs)
 
-    Args:
-        checkpoint (str | Path): a checkpoint written by training (its settings rebuild the
-            model and the data).
-        split (str, optional): ``valid``, ``test`` or ``all`` (the labelled evaluation splits);
-            a split without labels gets the dataset's prediction file. (default: :obj:`"test"`)
-        output (str | Path | None, optional): the JSON file. (default: :obj:`eval_metrics.json`
-            in the current folder)
-        dataset_root, dataset_path (str | None, optional): where the data lives now, if it
-            moved since training (the task must stay the same).
-        accelerator (str, optional): Lightning's accelerator. (default: :obj:`"auto"`)
-        precision (str | None, optional): None is the training run's precision, so that the
-            recorded numbers are reproduced.
-        batch_size, max_tokens, num_workers (int | None, optional): None keeps the training
-            run's evaluation batching.
-    """
-    quiet_third_parties()
-    record = checkpoints.load(checkpoint)
-    module = GraphormerModule.from_checkpoint(record)
+
+def _datamodule_of(
+    checkpoint, module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
+):
+    """The data a checkpoint was trained on, where it lives now, batched for evaluation."""
     data = module.hparams["data"] or {}
     if not isinstance(data.get("dataset"), dict) or not isinstance(data.get("datamodule"), dict):
         raise CheckpointError(
@@ -138,10 +162,11 @@ def evaluate(
             f"checkpoint {checkpoint} was trained for {module.task} but its dataset settings now "
             f"describe {datamodule.task}"
         )
+    return datamodule
 
-    # The training run's precision by default, so that the recorded numbers are reproduced.
-    precision = precision or record.precision or DEFAULT_PRECISION
-    trainer = pl.Trainer(
+
+def _eval_trainer(accelerator: str, precision: str) -> pl.Trainer:
+    return pl.Trainer(
         accelerator=accelerator,
         devices=1,
         precision=precision,
@@ -151,6 +176,169 @@ def evaluate(
         enable_progress_bar=is_terminal(),
         use_distributed_sampler=False,
     )
+
+
+def has_dropout(config) -> bool:
+    """Whether a network's settings drop anything (what MC dropout needs)."""
+    rates = (config.dropout, config.attention_dropout, config.activation_dropout)
+    return any((r or 0) > 0 for r in (*rates, config.input_dropout))
+
+
+def calibration_of(folder: Path | None, records: list) -> Calibration | None:
+    """The run's ``calibration.json`` when it was fitted for exactly these weights."""
+    if folder is None or not (folder / CALIBRATION_FILE).is_file():
+        return None
+    found = Calibration.load(folder / CALIBRATION_FILE)
+    digests = [r.meta.get("weights_sha256") for r in records]
+    if not found.fits(digests):
+        report(
+            f"WARNING: {folder / CALIBRATION_FILE} was fitted for other weights (other or fewer "
+            "members): not used"
+        )
+        return None
+    return found
+
+
+def score_members(
+    paths: list[Path],
+    *,
+    splits: list[str],
+    accelerator: str = "auto",
+    precision: str | None = None,
+    dataset_root: str | None = None,
+    dataset_path: str | None = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    num_workers: int | None = None,
+    fit_calibration: str | None = None,
+    calibration_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Scores the mean prediction of the checkpoints ``paths`` (one, or an ensemble's members)
+    on each labelled split of ``splits``, with how sure it was (:func:`uncertainty_report`).
+
+    With ``fit_calibration`` (``none``, ``temperature``, ``isotonic``: the binary method), the
+    calibration is first fitted on the validation split and written to
+    ``calibration_dir/calibration.json``; otherwise the one found there is used.
+    """
+    quiet_third_parties()
+    records = [checkpoints.load(p) for p in paths]  # digests verified, member by member
+    modules = [GraphormerModule.from_checkpoint(r) for r in records]
+    check_members(records, modules)
+    module = modules[0]
+    datamodule = _datamodule_of(
+        paths[0], module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
+    )
+    precision = precision or records[0].precision or DEFAULT_PRECISION
+    trainer = _eval_trainer(accelerator, precision)
+    datamodule.prepare_data()
+    datamodule.setup("validate")
+    task = module.task
+    names = read_task_names(module)
+    found: dict[str, Any] = {"dataset": task.name, "metric": task.metric, "uncertainty": {}}
+    ensemble = len(modules) > 1
+    calibration = None
+    if task.is_multiclass:
+        pass  # class probabilities are not calibrated (issue #19 calibrates binary and regression)
+    elif fit_calibration is not None:
+        members = [
+            {"checkpoint": str(Path(p).resolve()), "weights_sha256": r.meta.get("weights_sha256")}
+            for p, r in zip(paths, records, strict=True)
+        ]
+        outputs = member_outputs(modules, datamodule, "valid", trainer)
+        y = datamodule.split_targets("valid").float().numpy()
+        mc_std = None
+        if not ensemble and not task.is_classification and has_dropout(module.config):
+            mc = member_outputs(modules, datamodule, "valid", trainer, MC_CALIBRATION_PASSES)
+            mc_std = mc.std(0)
+        calibration = Calibration.fit(
+            "binary classification" if task.is_classification else "regression",
+            members,
+            y,
+            outputs.mean(0),
+            outputs.std(0) if ensemble else None,
+            method=fit_calibration,
+            mc_std=mc_std,
+            mc_passes=MC_CALIBRATION_PASSES if mc_std is not None else None,
+        )
+        file = calibration.save(Path(calibration_dir) / CALIBRATION_FILE)
+        found["calibration"] = {"file": str(file.resolve()), "method": calibration.method}
+    else:
+        calibration = calibration_of(calibration_dir, records)
+    for split in splits:
+        if not datamodule.is_labelled(split):
+            continue
+        outputs = member_outputs(modules, datamodule, split, trainer)
+        y = datamodule.split_targets(split).float().numpy()
+        mean = outputs.mean(0)
+        std = outputs.std(0) if ensemble else None
+        value = score(task, task.evaluator(), torch.from_numpy(y), torch.from_numpy(mean), split)
+        found[split] = {task.metric: value, "num_graphs": len(y)}
+        found["uncertainty"][split] = uncertainty_report(
+            task, names, y, mean, std, calibration, "ensemble" if ensemble else None
+        )
+    return found
+
+
+def evaluate(
+    checkpoint: str | Path | list,
+    *,
+    split: str = "test",
+    output: str | Path | None = None,
+    dataset_root: str | None = None,
+    dataset_path: str | None = None,
+    accelerator: str = "auto",
+    precision: str | None = None,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    num_workers: int | None = None,
+    allow_missing: bool = False,
+) -> dict[str, Any]:
+    """Evaluates a checkpoint (or an ensemble) on ``split``; writes and returns the JSON of its
+    scores.
+
+    Args:
+        checkpoint (str | Path | list): a checkpoint written by training (its settings rebuild
+            the model and the data), a run folder (its best checkpoint), an ensemble's folder or
+            a list of checkpoints (the members' mean prediction).
+        split (str, optional): ``valid``, ``test`` or ``all`` (the labelled evaluation splits);
+            a split without labels gets the dataset's prediction file. (default: :obj:`"test"`)
+        output (str | Path | None, optional): the JSON file. (default: :obj:`eval_metrics.json`
+            in the current folder)
+        dataset_root, dataset_path (str | None, optional): where the data lives now, if it
+            moved since training (the task must stay the same).
+        accelerator (str, optional): Lightning's accelerator. (default: :obj:`"auto"`)
+        precision (str | None, optional): None is the training run's precision, so that the
+            recorded numbers are reproduced.
+        batch_size, max_tokens, num_workers (int | None, optional): None keeps the training
+            run's evaluation batching.
+        allow_missing (bool, optional): score an ensemble with a missing member.
+            (default: :obj:`False`)
+    """
+    quiet_third_parties()
+    members = resolve_members(checkpoint, allow_missing)
+    if len(members.paths) > 1:
+        return _evaluate_members(
+            members,
+            split=split,
+            output=output,
+            dataset_root=dataset_root,
+            dataset_path=dataset_path,
+            accelerator=accelerator,
+            precision=precision,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            num_workers=num_workers,
+        )
+    checkpoint = members.paths[0]
+    record = checkpoints.load(checkpoint)
+    module = GraphormerModule.from_checkpoint(record)
+    datamodule = _datamodule_of(
+        checkpoint, module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
+    )
+
+    # The training run's precision by default, so that the recorded numbers are reproduced.
+    precision = precision or record.precision or DEFAULT_PRECISION
+    trainer = _eval_trainer(accelerator, precision)
     report(f"checkpoint: {Path(checkpoint).resolve()}; precision: {trainer.precision}")
     metric = module.task.metric
     datamodule.prepare_data()
@@ -163,6 +351,8 @@ def evaluate(
         "precision": str(trainer.precision),
     }
     output = Path(output) if output else Path("eval_metrics.json")
+    calibration = calibration_of(members.folder, [record])
+    names = read_task_names(module)
     scored = []
     for split in splits:
         if not datamodule.is_labelled(split):
@@ -179,11 +369,68 @@ def evaluate(
             scores = trainer.test(module, datamodule=datamodule, verbose=False)[0]
             results[split] = {metric: float(scores[f"test/{metric}"])}
         results[split]["num_graphs"] = datamodule.split_size(split)
+        if calibration is not None or module.task.is_classification:
+            outputs = member_outputs([module], datamodule, split, trainer)
+            y = datamodule.split_targets(split).float().numpy()
+            results.setdefault("uncertainty", {})[split] = uncertainty_report(
+                module.task, names, y, outputs[0], None, calibration, None
+            )
         scored.append(split)
 
     with atomic_path(output) as partial:
         partial.write_text(json.dumps(results, indent=2) + "\n")
     if scored:
         report(format_table(results, scored, metric))
+        report(format_uncertainty(results.get("uncertainty") or {}))
     report(f"results: {output.resolve()}")
     return results
+
+
+def _evaluate_members(members: Members, *, split: str, output, **kwargs: Any) -> dict[str, Any]:
+    """:func:`evaluate` for several checkpoints: the mean prediction's scores."""
+    report(
+        f"ensemble of {len(members.paths)} member(s): "
+        + ", ".join(str(Path(p).resolve()) for p in members.paths)
+    )
+    if split == "all":
+        splits = ["valid", "test"]
+    elif split in ("valid", "test"):
+        splits = [split]
+    else:
+        raise ConfigError(f"split={split!r}: an ensemble is scored on valid, test or all")
+    found = score_members(members.paths, splits=splits, calibration_dir=members.folder, **kwargs)
+    scored = [s for s in splits if s in found]
+    results = {
+        "checkpoints": [str(Path(p).resolve()) for p in members.paths],
+        "ensemble_size": len(members.paths),
+        "missing_members": members.missing,
+        **found,
+    }
+    output = Path(output) if output else Path("eval_metrics.json")
+    with atomic_path(output) as partial:
+        partial.write_text(json.dumps(results, indent=2) + "\n")
+    if scored:
+        report(format_table(results, scored, results["metric"]))
+        report(format_uncertainty(results.get("uncertainty") or {}))
+    report(f"results: {output.resolve()}")
+    return results
+
+
+def format_uncertainty(uncertainty: dict[str, Any]) -> str:
+    """The uncertainty report as lines: interval coverage and width, spread-error
+    correlation, ECE before and after calibration."""
+    lines = []
+    for split, found in uncertainty.items():
+        for level, tasks in (found.get("intervals") or {}).items():
+            for name, v in tasks.items():
+                lines.append(
+                    f"{split} {name}: {float(level):.0%} intervals cover {v['coverage']:.1%}, "
+                    f"mean width {v['mean_width']:.4g}"
+                )
+        for name, rho in (found.get("std_error_spearman") or {}).items():
+            lines.append(f"{split} {name}: Spearman(std, |error|) {rho:.3f}")
+        for name, before in (found.get("ece_before") or {}).items():
+            after = (found.get("ece_after") or {}).get(name)
+            text = f", after {found['calibration']} {after:.4f}" if after is not None else ""
+            lines.append(f"{split} {name}: ECE {before:.4f}{text}")
+    return "\n".join(lines)

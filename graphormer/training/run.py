@@ -157,7 +157,7 @@ def feature_mismatch(config: Any, source: Any) -> str | None:
 
 def absolute_paths(dataset_cfg: dict[str, Any]) -> dict[str, Any]:
     """The dataset settings with absolute paths, so that eval.py finds the data from any folder."""
-    for key in ("root", "path"):
+    for key in ("root", "path", "split_file"):
         value = dataset_cfg.get(key)
         if isinstance(value, str) and not value.startswith("rdkit:"):
             dataset_cfg[key] = os.path.abspath(os.path.expanduser(value))

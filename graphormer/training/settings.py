@@ -22,7 +22,10 @@ from graphormer.errors import ConfigError
 from graphormer.models.graphormer import GraphormerConfig
 
 __all__ = [
+    "CALIBRATIONS",
+    "CrossValidationSettings",
     "DataModuleSettings",
+    "EnsembleSettings",
     "FlagSettings",
     "OptimSettings",
     "RunSettings",
@@ -365,6 +368,55 @@ def _fraction_or_count(key: str, value: Any) -> None:
 
 
 _LOSSES = ("auto", "bce", "ce", "l1", "mse")
+# How binary probabilities are calibrated on the validation split at the end of training.
+CALIBRATIONS = ("none", "temperature", "isotonic")
+
+
+@dataclass(frozen=True)
+class EnsembleSettings:
+    """Several members that differ only in seed, in one run folder (``ensemble.*``, #19).
+
+    Attributes:
+        size: members (1: an ordinary run).
+        parallel: train the members at once, one device each.
+        allow_missing: score an ensemble some of whose members failed or are missing.
+    """
+
+    size: int = 1
+    parallel: bool = False
+    allow_missing: bool = False
+
+    def __post_init__(self) -> None:
+        _integer("ensemble.size", self.size, 1)
+        _boolean("ensemble.parallel", self.parallel)
+        _boolean("ensemble.allow_missing", self.allow_missing)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CrossValidationSettings:
+    """K-fold cross-validation or N seeded random splits (``cv.*``, #19); both null: off."""
+
+    folds: int | None = None
+    replicates: int | None = None
+
+    def __post_init__(self) -> None:
+        _integer("cv.folds", self.folds, 2, optional=True)
+        _integer("cv.replicates", self.replicates, 1, optional=True)
+        if self.folds is not None and self.replicates is not None:
+            raise ConfigError(
+                f"cv.folds={self.folds} and cv.replicates={self.replicates} are two ways of "
+                "resampling: give one"
+            )
+
+    @property
+    def enabled(self) -> bool:
+        return self.folds is not None or self.replicates is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -384,6 +436,10 @@ class RunSettings:
         pretrained_strict: a checkpoint that does not fit exactly is an error (else a warning).
         require_pretrained: ``pretrained`` must be given (fine-tuning recipes).
         nonfinite: a NaN or infinite loss or gradient ``stop``s the run, or ``skip``s the update.
+        ensemble: members differing in seed (:class:`EnsembleSettings`).
+        calibration: binary probabilities calibrated on the validation split: ``none``,
+            ``temperature`` or ``isotonic``.
+        cv: cross-validation or replicate splits (:class:`CrossValidationSettings`).
         resume_strict: a resume (``ckpt_path``) refuses command-line changes that would break
             its exactness; the command line applies them (``graphormer.cli.train``).
     """
@@ -404,6 +460,9 @@ class RunSettings:
     require_pretrained: bool = False
     nonfinite: str = "stop"
     resume_strict: bool = True
+    ensemble: EnsembleSettings = field(default_factory=EnsembleSettings)
+    calibration: str = "none"
+    cv: CrossValidationSettings = field(default_factory=CrossValidationSettings)
 
     def __post_init__(self) -> None:
         for key in ("dataset", "model"):
@@ -427,6 +486,7 @@ class RunSettings:
             raise ConfigError(str(error)) from error
         _choice("nonfinite", self.nonfinite, ("stop", "skip"))
         _boolean("resume_strict", self.resume_strict)
+        _choice("calibration", self.calibration, CALIBRATIONS)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:
@@ -443,5 +503,7 @@ class RunSettings:
             "trainer": TrainerSettings.from_dict(values.pop("trainer", None)),
             "optim": _from(OptimSettings, "optim", values.pop("optim", None)),
             "flag": _from(FlagSettings, "flag", values.pop("flag", None)),
+            "ensemble": _from(EnsembleSettings, "ensemble", values.pop("ensemble", None)),
+            "cv": _from(CrossValidationSettings, "cv", values.pop("cv", None)),
         }
         return cls(**values, **groups)

@@ -43,6 +43,9 @@ class Source(ABC):
 
     name: str
     root: str
+    # The dataset's own split that published results are compared on (a phrase naming it), or
+    # None when the split is the user's to choose: cross-validation refuses to resample it.
+    official_split: str | None = None
 
     @abstractmethod
     def task_info(self) -> TaskInfo:
@@ -88,6 +91,11 @@ class Source(ABC):
         """Writes predictions ``[n, T]`` for the unlabelled ``split`` (in the split's order) into
         ``folder``; returns the file."""
         raise NotImplementedError(f"{type(self).__name__} writes no predictions for {split}")
+
+    def split_groups(self, dataset: Dataset) -> list[str] | None:
+        """Keys of graphs that must stay in one fold when resampling (Bemis-Murcko scaffolds for
+        molecules), one per graph of ``dataset``; None when graphs are independent."""
+        return None
 
     def smiles_column(self) -> str | None:
         """The column of the training file that holds SMILES, which prediction reads from a

@@ -70,6 +70,8 @@ class LRGBSource(Source):
         root (str, optional): the folder holding ``peptides-*/raw/``. (default: :obj:`"data"`)
     """
 
+    official_split = "LRGB's official split (the benchmark's)"
+
     def __init__(self, name: str, root: str = "data") -> None:
         key = str(name).lower()
         if key not in _TASKS:

@@ -172,6 +172,8 @@ class OGBSource(Source):
         root (str, optional): folder holding datasets. (default: :obj:`"data"`)
     """
 
+    official_split = "OGB's official split (the one its leaderboard compares)"
+
     def __init__(self, name: str, root: str = "data") -> None:
         self.name = name
         self.root = root

@@ -56,6 +56,8 @@ class PPASource(Source):
         root (str, optional): the folder holding ``ogbg_ppa/``. (default: :obj:`"data"`)
     """
 
+    official_split = "OGB's official species split (the one its leaderboard compares)"
+
     def __init__(self, root: str = "data") -> None:
         self.name = _NAME
         self.root = root

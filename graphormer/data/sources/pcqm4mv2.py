@@ -189,6 +189,8 @@ class PCQM4Mv2Source(Source):
             every core. (default: :obj:`None`)
     """
 
+    official_split = "OGB-LSC's official split (test-dev and test-challenge are unlabelled)"
+
     def __init__(self, root: str = "data", name: str = "pcqm4mv2", processes: int | None = None):
         if processes is not None and (
             isinstance(processes, bool) or not isinstance(processes, int) or processes < 1

@@ -19,7 +19,7 @@ from torch_geometric.data import InMemoryDataset
 from graphormer.data.featurize import featurize_smiles
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
-from graphormer.data.splits import group_split, random_split
+from graphormer.data.splits import column_split, file_split, group_split, random_split
 from graphormer.data.structure import StructuralFeatures, add_structural_features
 from graphormer.data.tasks import TaskInfo, check_class_labels, user_task, warn_absent_classes
 from graphormer.errors import ConfigError, DataError
@@ -110,6 +110,10 @@ class SmilesCsvDataset(InMemoryDataset):
 
     def download(self) -> None:
         pass
+
+    def read_table(self) -> pd.DataFrame:
+        """The CSV as a table, every row in order (the rows graphs' ``row`` counts)."""
+        return self._read()
 
     def _read(self) -> pd.DataFrame:
         return read_csv_table(self.csv_path, self.columns, self.comment)
@@ -277,9 +281,15 @@ class SmilesCsvSource(Source):
         task_type (str): ``"binary"`` (0/1 targets, BCE, ROC-AUC), ``"regression"`` (MSE, RMSE)
             or ``"multiclass"`` (one integer class-id column, cross-entropy, accuracy or ``f1``).
         smiles_column (str, optional): (default: :obj:`"smiles"`)
-        split (str, optional): ``"scaffold"`` or ``"random"``. (default: :obj:`"scaffold"`)
+        split (str, optional): ``"scaffold"``, ``"random"``, ``"column"`` (each row's split is
+            named in ``split_column``: train, valid or test) or ``"file"`` (rows listed per split
+            in ``split_file``). (default: :obj:`"scaffold"`)
         split_ratios (Sequence[float], optional): train/valid/test fractions.
         split_seed (int, optional): seed of the random split. (default: :obj:`0`)
+        split_column (str | None, optional): the column of ``split="column"``.
+        split_file (str | None, optional): a JSON file ``{"train": [rows], "valid": [rows],
+            "test": [rows]}`` of 0-based CSV rows (header excluded); given, it implies
+            ``split="file"``.
         metric (str | None, optional): OGB metric name; default ``rocauc`` / ``rmse``.
         root (str, optional): cache folder. (default: :obj:`"data"`)
         name (str, optional): label used in outputs. (default: :obj:`"smiles_csv"`)
@@ -289,6 +299,7 @@ class SmilesCsvSource(Source):
             label + 1.
     """
 
+    SPLITS = ("scaffold", "random", "column", "file")
     _METRICS = {"binary": ("rocauc", "ap"), "regression": ("rmse",), "multiclass": ("acc", "f1")}
 
     def __init__(
@@ -306,14 +317,37 @@ class SmilesCsvSource(Source):
         columns: Sequence[str] | None = None,
         comment: str | None = None,
         num_classes: int | None = None,
+        split_column: str | None = None,
+        split_file: str | None = None,
     ) -> None:
+        if split_file is not None and split in ("scaffold", "file"):
+            split = "file"  # the file is the split; scaffold is only the config's default
+        elif split_file is not None:
+            raise ConfigError(
+                f"dataset.split_file={split_file} and dataset.split={split} both choose the "
+                "split: give one (split_file alone implies dataset.split=file)"
+            )
+        if split == "file" and split_file is None:
+            raise ConfigError("dataset.split=file needs dataset.split_file=FILE.json")
+        if split == "column" and not split_column:
+            raise ConfigError(
+                "dataset.split=column needs dataset.split_column=NAME (a column holding train, "
+                "valid or test for each row)"
+            )
+        if split_column and split != "column":
+            raise ConfigError(
+                f"dataset.split_column={split_column} is read only with dataset.split=column "
+                f"(dataset.split is {split}): add dataset.split=column, or drop split_column"
+            )
         if task_type not in self._METRICS:
             raise ConfigError(
                 f"dataset.task_type must be 'binary', 'regression' or 'multiclass', got "
                 f"{task_type!r}"
             )
-        if split not in ("scaffold", "random"):
-            raise ConfigError(f"dataset.split must be 'scaffold' or 'random', got {split!r}")
+        if split not in self.SPLITS:
+            raise ConfigError(
+                f"dataset.split must be one of {', '.join(self.SPLITS)}, got {split!r}"
+            )
         if isinstance(targets, str):
             targets = [targets]
         metric = metric or self._METRICS[task_type][0]
@@ -337,6 +371,8 @@ class SmilesCsvSource(Source):
         self.split = split
         self.split_ratios = tuple(split_ratios)
         self.split_seed = split_seed
+        self.split_column = split_column
+        self.split_file = resolve_path(split_file) if split_file else None
         self.root = root
         self.name = name
         self.columns = list(columns) if columns else None
@@ -373,6 +409,10 @@ class SmilesCsvSource(Source):
     def smiles_column(self) -> str:
         return self.smiles_column_name
 
+    def split_groups(self, dataset: SmilesCsvDataset) -> list[str]:
+        """Bemis-Murcko scaffolds: a scaffold's molecules stay in one fold."""
+        return list(dataset.scaffolds)
+
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         dataset = SmilesCsvDataset(
             self.path,
@@ -391,8 +431,20 @@ class SmilesCsvSource(Source):
             check_class_labels(dataset.y, task.num_classes, where)
         if self.split == "scaffold":
             split = group_split(dataset.scaffolds, self.split_ratios)
-        else:
+        elif self.split == "random":
             split = random_split(len(dataset), self.split_ratios, self.split_seed)
+        else:
+            table = dataset.read_table()
+            rows = dataset.row.view(-1).tolist()
+            if self.split == "column":
+                if self.split_column not in table.columns:
+                    raise DataError(
+                        f"dataset.split_column={self.split_column!r} is not a column of "
+                        f"{self.path}; its columns are {list(map(str, table.columns))}"
+                    )
+                split = column_split(table[self.split_column].tolist(), rows, self.split_column)
+            else:
+                split = file_split(self.split_file, len(table), rows)
         _check_labelled_splits(dataset, split, self.targets, self.path)
         if task.is_multiclass:
             y = dataset.y.view(len(dataset), -1)

@@ -344,6 +344,8 @@ class ZINCSource(Source):
             (``dataset=zinc-full``). (default: :obj:`True`)
     """
 
+    official_split = "ZINC's official train/val/test split (the benchmark's)"
+
     def __init__(self, root: str = "data", name: str = "zinc", subset: bool = True) -> None:
         if not isinstance(subset, bool):
             raise ConfigError(f"dataset.subset must be true or false, got {subset!r}")

@@ -1,0 +1,192 @@
+"""Resampling (#19): K-fold cross-validation (``cv.folds``) and N seeded random splits
+(``cv.replicates``), each an ordinary run (or ensemble) in ``RUN/folds/<k>/``, summarised in
+``RUN/cv_metrics.json``.
+
+Folds keep each Bemis-Murcko scaffold whole (the source's :meth:`split_groups`) and, for binary
+tasks, spread the positives evenly where the groups allow. Fold ``k`` is the test split, fold
+``k + 1`` the validation split and the others train; the split is written as the run's
+``split.json`` (``dataset.split_file``), so each fold is a normal run that ``eval.py`` rebuilds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphormer.console import report
+from graphormer.data.sources import build_source
+from graphormer.errors import ConfigError
+from graphormer.outputs import atomic_path
+
+__all__ = ["CV_FILE", "assign_folds", "cross_validate", "format_cv_table"]
+
+CV_FILE = "cv_metrics.json"
+FOLDS_DIR = "folds"
+
+
+def assign_folds(
+    groups: Sequence[str], folds: int, positives: np.ndarray | None = None
+) -> np.ndarray:
+    """The fold of each item: whole groups, the largest first, each to the fold that is
+    furthest below its share of items (and of positives, when ``positives`` marks them)."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, key in enumerate(groups):
+        members[key].append(i)
+    ordered = sorted(members.values(), key=lambda g: (-len(g), g[0]))
+    n = len(groups)
+    total_pos = float(positives.sum()) if positives is not None else 0.0
+    size = np.zeros(folds)
+    pos = np.zeros(folds)
+    fold_of = np.empty(n, dtype=np.int64)
+    for group in ordered:
+        fill = size / (n / folds)
+        if positives is not None and total_pos > 0:
+            fill = fill + pos / (total_pos / folds)
+        f = int(np.argmin(fill))
+        fold_of[group] = f
+        size[f] += len(group)
+        if positives is not None:
+            pos[f] += positives[group].sum()
+    return fold_of
+
+
+def _resampled_source(settings: Any) -> Any:
+    source = build_source(settings.dataset)
+    cv = settings.cv
+    key = "cv.folds" if cv.folds is not None else "cv.replicates"
+    if source.official_split is not None:
+        raise ConfigError(
+            f"{key} resamples the split, but {source.name} has {source.official_split}: results "
+            "on other splits are not comparable with published ones. Train on the official split "
+            "(leave cv out), or use ensemble.size=N for several seeds on it"
+        )
+    accepted = set(inspect.signature(type(source)).parameters)
+    needed = "split_file" if cv.folds is not None else "split_seed"
+    if needed not in accepted:
+        raise ConfigError(
+            f"{key}: dataset.source={settings.dataset.get('source')} cannot take another split "
+            f"(it has no dataset.{needed}); cross-validate a smiles_csv dataset"
+        )
+    return source
+
+
+def _fold_splits(settings: Any, source: Any, folder: Path) -> tuple[list[dict[str, Any]], bool]:
+    """Each fold's dataset settings (its split written as ``folds/<k>/split.json``), and whether
+    the folds keep groups (scaffolds) whole."""
+    from graphormer.training.run import build_datamodule
+
+    datamodule = build_datamodule(settings.dataset, settings.datamodule, settings.seed)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    dataset = datamodule.loaded.dataset
+    groups = source.split_groups(dataset)
+    grouped = groups is not None
+    groups = groups if grouped else [str(i) for i in range(len(dataset))]
+    task = datamodule.task
+    positives = None
+    if task.is_classification and task.num_tasks == 1:
+        positives = (dataset.y.view(len(dataset), -1)[:, 0] == 1).numpy()
+    k = settings.cv.folds
+    fold_of = assign_folds(groups, k, positives)
+    rows = dataset.row.view(-1).numpy()
+    out = []
+    for f in range(k):
+        test, valid = f, (f + 1) % k
+        split = {
+            "train": sorted(int(r) for r in rows[(fold_of != test) & (fold_of != valid)]),
+            "valid": sorted(int(r) for r in rows[fold_of == valid]),
+            "test": sorted(int(r) for r in rows[fold_of == test]),
+        }
+        file = folder / FOLDS_DIR / str(f) / "split.json"
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(split) + "\n")
+        values = {**settings.dataset, "split": "file", "split_file": str(file.resolve())}
+        values.pop("split_column", None)
+        out.append(values)
+    return out, grouped
+
+
+def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """Trains one run (or ensemble) per fold or replicate into ``output_dir/folds/<k>`` with
+    ``fit`` (settings -> metrics) and writes ``cv_metrics.json``: each fold's metrics, their
+    mean and standard deviation."""
+    from graphormer.training.settings import CrossValidationSettings
+
+    output_dir = Path(settings.output_dir)
+    source = _resampled_source(settings)
+    cv = settings.cv
+    if cv.folds is not None:
+        datasets, grouped = _fold_splits(settings, source, output_dir)
+        kind = f"{cv.folds}-fold cross-validation ({'scaffold-grouped' if grouped else 'random'})"
+    else:
+        base = int(settings.dataset.get("split_seed") or 0)
+        datasets = []
+        for i in range(cv.replicates):
+            values = {**settings.dataset, "split": "random", "split_seed": base + i}
+            for key in ("split_column", "split_file"):
+                values.pop(key, None)
+            datasets.append(values)
+        kind = f"{cv.replicates} seeded random splits"
+    report(f"{kind}: {len(datasets)} runs in {output_dir / FOLDS_DIR}")
+    rows = []
+    for f, dataset in enumerate(datasets):
+        run = dataclasses.replace(
+            settings,
+            dataset=dataset,
+            output_dir=output_dir / FOLDS_DIR / str(f),
+            cv=CrossValidationSettings(),
+        )
+        report(f"fold {f + 1} of {len(datasets)}: {run.output_dir}")
+        found = fit(run)
+        rows.append(
+            {
+                "fold": f,
+                "folder": f"{FOLDS_DIR}/{f}",
+                "valid": found["valid"],
+                "test": found["test"],
+            }
+        )
+    metric = _metric(settings)
+    summary: dict[str, Any] = {"kind": kind, "metric": metric, "folds": rows}
+    for split in ("valid", "test"):
+        values = [r[split][metric] for r in rows if r.get(split)]
+        if values:
+            summary[split] = {
+                "mean": float(np.mean(values)),
+                "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+                "n": len(values),
+            }
+    path = output_dir / CV_FILE
+    with atomic_path(path) as partial:
+        partial.write_text(json.dumps(summary, indent=2) + "\n")
+    report(format_cv_table(summary))
+    report(f"cross-validation: {path.resolve()}")
+    return summary
+
+
+def _metric(settings: Any) -> str:
+    return build_source(settings.dataset).task_info().metric
+
+
+def format_cv_table(summary: dict[str, Any]) -> str:
+    """Each fold's valid and test metric, then mean ± std."""
+    metric = summary["metric"]
+    lines = [f"{'fold':<10}{'valid ' + metric:>18}{'test ' + metric:>18}"]
+    for row in summary["folds"]:
+        valid = row["valid"][metric] if row.get("valid") else math.nan
+        test = row["test"][metric] if row.get("test") else math.nan
+        lines.append(f"{row['fold']:<10}{valid:>18.4f}{test:>18.4f}")
+    cells = []
+    for split in ("valid", "test"):
+        found = summary.get(split)
+        cells.append(f"{found['mean']:.4f} ± {found['std']:.4f}" if found else "-")
+    lines.append(f"{'mean ± std':<10}{cells[0]:>18}{cells[1]:>18}")
+    return "\n".join(lines)

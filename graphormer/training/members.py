@@ -1,0 +1,222 @@
+"""The members a ``ckpt=`` names (#19): one checkpoint, a run folder, an ensemble's folder or a
+list, checked to fit together, and how sure their combined predictions were.
+
+An ensemble's folder::
+
+    RUN/ensemble.json       size, seeds, each member's folder and state (trained, failed)
+    RUN/members/<i>/        member i: an ordinary run folder (checkpoints/, metrics.json, ...)
+    RUN/metrics.json        the ensemble's metrics and each member's
+    RUN/calibration.json    fitted on the validation split with the ensemble's predictions
+
+``eval.py ckpt=RUN`` and ``predict.py ckpt=RUN`` use every member (:func:`resolve_members`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphormer.checkpoint import CheckpointError
+from graphormer.console import report
+from graphormer.errors import ConfigError
+from graphormer.rundir import ENSEMBLE_FILE, run_dir_of
+
+__all__ = [
+    "ENSEMBLE_FILE",
+    "MEMBERS_DIR",
+    "REPORTED_LEVELS",
+    "Members",
+    "best_checkpoint",
+    "check_members",
+    "resolve_members",
+    "spearman",
+    "uncertainty_report",
+]
+
+log = logging.getLogger(__name__)
+
+MEMBERS_DIR = "members"
+# Interval levels eval.py reports (coverage and mean width on the test split).
+REPORTED_LEVELS = (0.8, 0.9, 0.95)
+
+
+@dataclass
+class Members:
+    """The checkpoints a ``ckpt=`` names.
+
+    Attributes:
+        paths: one best checkpoint per member found (one for a plain run).
+        folder: the run or ensemble folder (where ``calibration.json`` lives); None for a list of
+            checkpoint files.
+        missing: what is wrong with each member that is not there.
+    """
+
+    paths: list[Path]
+    folder: Path | None = None
+    missing: list[str] = field(default_factory=list)
+
+
+def best_checkpoint(run_dir: Path) -> Path | None:
+    """A run folder's best checkpoint: the one its ``metrics.json`` names (looked up in its own
+    ``checkpoints/``, so that a moved folder still works), else its newest ``best-*.ckpt``."""
+    folder = run_dir / "checkpoints"
+    metrics = run_dir / "metrics.json"
+    if metrics.is_file():
+        try:
+            named = json.loads(metrics.read_text()).get("best_checkpoint")
+        except (ValueError, AttributeError):
+            named = None
+        if isinstance(named, str) and (folder / Path(named).name).is_file():
+            return folder / Path(named).name
+    found = sorted(folder.glob("best-*.ckpt"), key=lambda p: p.stat().st_mtime_ns)
+    return found[-1] if found else None
+
+
+def resolve_members(ckpt: Any, allow_missing: bool = False) -> Members:
+    """The checkpoints ``ckpt`` names: a checkpoint file, a list of them, a run folder (its best
+    checkpoint) or an ensemble's folder (each member's best checkpoint). A member without a
+    checkpoint (failed, interrupted, deleted) is named, and refused unless ``allow_missing``."""
+    if isinstance(ckpt, list | tuple):
+        if not ckpt:
+            raise ConfigError("ckpt=[] names no checkpoint: give a file, a run folder or a list")
+        if len(ckpt) == 1:
+            return resolve_members(ckpt[0], allow_missing)
+        paths = [Path(str(p)).expanduser() for p in ckpt]
+        folders = [p for p in paths if p.is_dir()]
+        if folders:
+            raise ConfigError(
+                f"ckpt=[...] lists the folder {folders[0]}: a list names checkpoint files; give a "
+                "run folder alone as ckpt=FOLDER"
+            )
+        return Members(paths)
+    path = Path(str(ckpt)).expanduser()
+    if not path.is_dir():
+        return Members([path], folder=run_dir_of(path))
+    description = path / ENSEMBLE_FILE
+    if not description.is_file():
+        best = best_checkpoint(path)
+        if best is None:
+            raise CheckpointError(
+                f"ckpt={path} is a folder without a best checkpoint (checkpoints/best-*.ckpt) or "
+                f"an ensemble ({ENSEMBLE_FILE}): give a run folder train.py wrote, or a file"
+            )
+        return Members([best], folder=path)
+    try:
+        size = int(json.loads(description.read_text())["size"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{description} cannot be read ({error}): it was damaged") from error
+    paths, missing = [], []
+    for i in range(size):
+        member = path / MEMBERS_DIR / str(i)
+        best = best_checkpoint(member) if member.is_dir() else None
+        if best is None:
+            missing.append(f"member {i} ({member}) has no best checkpoint")
+        else:
+            paths.append(best)
+    if missing and (not allow_missing or not paths):
+        advice = (
+            "ensemble.allow_missing=true scores the others"
+            if paths
+            else "no member is left to score"
+        )
+        raise CheckpointError(
+            f"ensemble {path}: {'; '.join(missing)} (it failed, was interrupted or was "
+            f"removed): train it again, or {advice}"
+        )
+    for text in missing:
+        report(f"WARNING: ensemble {path}: {text}; scoring the other {len(paths)} member(s)")
+    return Members(paths, folder=path, missing=missing)
+
+
+def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
+    """Members are combined only when they predict the same tasks from the same featurisation:
+    same task, same model inputs, same structural settings."""
+    first = modules[0]
+    for record, module in zip(records[1:], modules[1:], strict=True):
+        if module.task != first.task:
+            raise CheckpointError(
+                f"checkpoint {record.path} predicts {module.task}, but {records[0].path} "
+                f"predicts {first.task}: an ensemble's members share one task"
+            )
+        hops = [
+            (m.hparams.get("data") or {}).get("datamodule", {}).get("max_hops")
+            for m in (first, module)
+        ]
+        if hops[0] != hops[1]:
+            raise CheckpointError(
+                f"checkpoint {record.path} reads paths of {hops[1]} hops but {records[0].path} "
+                f"of {hops[0]}: an ensemble's members share the structural settings"
+            )
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    import pandas as pd
+
+    ra = pd.Series(a).rank().to_numpy()
+    rb = pd.Series(b).rank().to_numpy()
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def uncertainty_report(
+    task: Any,
+    task_names: Sequence[str],
+    y: np.ndarray,
+    mean: np.ndarray,
+    std: np.ndarray | None,
+    calibration: Any | None,
+    spread: str | None,
+) -> dict[str, Any]:
+    """How sure the predictions of one split were: regression, each task's interval coverage and
+    mean width at :data:`REPORTED_LEVELS` (with a calibration) and Spearman's correlation of the
+    spread with the absolute error (with a spread); binary, each task's ECE before and after the
+    run's calibration."""
+    found: dict[str, Any] = {}
+    if task.is_multiclass:
+        return found  # no intervals or calibration for class probabilities
+    if task.is_classification:
+        after = calibration.calibrate(mean) if calibration is not None else None
+        found["calibration"] = calibration.method if calibration is not None else "none"
+        found["ece_before"] = {}
+        found["ece_after"] = {}
+        from graphormer.training.calibration import expected_calibration_error
+
+        for t, name in enumerate(task_names):
+            found["ece_before"][name] = expected_calibration_error(mean[:, t], y[:, t])
+            if after is not None:
+                found["ece_after"][name] = expected_calibration_error(after[:, t], y[:, t])
+        if after is None:
+            del found["ece_after"]
+        return found
+    if std is not None:
+        found["std_error_spearman"] = {}
+        for t, name in enumerate(task_names):
+            keep = ~np.isnan(y[:, t])
+            error = np.abs(y[keep, t] - mean[keep, t])
+            found["std_error_spearman"][name] = spearman(std[keep, t], error)
+    if calibration is not None:
+        found["interval_scores"] = calibration.interval_kind(spread)
+        found["intervals"] = {}
+        for level in REPORTED_LEVELS:
+            try:
+                lower, upper = calibration.intervals(mean, std, level, spread)
+            except ConfigError:  # too few validation molecules for this level
+                continue
+            entry = {}
+            for t, name in enumerate(task_names):
+                keep = ~np.isnan(y[:, t])
+                inside = (y[keep, t] >= lower[keep, t]) & (y[keep, t] <= upper[keep, t])
+                entry[name] = {
+                    "coverage": float(inside.mean()) if keep.any() else float("nan"),
+                    "mean_width": float((upper[keep, t] - lower[keep, t]).mean()),
+                }
+            found["intervals"][str(level)] = entry
+    return found

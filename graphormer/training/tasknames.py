@@ -1,0 +1,35 @@
+"""The names of a checkpoint's tasks, as its dataset source names them: what prediction tables
+and evaluation reports label their columns with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from graphormer.data.sources import Source, build_source
+from graphormer.errors import ConfigError
+
+__all__ = ["read_task_names", "stored_source"]
+
+
+def read_task_names(module: Any) -> list[str]:
+    """The names of a checkpoint's tasks, as its dataset source names them (a SMILES-CSV
+    model's target columns, an OGB model's label columns); ``task_i`` when it cannot."""
+    num_tasks = module.task.num_tasks
+    source = stored_source(module)
+    names = source.task_names() if source is not None else None
+    if names is None or len(names) != num_tasks or len(set(names)) != num_tasks:
+        names = [f"task_{i}" for i in range(num_tasks)]
+    return names
+
+
+def stored_source(module: Any) -> Source | None:
+    """The dataset source a checkpoint's settings describe; None when it records none (a
+    converted checkpoint) or one graphormer cannot build (prediction needs no dataset)."""
+    dataset = (module.hparams.get("data") or {}).get("dataset")
+    if not isinstance(dataset, Mapping) or not dataset:
+        return None
+    try:
+        return build_source(dataset)
+    except ConfigError:
+        return None
