@@ -4,6 +4,7 @@
     python benchmarks/train_throughput.py --reference          # and Hugging Face's, with ratios
     python benchmarks/train_throughput.py --scenarios slim-random base-random --batches 10
     python benchmarks/train_throughput.py --device cuda --scenarios slim-random base-random
+    python benchmarks/train_throughput.py --molecules 2048     # the first 2,048 molecules only
 
 Every measurement runs in a fresh process (so that its peak RSS is its own) on the same 4,854
 connected rdkit NCI molecules (the disconnected ones are left out: Hugging Face's collator pads
