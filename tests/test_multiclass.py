@@ -82,7 +82,7 @@ def test_the_number_of_classes_comes_from_the_labels_or_the_setting(tmp_path):
 @pytest.mark.parametrize(
     "label, settings, message",
     [
-        (1.5, {}, r"graph\(s\) \[7\] have labels \[1.5\]; a multi-class label is a class id"),
+        (1.5, {}, r"row\(s\) \(0-based, header excluded\) \[7\] have labels \[1.5\]; a multi"),
         (-1, {}, r"have labels \[-1.0\]"),
         (2, {"num_classes": 2}, r"class id in 0..1"),
     ],

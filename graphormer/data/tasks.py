@@ -268,13 +268,19 @@ def user_task(
     return TaskInfo(name, USER_TASK_TYPES[task_type], num_tasks, metric, classes)
 
 
-def check_class_labels(y: torch.Tensor, num_classes: int | None, where: str) -> int:
+def check_class_labels(
+    y: torch.Tensor,
+    num_classes: int | None,
+    where: str,
+    rows: torch.Tensor | None = None,
+    noun: str = "graph(s)",
+) -> int:
     """The number of classes of multi-class labels ``y`` (one per graph, NaN = unlabelled):
     ``num_classes`` if given, else the largest label + 1.
 
     Raises:
         DataError: a label that is not an integer, or outside ``0..num_classes-1``, naming
-            the graphs (positions in ``where``).
+            the graphs (their positions, or ``rows``: what the input calls them, as ``noun``).
     """
     y = y.reshape(len(y), -1).double()
     if y.size(-1) != 1:
@@ -291,10 +297,12 @@ def check_class_labels(y: torch.Tensor, num_classes: int | None, where: str) -> 
         bad |= values >= num_classes
     if bad.any():
         graphs = labelled.nonzero().view(-1)[bad]
+        if rows is not None:
+            graphs = rows.view(-1)[graphs]
         shown = sorted({float(v) for v in values[bad].tolist()})[:5]
         allowed = f"0..{num_classes - 1}" if num_classes is not None else "0, 1, 2, ..."
         raise DataError(
-            f"{where}: graph(s) {graphs[:5].tolist()}{' and more' if len(graphs) > 5 else ''} "
+            f"{where}: {noun} {graphs[:5].tolist()}{' and more' if len(graphs) > 5 else ''} "
             f"have labels {shown}; a multi-class label is a class id in {allowed} "
             "(dataset.num_classes sets how many classes there are)"
         )

@@ -398,7 +398,9 @@ class SmilesCsvSource(Source):
             labels = torch.tensor(
                 pd.to_numeric(table[target], errors="coerce").to_numpy(dtype=float)
             )
-            classes = check_class_labels(labels, None, f"target column {target!r} of {self.path}")
+            where = f"target column {target!r} of {self.path}"
+            rows = "row(s) (0-based, header excluded)"  # the table's positions are its rows
+            classes = check_class_labels(labels, None, where, noun=rows)
             self._task = user_task(self.name, "multiclass", self.metric, 1, classes, self._METRICS)
         return self._task
 
@@ -428,7 +430,8 @@ class SmilesCsvSource(Source):
             _check_binary_labels(dataset, self.targets, self.path)
         if task.is_multiclass:
             where = f"target column {self.targets[0]!r} of {self.path}"
-            check_class_labels(dataset.y, task.num_classes, where)
+            rows = "row(s) (0-based, header excluded)"
+            check_class_labels(dataset.y, task.num_classes, where, dataset.row, rows)
         if self.split == "scaffold":
             split = group_split(dataset.scaffolds, self.split_ratios)
         elif self.split == "random":
