@@ -259,7 +259,7 @@ def test_cross_validation_refuses_an_official_split(ogb_root, tmp_path):
     ):
         train_run(cfg)
     with pytest.raises(ConfigError, match="give one"):
-        train_run(compose_train(["cv.folds=2", "cv.replicates=2", f"output_dir={tmp_path}"]))
+        train_run(compose_train(["cv.folds=3", "cv.replicates=2", f"output_dir={tmp_path}"]))
 
 
 def test_folds_keep_groups_whole_and_balance_positives():

@@ -111,6 +111,20 @@ def test_training_beats_the_majority_class_and_eval_reproduces_it(tu_root, tmp_p
     results = evaluate(metrics["best_checkpoint"], split="test", output=tmp_path / "eval.json")
     assert results["test"]["acc"] == metrics["test"]["acc"]
 
+    # Prediction needs the model only: the training data are neither read nor downloaded.
+    from graphormer import Predictor
+    from graphormer.data.sources.tu import TUSource
+
+    expected = tu(root, "NCI_TU3").categorical_columns()  # read from the data
+
+    def unreadable(self):
+        raise AssertionError("prediction read the TU dataset")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TUSource, "graphs", unreadable)
+        predictor = Predictor.from_checkpoint(metrics["best_checkpoint"], device="cpu")
+    assert predictor.categorical_columns == expected
+
 
 def test_no_network_is_a_clear_error_naming_the_url_and_the_folder(tmp_path, monkeypatch):
     def offline(url, folder, log=True):

@@ -218,8 +218,9 @@ def _report(
     if failed:
         shown = ", ".join(str(i) for i in failed[:_SHOWN_ROWS])
         more = f" and {len(failed) - _SHOWN_ROWS} more" if len(failed) > _SHOWN_ROWS else ""
+        where = "0-based, header excluded" if noun == "molecules" else f"0-based {noun}"
         lines.append(
-            f"no prediction for {len(failed)} row(s) ({shown}{more}; 0-based, header excluded): "
+            f"no prediction for {len(failed)} row(s) ({shown}{more}; {where}): "
             "see their `error` column"
         )
     if output is not None:

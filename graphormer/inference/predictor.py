@@ -240,7 +240,9 @@ class Predictor:
         if refusal is not None:
             predictor.smiles_refusal = f"checkpoint {path} {refusal}"
         if source is not None:
-            predictor.categorical_columns = source.categorical_columns()
+            config = module.config
+            counts = (len(config.atom_feature_dims), len(config.bond_feature_dims))
+            predictor.categorical_columns = source.categorical_columns(counts)
         return predictor
 
     @property
@@ -371,7 +373,7 @@ class Predictor:
         return result
 
     def _check_interval(self, interval: float) -> None:
-        if self.task.is_classification:
+        if self.task.is_classification or self.task.is_multiclass:
             raise ConfigError(
                 f"interval={interval} is for regression models; this one predicts "
                 "probabilities (calibrated with the run's calibration, if it has one)"
@@ -384,6 +386,15 @@ class Predictor:
             )
         if isinstance(interval, bool) or not isinstance(interval, int | float):
             raise ConfigError(f"interval={interval!r} is not allowed: a level in (0, 1), e.g. 0.9")
+        passes = self.calibration.mc_passes
+        if self.mc_dropout and passes is not None and self.mc_dropout != passes:
+            # The spread of K passes is another estimator for each K: the intervals' coverage
+            # holds for the number of passes they were calibrated with.
+            raise ConfigError(
+                f"interval={interval} with mc_dropout={self.mc_dropout}: the run's intervals "
+                f"were calibrated with {passes} MC-dropout passes; give mc_dropout={passes}, or "
+                "drop mc_dropout for intervals from the plain residuals"
+            )
         # Too few validation molecules for this level: said before anything is computed.
         conformal_radius(np.asarray(self.calibration.residual[0]), float(interval))
 
@@ -463,7 +474,9 @@ class Predictor:
             try:
                 inputs[i] = self._graph_input(graph)
             except DataError as error:
-                errors[i] = str(error)
+                # The checks name a one-graph list ("graph: graph 0 ..."): name the input's row.
+                errors[i] = str(error).replace("graph: graph 0", f"graph {i}", 1)
+                errors[i] = errors[i].replace(" before training)", ")")
         order = sorted(inputs, key=lambda i: inputs[i].num_nodes)
         pairs = [(inputs[i].num_nodes + 1) ** 2 for i in order]
         counts = pack_by_tokens(pairs, self.batch_size, self.batch_size * _PAIRS_PER_MOLECULE)

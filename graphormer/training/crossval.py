@@ -128,9 +128,12 @@ def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[
         kind = f"{cv.folds}-fold cross-validation ({'scaffold-grouped' if grouped else 'random'})"
     else:
         base = int(settings.dataset.get("split_seed") or 0)
+        accepted = set(inspect.signature(type(source)).parameters)
         datasets = []
         for i in range(cv.replicates):
-            values = {**settings.dataset, "split": "random", "split_seed": base + i}
+            values = {**settings.dataset, "split_seed": base + i}
+            if "split" in accepted and values.get("split") not in ("random", "stratified"):
+                values["split"] = "random"  # a seeded split (TU's stratified one stays)
             for key in ("split_column", "split_file"):
                 values.pop(key, None)
             datasets.append(values)

@@ -49,7 +49,7 @@ def train_calibrated(settings: Any, loggers: list[Any] | None = None) -> dict[st
         fit_calibration=settings.calibration,
         calibration_dir=Path(settings.output_dir),
     )
-    results["calibration"] = found["calibration"]
+    results["calibration"] = found.get("calibration")  # None: a multi-class task has none
     path = Path(settings.output_dir) / "metrics.json"
     _write_json(path, results)
     return results
@@ -80,7 +80,9 @@ def _finished(member: Any) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     best = best_checkpoint(folder)
-    if found.get("interrupted") or best is None or not (folder / CALIBRATION_FILE).is_file():
+    if found.get("interrupted") or best is None or "calibration" not in found:
+        return None  # no "calibration" entry: the run's end (calibration) has not been reached
+    if found["calibration"] is not None and not (folder / CALIBRATION_FILE).is_file():
         return None
     found["best_checkpoint"] = str(best.resolve())  # the folder may have moved
     return found

@@ -403,7 +403,12 @@ class CrossValidationSettings:
     replicates: int | None = None
 
     def __post_init__(self) -> None:
-        _integer("cv.folds", self.folds, 2, optional=True)
+        if self.folds is not None and not isinstance(self.folds, bool) and self.folds == 2:
+            raise ConfigError(
+                "cv.folds=2 is not allowed: each fold is the test split once and the next fold "
+                "the validation split, so 2 folds leave no training data; give cv.folds >= 3"
+            )
+        _integer("cv.folds", self.folds, 3, optional=True)
         _integer("cv.replicates", self.replicates, 1, optional=True)
         if self.folds is not None and self.replicates is not None:
             raise ConfigError(

@@ -61,9 +61,14 @@ class Source(ABC):
         categorical column); None for OGB's featurisation (the model's default tables)."""
         return None
 
-    def categorical_columns(self) -> tuple[list[int] | None, list[int] | None]:
+    def categorical_columns(
+        self,
+        counts: tuple[int, int] | None = None,  # noqa: ARG002
+    ) -> tuple[list[int] | None, list[int] | None]:
         """Which columns of a graph's ``x`` and ``edge_attr`` are categorical when a user gives
-        graphs to predict (``Predictor.predict_graphs``); None: every column (OGB's layout)."""
+        graphs to predict (``Predictor.predict_graphs``); None: every column (OGB's layout).
+        ``counts``: the model's numbers of categorical node and edge columns (from its
+        checkpoint), for sources that would otherwise have to read their data to tell."""
         return None, None
 
     def continuous_dims(self) -> tuple[int, int]:

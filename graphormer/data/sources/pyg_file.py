@@ -350,7 +350,10 @@ class PygFileSource(Source):
         graphs = self.graphs()
         return graphs.node_dims, graphs.edge_dims
 
-    def categorical_columns(self) -> tuple[list[int], list[int]]:
+    def categorical_columns(
+        self,
+        counts: tuple[int, int] | None = None,  # noqa: ARG002
+    ) -> tuple[list[int], list[int]]:
         return self.categorical_node_columns, self.categorical_edge_columns
 
     def continuous_dims(self) -> tuple[int, int]:

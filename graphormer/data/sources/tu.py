@@ -216,9 +216,14 @@ class TUSource(Source):
         graphs = self.graphs()
         return graphs.node_dims, graphs.edge_dims
 
-    def categorical_columns(self) -> tuple[list[int], list[int]]:
+    def categorical_columns(
+        self, counts: tuple[int, int] | None = None
+    ) -> tuple[list[int], list[int]]:
         """Graphs given to predict hold the labels first, then the attributes: ``x`` =
-        ``[node labels | node attributes]``, likewise ``edge_attr``."""
+        ``[node labels | node attributes]``, likewise ``edge_attr``. With ``counts`` (the
+        model's), the dataset itself is not read (prediction needs no training data)."""
+        if counts is not None:
+            return list(range(counts[0])), list(range(counts[1]))
         graphs = self.graphs()
         return list(range(len(graphs.node_dims))), list(range(len(graphs.edge_dims)))
 
