@@ -242,6 +242,12 @@ def test_cross_validation_gives_one_result_per_fold(tpsa_csv, tmp_path):
     rows = [set(read_json(out / "folds" / str(k) / "split.json")["test"]) for k in range(3)]
     assert not (rows[0] & rows[1]) and not (rows[1] & rows[2]) and not (rows[0] & rows[2])
     assert len(rows[0] | rows[1] | rows[2]) == 1000
+    # Two folds' models are not one ensemble: each was tested on molecules the other trained on.
+    folds = [
+        str(next((out / "folds" / str(k) / "checkpoints").glob("best-*.ckpt"))) for k in (0, 1)
+    ]
+    with pytest.raises(CheckpointError, match="share one dataset and split"):
+        Predictor.from_checkpoint(folds, device="cpu")
 
 
 def test_cross_validation_refuses_an_official_split(ogb_root, tmp_path):

@@ -153,6 +153,34 @@ def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
                 f"checkpoint {record.path} reads paths of {hops[1]} hops but {records[0].path} "
                 f"of {hops[0]}: an ensemble's members share the structural settings"
             )
+        inputs = [{k: m.hparams["model"].get(k) for k in _INPUT_KEYS} for m in (first, module)]
+        if inputs[0] != inputs[1]:
+            keys = [k for k in _INPUT_KEYS if inputs[0][k] != inputs[1][k]]
+            raise CheckpointError(
+                f"checkpoint {record.path} reads other inputs than {records[0].path} (model."
+                f"{keys[0]}: {inputs[1][keys[0]]} vs {inputs[0][keys[0]]}): an ensemble's "
+                "members read the same features"
+            )
+        data = [(m.hparams.get("data") or {}).get("dataset") or {} for m in (first, module)]
+        differ = sorted(k for k in set(data[0]) | set(data[1]) if data[0].get(k) != data[1].get(k))
+        if differ:
+            # Another split (a cross-validation's folds) would score members on molecules some
+            # of them trained on.
+            raise CheckpointError(
+                f"checkpoint {record.path} was trained on other data settings than "
+                f"{records[0].path} (dataset.{differ[0]}: {data[1].get(differ[0])!r} vs "
+                f"{data[0].get(differ[0])!r}): an ensemble's members share one dataset and split; "
+                "evaluate each on its own (a cross-validation's folds are scored in cv_metrics.json)"
+            )
+
+
+# Model settings that fix what a member reads: members must agree on them.
+_INPUT_KEYS = (
+    "atom_feature_dims",
+    "bond_feature_dims",
+    "node_continuous_dim",
+    "edge_continuous_dim",
+)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
