@@ -229,6 +229,13 @@ def test_binary_calibration_is_fitted_on_valid_and_reported_by_eval(tpsa_csv, tm
         predictor.run(MOLECULES, interval=0.9)
 
 
+def test_binary_calibration_on_a_regression_task_is_refused_before_training(tpsa_csv, tmp_path):
+    out = tmp_path / "regression"
+    with pytest.raises(ConfigError, match="calibration=temperature calibrates binary probabil"):
+        _train(tpsa_csv, out, "calibration=temperature")
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+
+
 def test_cross_validation_gives_one_result_per_fold(tpsa_csv, tmp_path):
     out = tmp_path / "cv"
     summary = _train(tpsa_csv, out, "cv.folds=3", "trainer.max_epochs=1")

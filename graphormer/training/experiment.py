@@ -7,6 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from graphormer.data.sources import build_source
+from graphormer.errors import ConfigError
 from graphormer.training.crossval import cross_validate
 from graphormer.training.ensemble import train_calibrated, train_ensemble
 from graphormer.training.settings import RunSettings
@@ -19,6 +21,14 @@ def fit(
 ) -> dict[str, Any]:
     """Trains as ``settings`` say; returns what the top ``metrics.json`` (or
     ``cv_metrics.json``) holds. ``loggers_for(folder)`` builds the loggers of a run folder."""
+    if settings.calibration != "none":
+        task = build_source(settings.dataset).task_info()
+        if not task.is_classification:
+            raise ConfigError(
+                f"calibration={settings.calibration} calibrates binary probabilities, but "
+                f"{task.name} is a {task.task_type} task: drop calibration= (regression runs "
+                "always store their conformal intervals' calibration)"
+            )
     if settings.cv.enabled:
         return cross_validate(settings, lambda one: fit(one, loggers_for))
     if settings.ensemble.size > 1:
