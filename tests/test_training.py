@@ -23,6 +23,7 @@ from graphormer.training import (
 
 from helpers import (
     TINY,
+    call_script,
     compose_config,
     compose_train,
     evaluate_run,
@@ -295,6 +296,9 @@ def test_offline_demo_learns(tmp_path):
     assert metrics["valid"]["rmse"] < 25
 
 
+# Slow: a duplicate of test_bad_input's test_user_errors_are_one_line_without_a_traceback, which
+# runs the same eval.py ckpt=<missing file> in a subprocess by default.
+@pytest.mark.slow
 def test_scripts_report_user_errors_without_a_traceback(tmp_path):
     result = run_failing(
         "eval.py",
@@ -330,7 +334,7 @@ def test_prepare_script_caches_the_dataset(tmp_path, ogb_root):
     shutil.copytree(
         ogb_root / "ogbg_molesol", root / "ogbg_molesol", ignore=shutil.ignore_patterns("processed")
     )
-    log = run_script(
+    log = call_script(
         "prepare.py",
         [
             "dataset=ogbg-molesol",
