@@ -41,7 +41,13 @@ def train_args(ogb_root, out, *extra):
 
 
 def start(args, cwd) -> subprocess.Popen:
-    return start_script("train.py", args, cwd)
+    # A shell starts background jobs (`pytest &`, nohup) with SIGINT ignored, and a child keeps
+    # an ignored signal: the run is started with Ctrl-C handled, as a terminal gives it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return start_script("train.py", args, cwd)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def wait_for(condition, process, what: str, timeout: float = 300) -> None:
