@@ -103,10 +103,92 @@ def run_failing(script, args, cwd, timeout=300) -> subprocess.CompletedProcess:
     return result
 
 
+def call(script: str, args, cwd) -> subprocess.CompletedProcess:
+    """Runs ``scripts/<script>``'s application in this process, as its console command does
+    (``main()`` with ``args`` as the command line, from ``cwd``): its exit status, stdout and
+    stderr as a subprocess run gives them, without the seconds of imports a new process costs.
+    For what the application does; a process's own boundary (a signal, a fresh interpreter, the
+    start-up time, more than one rank) needs :func:`run_script`. What the application changes in
+    the process (logging, warnings, the environment, Hydra's singletons) is put back, and what a
+    process lets go of when it ends (the run folders it holds, its record of a rewritten resume
+    config) is let go of."""
+    import contextlib
+    import importlib
+    import io
+    import logging
+    import warnings
+
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from graphormer import rundir
+    from graphormer.cli import train as train_command
+
+    held = set(rundir._HELD)
+    main = importlib.import_module(f"graphormer.cli.{Path(script).stem}").main
+    argv = [str(REPO / "scripts" / script), *map(str, args)]
+    out, err = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    environ, here, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    formatwarning = warnings.formatwarning
+    code = 0
+    try:
+        os.chdir(cwd)
+        sys.argv = argv
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            try:
+                main()
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else (stop.code is not None)
+                if isinstance(stop.code, str):
+                    print(stop.code, file=err)
+            finally:
+                logging.captureWarnings(False)
+    finally:
+        sys.argv = saved_argv
+        os.chdir(here)
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        warnings.formatwarning = formatwarning
+        os.environ.clear()
+        os.environ.update(environ)
+        GlobalHydra.instance().clear()
+        HydraConfig.instance().cfg = None
+        for folder in set(rundir._HELD) - held:  # a process's locks end with it
+            rundir.release_run_dir(folder)
+        train_command._REPLACED.clear()
+    return subprocess.CompletedProcess(argv, int(code), out.getvalue(), err.getvalue())
+
+
+def call_script(script: str, args, cwd) -> str:
+    """:func:`call` of a command that must succeed; its stdout and stderr."""
+    result = call(script, args, cwd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result.stdout + result.stderr
+
+
+def call_failing(script: str, args, cwd) -> subprocess.CompletedProcess:
+    """:func:`call` of a command that must stop on a user error: exit status 1, no traceback."""
+    result = call(script, args, cwd)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "Traceback" not in result.stderr, result.stderr[-5000:]
+    return result
+
+
 def evaluate_run(metrics: dict, work: Path, *overrides: str) -> tuple[dict, str]:
-    """scripts/eval.py on a run's best checkpoint, all splits: the JSON it wrote, and its output."""
+    """scripts/eval.py on a run's best checkpoint, all splits: the JSON it wrote, and its output.
+    In-process (:func:`call_script`): eval.py in a process of its own runs in test_checkpoint
+    and test_install."""
     result_path = work / "eval.json"
-    log = run_script(
+    log = call_script(
         "eval.py",
         [
             f"ckpt={metrics['best_checkpoint']}",

@@ -13,7 +13,7 @@ from graphormer.checkpoint import FORMAT_VERSION, META_KEY, CheckpointError
 from graphormer.testing import model_preset
 from graphormer.training import GraphormerModule
 
-from helpers import run_failing, run_script
+from helpers import call_failing, call_script
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FORMAT1 = FIXTURES / "format1_tiny.ckpt"
@@ -57,7 +57,7 @@ def test_a_format_1_checkpoint_predicts_exactly_as_before():
 
 def test_a_format_1_checkpoint_evaluates_exactly_as_before(tmp_path):
     output = tmp_path / "eval.json"
-    run_script(
+    call_script(  # eval.py's main() in-process; test_install runs graphormer-eval in a process
         "eval.py",
         [
             f"ckpt={FORMAT1}",
@@ -96,7 +96,7 @@ def test_a_newer_format_is_refused_with_the_fix(tmp_path):
     torch.save(stored, path)
     with pytest.raises(CheckpointError, match=f"format {FORMAT_VERSION + 1}.*upgrade graphormer"):
         checkpoint.load(path)
-    result = run_failing("predict.py", [f"ckpt={path}", "smiles=[CCO]"], cwd=tmp_path)
+    result = call_failing("predict.py", [f"ckpt={path}", "smiles=[CCO]"], cwd=tmp_path)
     assert "upgrade graphormer" in result.stderr
 
 

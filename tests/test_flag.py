@@ -9,7 +9,7 @@ import torch
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.training import GraphormerModule, masked_loss
 
-from helpers import TINY, nci_graphs, run_script, to_data
+from helpers import TINY, call_script, nci_graphs, run_script, to_data
 
 MODEL = {
     "num_layers": 2,
@@ -168,7 +168,7 @@ def test_flag_refuses_gradient_accumulation(tmp_path, ogb_root):
 def test_flag_trains_with_bf16_and_clipping_and_under_ddp(tmp_path, ogb_root):
     common = ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", *TINY, "flag.m=2"]
     out = tmp_path / "bf16"
-    run_script(
+    call_script(
         "train.py",
         [*common, "trainer.precision=bf16-mixed", "trainer.max_epochs=1", f"hydra.run.dir={out}"],
         cwd=tmp_path,

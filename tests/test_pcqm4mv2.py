@@ -21,7 +21,7 @@ from graphormer.data.featurize import featurize_compact
 from graphormer.data.sources.pcqm4mv2 import write_compact
 from graphormer.testing import nci_pcqm4mv2, nci_table
 
-from helpers import TINY, evaluate_run, run_failing, run_script
+from helpers import TINY, call_failing, call_script, evaluate_run
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_missing_dataset_without_network_is_a_clear_error(tmp_path, monkeypatch)
 def pcqm_run(tmp_path_factory, pcqm_root):
     work = tmp_path_factory.mktemp("pcqm_run")
     out = work / "run"
-    log = run_script(
+    log = call_script(
         "train.py",
         [
             "dataset=pcqm4mv2",
@@ -141,7 +141,7 @@ def test_eval_reproduces_valid_mae_and_writes_the_submission_file(pcqm_run, tmp_
     assert set(result) >= {"valid"} and "test" not in result
     assert result["valid"]["mae"] == pytest.approx(metrics["valid"]["mae"], abs=1e-6)
 
-    log = run_script(
+    log = call_script(
         "eval.py",
         [
             f"ckpt={metrics['best_checkpoint']}",
@@ -178,7 +178,7 @@ def test_a_metric_for_an_unlabelled_split_is_a_clear_error(pcqm_run, tmp_path):
     _, out, _ = pcqm_run
     metrics = json.loads((out / "metrics.json").read_text())
     args = [f"ckpt={metrics['best_checkpoint']}", "split=test", f"hydra.run.dir={tmp_path / 'e'}"]
-    result = run_failing("eval.py", args, tmp_path)
+    result = call_failing("eval.py", args, tmp_path)
     assert "split='test' is not an evaluation split of pcqm4mv2" in result.stderr
     assert "test-dev" in result.stderr
 

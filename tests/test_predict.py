@@ -20,13 +20,13 @@ from graphormer.inference.pictures import relative_to_uniform
 from graphormer.training import GraphormerModule, build_datamodule, build_module
 
 from helpers import (
+    call_script,
     compose_config,
     compose_train,
     evaluate_run,
     model_preset,
     nci_smiles,
     run_failing,
-    run_script,
 )
 
 # train.py's run on OGB-layout ogbg-molhiv (tiny model, 3 epochs), as test_training uses it.
@@ -110,7 +110,7 @@ def test_split_predictions(trained_run, ogb_root):
         rows.insert(position, {"id": "00000", "smiles": bad, "note": ""})
     table = pd.DataFrame(rows)
     table.to_csv(work / "test_molecules.csv", index=False)
-    log = run_script(
+    log = call_script(
         "predict.py",
         [
             f"ckpt={metrics['best_checkpoint']}",
@@ -384,7 +384,7 @@ def test_explain_script_writes_pictures_and_raw_maps(trained_run, tmp_path):
     and not blank) and the raw maps, cut to the molecule (no padding), rows summing to 1."""
     _, out, _ = trained_run
     aspirin, nci = "CC(=O)Oc1ccccc1C(=O)O", nci_smiles()[5]
-    log = run_script(
+    log = call_script(
         "explain.py",
         [
             f"ckpt={out / 'checkpoints' / 'last.ckpt'}",

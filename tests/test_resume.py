@@ -1,6 +1,9 @@
 """A newcomer's first hour (issue 20): resuming with only the checkpoint, Ctrl-C that says how to
 continue, fine-tuning a converted model with one command, run folders that hold one run each, and
-misspelt keys named with the keys that exist. Each through the scripts, as a user runs them."""
+misspelt keys named with the keys that exist. Each through the scripts' applications: in a
+subprocess where the process itself is what is tested (Ctrl-C, two processes, one refusal as
+the shell sees it), else in-process (tests/helpers.call: the same main(), without the seconds
+of imports a new process costs)."""
 
 import shlex
 import shutil
@@ -12,7 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, TINY, read_json, run_failing, run_script, start_script
+from helpers import (
+    REPO,
+    TINY,
+    call_failing,
+    call_script,
+    read_json,
+    run_failing,
+    start_script,
+)
 
 # Lightning's notices that a resume expects (its own checkpoints, a moved folder).
 EXPECTED_WARNINGS = ("exists and is not empty", "dirpath has changed")
@@ -30,7 +41,13 @@ def train_args(ogb_root, out, *extra):
 
 
 def start(args, cwd) -> subprocess.Popen:
-    return start_script("train.py", args, cwd)
+    # A shell starts background jobs (`pytest &`, nohup) with SIGINT ignored, and a child keeps
+    # an ignored signal: the run is started with Ctrl-C handled, as a terminal gives it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return start_script("train.py", args, cwd)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def wait_for(condition, process, what: str, timeout: float = 300) -> None:
@@ -48,7 +65,7 @@ def base_run(tmp_path_factory, ogb_root):
     """A finished 2-epoch run with settings other than the defaults (dataset, model, batch size);
     tests copy it before resuming it."""
     work = tmp_path_factory.mktemp("base")
-    run_script("train.py", train_args(ogb_root, work / "run", "trainer.max_epochs=2"), cwd=work)
+    call_script("train.py", train_args(ogb_root, work / "run", "trainer.max_epochs=2"), cwd=work)
     return work / "run"
 
 
@@ -68,7 +85,7 @@ def test_a_resume_takes_its_runs_settings_and_refuses_changes_that_break_it(base
     work = tmp_path / "elsewhere"
     work.mkdir()
     last = run / "checkpoints" / "last.ckpt"
-    log = run_script("train.py", [f"ckpt_path={last}", "trainer.max_epochs=3"], cwd=work)
+    log = call_script("train.py", [f"ckpt_path={last}", "trainer.max_epochs=3"], cwd=work)
     assert f"resuming {last} with its run's settings ({run / '.hydra' / 'config.yaml'})" in log
     assert "changed by this command: trainer.max_epochs 2 -> 3" in log
     assert "model: 36,837 parameters" in log and "epoch 3/3" in log and "epoch 1/" not in log
@@ -88,14 +105,14 @@ def test_a_resume_takes_its_runs_settings_and_refuses_changes_that_break_it(base
     refused = run_failing("train.py", [f"ckpt_path={last}", "model.num_layers=4"], cwd=work)
     assert refused.stderr.startswith("error: model.num_layers=4 (the run has 3) would change")
     assert "resume_strict=false" in refused.stderr and len(refused.stderr.splitlines()) == 1
-    refused = run_failing("train.py", [f"ckpt_path={last}", "model=graphormer_slim"], cwd=work)
+    refused = call_failing("train.py", [f"ckpt_path={last}", "model=graphormer_slim"], cwd=work)
     assert refused.stderr.startswith(
         "error: model=graphormer_slim (the run has model=graphormer_tiny)"
     )
     assert (run / "metrics.json").read_bytes() == before
     assert len(list((run / ".hydra").glob("resume-*"))) == 1  # the refused left no record
 
-    log = run_script(
+    log = call_script(
         "train.py",
         [f"ckpt_path={last}", "seed=7", "resume_strict=false", "trainer.max_epochs=4"],
         cwd=work,
@@ -129,7 +146,7 @@ def test_ctrl_c_reports_the_saved_epoch_and_the_command_that_resumes_it(ogb_root
     words = shlex.split(command)
     assert words == ["python", str(REPO / "scripts" / "train.py"), f"ckpt_path={last}"]
     # The command works as printed (here with fewer epochs, to end soon).
-    log = run_script("train.py", [*words[2:], f"trainer.max_epochs={epochs + 1}"], cwd=tmp_path)
+    log = call_script("train.py", [*words[2:], f"trainer.max_epochs={epochs + 1}"], cwd=tmp_path)
     assert f"epoch {epochs + 1}/{epochs + 1}" in log
     metrics = read_json(out / "metrics.json")
     assert "interrupted" not in metrics and metrics["epochs"] == epochs + 1
@@ -154,7 +171,7 @@ def test_pretrained_brings_its_architecture(ogb_root, tmp_path):
         "trainer.enable_progress_bar=false",
     ]
     out = tmp_path / "run"
-    log = run_script("train.py", [*common, "model.dropout=0.2", f"hydra.run.dir={out}"], tmp_path)
+    log = call_script("train.py", [*common, "model.dropout=0.2", f"hydra.run.dir={out}"], tmp_path)
     assert (
         f"pretrained={converted}: the network's architecture is the checkpoint's (num_layers=2 "
         "hidden_dim=32 ffn_dim=48 num_heads=4 pre_layernorm=false, ...); from this command: "
@@ -169,7 +186,7 @@ def test_pretrained_brings_its_architecture(ogb_root, tmp_path):
     assert trained["dropout"] == 0.2  # model.KEY= on the command line sets that key
     # Its resume rebuilds the checkpoint's network, and needs the pretrained file no more.
     converted.rename(tmp_path / "moved.ckpt")
-    log = run_script(
+    log = call_script(
         "train.py",
         [f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}", "trainer.max_epochs=2"],
         tmp_path,
@@ -178,7 +195,7 @@ def test_pretrained_brings_its_architecture(ogb_root, tmp_path):
     converted = (tmp_path / "moved.ckpt").rename(converted)
     # A model chosen on the command line wins, and is checked against the checkpoint.
     failed = tmp_path / "failed"
-    result = run_failing(
+    result = call_failing(
         "train.py", [*common, "model=graphormer_tiny", f"hydra.run.dir={failed}"], tmp_path
     )
     assert result.stderr.startswith(f"error: pretrained={converted} does not fit this model")
@@ -196,7 +213,7 @@ def test_a_misspelt_key_names_the_keys_that_exist(tmp_path):
         "error: trainer.max_epoch is not a key of this config: did you mean trainer.max_epochs"
     )
     assert len(result.stderr.splitlines()) == 1 and "To append" not in result.stderr
-    result = run_failing("train.py", ["dataset=smiles_csv", "dataset.target=x"], cwd=tmp_path)
+    result = call_failing("train.py", ["dataset=smiles_csv", "dataset.target=x"], cwd=tmp_path)
     assert "did you mean dataset.targets?" in result.stderr
     assert "the keys of dataset are " in result.stderr
     assert list(tmp_path.iterdir()) == []
@@ -233,13 +250,13 @@ def test_a_folder_where_nothing_was_trained_is_removed(tmp_path):
 def test_output_dir_and_other_runs_folders_are_guarded_too(base_run, ogb_root, tmp_path):
     run = copy_of(base_run, tmp_path)
     before = (run / "metrics.json").read_bytes()
-    result = run_failing(
+    result = call_failing(
         "train.py", [*train_args(ogb_root, tmp_path / "new"), f"output_dir={run}"], tmp_path
     )
     assert result.stderr.startswith(f"error: the run folder {run} already holds a run")
     assert not (tmp_path / "new").exists()  # the folder Hydra would have used is gone too
     other = copy_of(base_run, tmp_path, "other")
-    result = run_failing(
+    result = call_failing(
         "train.py",
         [f"ckpt_path={other / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={run}"],
         tmp_path,
@@ -255,7 +272,8 @@ def test_two_resumes_of_one_folder_never_run_at_once(base_run, tmp_path):
     try:
         # Hydra records the resume's command once the folder is claimed (and locked).
         wait_for(lambda: list((run / ".hydra").glob("resume-*")), first, "the first claim")
-        second = run_failing("train.py", [f"ckpt_path={last}"], tmp_path)
+        # This process is the second: the lock is the first process's, whatever asks for it.
+        second = call_failing("train.py", [f"ckpt_path={last}"], tmp_path)
         assert f"error: the run folder {run} is in use by another running process" in (
             second.stderr
         )

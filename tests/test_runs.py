@@ -3,6 +3,7 @@ DataLoader workers, run folders that are never overwritten, checkpoints that nev
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import torch
 from graphormer import checkpoint
 from graphormer.training import CheckpointError, GraphormerModule
 
-from helpers import REPO, TINY, run_failing, run_script
+from helpers import REPO, TINY, call_failing, call_script
 
 # Dropout on, so that the random streams matter for exactness.
 NOISY = [*TINY, "model.dropout=0.1", "model.attention_dropout=0.1", "trainer.max_epochs=4"]
@@ -80,19 +81,29 @@ def kill_after_epoch(args, cwd: Path, out: Path, epoch: int) -> None:
 def reference_run(tmp_path_factory, ogb_root):
     """The run left alone: 4 epochs with dropout, size-grouped batches, no workers."""
     work = tmp_path_factory.mktemp("reference")
-    run_script("train.py", train_args(ogb_root, work / "run"), cwd=work)
+    call_script("train.py", train_args(ogb_root, work / "run"), cwd=work)
     return work / "run"
 
 
-def test_killed_and_resumed_run_ends_exactly_like_the_uninterrupted_one(
-    reference_run, ogb_root, tmp_path
-):
-    out = tmp_path / "run"
-    kill_after_epoch(train_args(ogb_root, out), tmp_path, out, epoch=1)
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory, ogb_root):
+    """The same run, SIGKILLed once its epoch-1 checkpoint exists; tests copy it before
+    resuming it in its own folder."""
+    work = tmp_path_factory.mktemp("killed")
+    out = work / "run"
+    kill_after_epoch(train_args(ogb_root, out), work, out, epoch=1)
     assert not (out / "metrics.json").exists()  # it really died mid-run
     killed_at = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["epoch"]
     assert killed_at < 3
-    log = run_script(
+    return out
+
+
+def test_killed_and_resumed_run_ends_exactly_like_the_uninterrupted_one(
+    reference_run, killed_run, ogb_root, tmp_path
+):
+    out = tmp_path / "run"
+    shutil.copytree(killed_run, out)
+    log = call_script(
         "train.py",
         train_args(ogb_root, out, f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}"),
         cwd=tmp_path,
@@ -104,13 +115,13 @@ def test_killed_and_resumed_run_ends_exactly_like_the_uninterrupted_one(
     assert "data: ogbg-molhiv: train 320, valid 40, test 40" in log
 
 
-def test_resume_into_a_new_folder_keeps_the_best_score(reference_run, ogb_root, tmp_path):
-    first = tmp_path / "first"
-    kill_after_epoch(train_args(ogb_root, first), tmp_path, first, epoch=1)
+def test_resume_into_a_new_folder_keeps_the_best_score(
+    reference_run, killed_run, ogb_root, tmp_path
+):
     resumed = tmp_path / "resumed"
-    run_script(
+    call_script(
         "train.py",
-        train_args(ogb_root, resumed, f"ckpt_path={first / 'checkpoints' / 'last.ckpt'}"),
+        train_args(ogb_root, resumed, f"ckpt_path={killed_run / 'checkpoints' / 'last.ckpt'}"),
         cwd=tmp_path,
     )
     # "best" counts every epoch of the run, including those before the resume.
@@ -122,7 +133,7 @@ def test_resume_into_a_new_folder_keeps_the_best_score(reference_run, ogb_root, 
 
 def test_workers_do_not_change_the_results(reference_run, ogb_root, tmp_path):
     out = tmp_path / "run"
-    run_script("train.py", train_args(ogb_root, out, "datamodule.num_workers=2"), cwd=tmp_path)
+    call_script("train.py", train_args(ogb_root, out, "datamodule.num_workers=2"), cwd=tmp_path)
     assert_same_weights(final_state(out), final_state(reference_run))
     assert scores(out) == scores(reference_run)
 
@@ -130,7 +141,7 @@ def test_workers_do_not_change_the_results(reference_run, ogb_root, tmp_path):
 def test_a_used_run_folder_is_never_overwritten(reference_run, ogb_root, tmp_path):
     before = (reference_run / "metrics.json").read_bytes()
     config = (reference_run / ".hydra" / "config.yaml").read_bytes()
-    result = run_failing("train.py", train_args(ogb_root, reference_run), tmp_path)
+    result = call_failing("train.py", train_args(ogb_root, reference_run), tmp_path)
     assert result.stderr.startswith("error: the run folder") and "ckpt_path=" in result.stderr
     assert (reference_run / "metrics.json").read_bytes() == before
     assert (reference_run / ".hydra" / "config.yaml").read_bytes() == config

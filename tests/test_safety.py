@@ -1,6 +1,10 @@
 """Issue #20: inputs that destroyed users' files, diverged silently, or were accepted when they
 should not be; each one now stops with one ``error:`` line that names the input and the fix.
-Run as a user runs the commands (the scripts, in a subprocess) wherever that is possible."""
+Run through the commands' own applications wherever that is possible: in-process
+(tests/helpers.call, the same main() a script runs, its exit status and output), and in a
+subprocess where a process is what protects the test (a run that would grow without end). That a
+user error is one line with exit status 1 and no traceback from a real process is tested once
+per command (test_bad_input, test_predict, test_convert)."""
 
 import shutil
 from pathlib import Path
@@ -19,7 +23,7 @@ from graphormer.outputs import atomic_path, check_outputs
 from graphormer.testing import model_preset
 from graphormer.training import GraphormerModule
 
-from helpers import TINY, nci_table, run_failing, run_script
+from helpers import TINY, call_failing, call_script, nci_table, run_failing, run_script
 
 TASK = {"name": "x", "task_type": "regression", "num_tasks": 1, "metric": "rmse"}
 
@@ -46,7 +50,7 @@ def test_an_output_equal_to_an_input_is_refused_and_the_input_kept(tmp_path, sma
     ]
     for script, args, named in cases:
         # overwrite=true never allows writing over an input
-        result = run_failing(script, [*args, "overwrite=true"], cwd=tmp_path)
+        result = call_failing(script, [*args, "overwrite=true"], cwd=tmp_path)
         assert "error: output=" in result.stderr and f"is the {named}" in result.stderr
     assert small_ckpt.read_bytes() == ckpt_bytes
     assert mols.read_text() == "smiles\nCCO\nc1ccccc1O\n"
@@ -54,7 +58,7 @@ def test_an_output_equal_to_an_input_is_refused_and_the_input_kept(tmp_path, sma
 
 def test_two_outputs_on_one_path_are_refused(tmp_path, small_ckpt):
     args = [f"ckpt={small_ckpt}", "smiles=[CCO]", "output=x.npy", "embeddings=x.npy"]
-    result = run_failing("predict.py", args, cwd=tmp_path)
+    result = call_failing("predict.py", args, cwd=tmp_path)
     assert "output= and embeddings= are both x.npy" in result.stderr
     assert not (tmp_path / "x.npy").exists()
 
@@ -120,7 +124,7 @@ def _train(csv: Path, out: Path, *extra: str) -> list[str]:
 
 
 def test_divergence_stops_the_run_with_the_step_and_the_cause(tmp_path, nci_csv):
-    result = run_failing("train.py", _train(nci_csv, tmp_path / "run", "optim.lr=1e3"), tmp_path)
+    result = call_failing("train.py", _train(nci_csv, tmp_path / "run", "optim.lr=1e3"), tmp_path)
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: training diverged:") and "at step" in error
     assert "optim.lr" in error and "nonfinite=skip" in error
@@ -168,7 +172,7 @@ def test_an_altered_optimiser_rng_or_settings_entry_is_refused(trained_run, tmp_
         path = _tampered(last, tmp_path / f"{name}.ckpt", edit)
         with pytest.raises(checkpoint.CheckpointError, match="altered or damaged"):
             checkpoint.load(path)
-    result = run_failing("predict.py", [f"ckpt={tmp_path / 'opt.ckpt'}", "smiles=[CCO]"], tmp_path)
+    result = call_failing("predict.py", [f"ckpt={tmp_path / 'opt.ckpt'}", "smiles=[CCO]"], tmp_path)
     assert "was altered or damaged after it was saved" in result.stderr
 
 
@@ -186,7 +190,7 @@ def test_a_resume_from_an_altered_checkpoint_is_refused(trained_run, tmp_path, o
         f"hydra.run.dir={tmp_path / 'resumed'}",
         *TINY,
     ]
-    result = run_failing("train.py", args, tmp_path)
+    result = call_failing("train.py", args, tmp_path)
     assert f"error: checkpoint {path} was altered or damaged" in result.stderr
 
 
@@ -197,7 +201,7 @@ def test_non_finite_weights_are_refused_even_with_a_valid_digest(trained_run, tm
         stored["state_dict"]["model.head.weight"][0, 0] = float("nan")
 
     path = _tampered(out / "checkpoints" / "last.ckpt", tmp_path / "nan.ckpt", nan_weights, True)
-    result = run_failing("eval.py", [f"ckpt={path}", f"hydra.run.dir={tmp_path / 'e'}"], tmp_path)
+    result = call_failing("eval.py", [f"ckpt={path}", f"hydra.run.dir={tmp_path / 'e'}"], tmp_path)
     assert "NaN or infinite values in model.head.weight" in result.stderr
 
 
@@ -244,7 +248,7 @@ def test_stored_settings_that_do_not_fit_the_tensors_fail_fast(
 def _csv_run(tmp_path: Path, table: pd.DataFrame, *extra: str):
     csv = tmp_path / "mols.csv"
     table.to_csv(csv, index=False)
-    return run_failing("train.py", _train(csv, tmp_path / "run", *extra), tmp_path)
+    return call_failing("train.py", _train(csv, tmp_path / "run", *extra), tmp_path)
 
 
 def test_a_target_beyond_float32_is_refused_with_its_rows(tmp_path):
@@ -261,7 +265,7 @@ def test_a_duplicated_target_column_is_refused(tmp_path):
         f"{s},{v},{v + 1}" for s, v in zip(table.smiles, table.tpsa, strict=True)
     ]
     csv.write_text("\n".join(lines) + "\n")
-    result = run_failing("train.py", _train(csv, tmp_path / "run"), tmp_path)
+    result = call_failing("train.py", _train(csv, tmp_path / "run"), tmp_path)
     assert "more than one column named 'tpsa'" in result.stderr
 
 
@@ -278,7 +282,7 @@ def test_a_smiles_with_whitespace_inside_is_not_read_as_its_first_part(tmp_path,
     assert "whitespace inside the SMILES" in featurize_smiles(["CC\tC"]).errors[0]
     mols = tmp_path / "mols.csv"
     mols.write_text('smiles\n"CC\tC"\nCCC\n')
-    log = run_script("predict.py", [f"ckpt={small_ckpt}", f"input={mols}"], tmp_path)
+    log = call_script("predict.py", [f"ckpt={small_ckpt}", f"input={mols}"], tmp_path)
     assert "predicted 1 of 2 molecules" in log and "whitespace inside" in log
 
 
@@ -303,7 +307,7 @@ def test_lightnings_other_refusals_are_config_errors(override):
 
 def test_bf16_true_is_scored_in_float32(tmp_path, nci_csv):
     args = _train(nci_csv, tmp_path / "run", "trainer.precision=bf16-true", "trainer.max_epochs=1")
-    log = run_script("train.py", args, tmp_path)
+    log = call_script("train.py", args, tmp_path)
     assert "valid rmse:" in log
 
 

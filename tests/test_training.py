@@ -25,6 +25,7 @@ from graphormer.training import (
 
 from helpers import (
     TINY,
+    call_script,
     compose_config,
     compose_train,
     evaluate_run,
@@ -69,7 +70,10 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
     assert set(options("model")) == set(counts)
     for name in options("model"):
         cfg = compose_train([f"model={name}", f"output_dir={tmp_path}"])
-        model = Graphormer(GraphormerConfig.from_dict(dict(cfg.model)))
+        # On the meta device: the same modules and shapes, without allocating and initialising
+        # 120M weights (test_model builds slim, small and base for real).
+        with torch.device("meta"):
+            model = Graphormer(GraphormerConfig.from_dict(dict(cfg.model)))
         assert sum(p.numel() for p in model.parameters()) == counts[name], name
     for name in options("trainer"):
         cfg = compose_train(
@@ -355,6 +359,9 @@ def test_offline_demo_learns(tmp_path):
     assert metrics["valid"]["rmse"] < 25
 
 
+# Slow: a duplicate of test_bad_input's test_user_errors_are_one_line_without_a_traceback, which
+# runs the same eval.py ckpt=<missing file> in a subprocess by default.
+@pytest.mark.slow
 def test_scripts_report_user_errors_without_a_traceback(tmp_path):
     result = run_failing(
         "eval.py",
@@ -390,7 +397,7 @@ def test_prepare_script_caches_the_dataset(tmp_path, ogb_root):
     shutil.copytree(
         ogb_root / "ogbg_molesol", root / "ogbg_molesol", ignore=shutil.ignore_patterns("processed")
     )
-    log = run_script(
+    log = call_script(
         "prepare.py",
         [
             "dataset=ogbg-molesol",

@@ -26,7 +26,7 @@ from graphormer.errors import ConfigError, DataError
 from graphormer.testing import nci_zinc, nci_zinc_splits, write_zinc_layout
 from graphormer.training import CheckpointError, build_datamodule, build_module
 
-from helpers import TINY, compose_train, evaluate_run, run_script
+from helpers import TINY, call_script, compose_train, evaluate_run
 
 SPLITS = {"train": "train", "valid": "val", "test": "test"}  # ours -> ZINC's file names
 
@@ -156,7 +156,7 @@ def test_the_models_embedding_tables_follow_zincs_vocabularies(zinc_root, tmp_pa
 def zinc_run(tmp_path_factory, zinc_root):
     work = tmp_path_factory.mktemp("zinc_run")
     out = work / "run"
-    log = run_script(
+    log = call_script(
         "train.py",
         [
             "dataset=zinc",
