@@ -435,6 +435,8 @@ def test_optuna_search_completes_and_its_best_settings_reproduce_its_value(nci_c
 
 
 def test_optuna_search_direction_follows_the_metric(tmp_path):
+    # The config selects Hydra's Optuna sweeper, a plugin of the optional `optuna` extra.
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     from hydra import compose, initialize_config_dir
 
     from graphormer.cli import CONFIGS
