@@ -27,6 +27,8 @@ class GraphormerBatch:
         index: ``[B]`` long dataset indices of the graphs (for exact distributed evaluation).
         x_continuous: ``[B, N, F_c]`` float node features (0 at padding), or None.
         edge_attr_continuous: ``[E, F_ec]`` float edge features, or None.
+        y_atom: ``[B, N, T_atom]`` float per-atom (per-node) targets, NaN where missing and at
+            padding (so padding never counts in a loss or a metric), or None.
     """
 
     x: Tensor
@@ -40,6 +42,7 @@ class GraphormerBatch:
     index: Tensor | None = None
     x_continuous: Tensor | None = None
     edge_attr_continuous: Tensor | None = None
+    y_atom: Tensor | None = None
 
     @property
     def num_graphs(self) -> int:

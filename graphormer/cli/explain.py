@@ -65,7 +65,13 @@ def run(cfg: DictConfig) -> list[Path]:
             folder = output / f"mol_{start + offset:0{width}d}"
             write_explanation(maps, folder, size=cfg["size"])
             folders.append(folder)
-            shown = ", ".join(f"{k} {v:.4g}" for k, v in maps.predictions.items())
+            shown = ", ".join(
+                [f"{k} {v:.4g}" for k, v in maps.predictions.items()]
+                + [
+                    f"{k} per atom [{', '.join(f'{v:.3g}' for v in values)}]"
+                    for k, values in maps.atom_predictions.items()
+                ]
+            )
             report(f"{maps.smiles}: {shown}\n  pictures: {folder.resolve()}")
     return folders
 

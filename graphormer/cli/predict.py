@@ -39,7 +39,7 @@ _SHOWN_ROWS = 5
 def run(cfg: DictConfig) -> pd.DataFrame:
     """Predicts ``input`` (a CSV) or ``smiles`` (a list) with ``ckpt``; writes ``output`` (a CSV)
     or prints the table, and ``embeddings`` (``.npy``/``.parquet``)."""
-    from graphormer.inference.predictor import Predictor, UnpredictableMoleculeWarning
+    from graphormer.inference.predictor import LAYOUTS, Predictor, UnpredictableMoleculeWarning
 
     cfg = plain(cfg)
     embeddings = _embeddings_path(cfg.get("embeddings"))
@@ -94,7 +94,15 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                 progress=cfg["progress"],
                 interval=interval,
             )
-    out = predictor.table(table, result)
+    layout = cfg.get("layout") or "wide"
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout={layout} is not one of {', '.join(LAYOUTS)}")
+    if layout == "long":
+        if _is_graph_file(cfg.get("input")):
+            raise ConfigError("layout=long writes one row per atom of SMILES input; not of graphs")
+        out = predictor.atom_table(table[column].tolist(), result)
+    else:
+        out = predictor.table(table, result)
     try:
         if output is not None:
             with atomic_path(output) as partial:
@@ -106,7 +114,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     except OSError as error:
         raise DataError(f"cannot write {error.filename or output}: {error.strerror}") from error
     noun = "graphs" if _is_graph_file(cfg.get("input")) else "molecules"
-    _report(result, len(out), output, embeddings, noun)
+    _report(result, len(result.errors), output, embeddings, noun)
     return out
 
 

@@ -126,7 +126,14 @@ class GraphormerCollator:
         edge_attr = _edge_features(stores)
         y = None
         if all(s.get("y") is not None for s in stores):
-            y = torch.cat([s["y"] for s in stores]).view(batch_size, -1).float()
+            y = torch.cat([s["y"] for s in stores]).float()
+            # reshape, not view(B, -1): a graph may hold no molecule target (atoms alone).
+            y = y.reshape(batch_size, y.numel() // batch_size)
+        y_atom = None
+        if all(s.get("y_atom") is not None for s in stores):
+            labels = torch.cat([s["y_atom"] for s in stores]).float()  # [nodes, T_atom]
+            y_atom = torch.full((batch_size * n_max, labels.size(-1)), float("nan"))
+            y_atom = y_atom.index_copy_(0, node_dest, labels).view(batch_size, n_max, -1)
         return GraphormerBatch(
             x=x_pad.view(batch_size, n_max, x.size(-1)),
             in_degree=in_degree.view(batch_size, n_max),
@@ -139,6 +146,7 @@ class GraphormerCollator:
             index=index,
             x_continuous=x_continuous,
             edge_attr_continuous=_continuous(stores, "edge_attr_continuous"),
+            y_atom=y_atom,
         )
 
     def _structure(

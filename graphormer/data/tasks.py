@@ -15,6 +15,7 @@ from ogb.graphproppred import Evaluator
 from graphormer.errors import ConfigError, DataError
 
 __all__ = [
+    "ATOM_METRICS",
     "TASK_TYPES",
     "USER_METRICS",
     "USER_TASK_TYPES",
@@ -25,6 +26,7 @@ __all__ = [
     "check_class_labels",
     "ogb_master_table",
     "score",
+    "score_atoms",
     "user_task",
     "warn_absent_classes",
 ]
@@ -44,6 +46,8 @@ USER_METRICS = {
     "multiclass": ("acc", "f1"),
     "regression": ("rmse", "mae"),
 }
+# Atom-level metrics per ``dataset.atom_task_type`` (issue #18), over every labelled atom.
+ATOM_METRICS = {"regression": ("mae", "rmse"), "binary": ("rocauc",)}
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class TaskInfo:
         metric: OGB's evaluation metric name (``rocauc``, ``ap``, ``rmse``, ``acc``), ``mae``,
             or ``f1`` (macro-averaged F1 of a multi-class task).
         num_classes: classes of a multi-class task (None otherwise).
+        atom_tasks: targets per atom (issue #18; 0: none). ``num_tasks`` may then be 0, a task
+            of atoms alone.
+        atom_task_type: ``"regression"`` or ``"binary"`` (user wording), with ``atom_tasks``.
     """
 
     name: str
@@ -65,6 +72,8 @@ class TaskInfo:
     num_tasks: int
     metric: str
     num_classes: int | None = None
+    atom_tasks: int = 0
+    atom_task_type: str | None = None
 
     def __post_init__(self) -> None:
         if self.task_type not in TASK_TYPES:
@@ -87,6 +96,15 @@ class TaskInfo:
             raise ValueError(
                 f"num_classes is for multi-class tasks; {self.name} is {self.task_type}"
             )
+        if self.atom_tasks and self.atom_task_type not in ATOM_METRICS:
+            raise ValueError(
+                f"atom_task_type must be one of {' | '.join(ATOM_METRICS)}, got "
+                f"{self.atom_task_type!r}"
+            )
+        if not self.atom_tasks and self.atom_task_type is not None:
+            raise ValueError(f"atom_task_type is for atom targets; {self.name} has none")
+        if self.num_tasks == 0 and not self.atom_tasks:
+            raise ValueError(f"{self.name} has no target: name molecule or atom targets")
 
     @property
     def is_classification(self) -> bool:
@@ -104,18 +122,41 @@ class TaskInfo:
         return self.num_classes if self.is_multiclass else self.num_tasks
 
     @property
+    def atom_metrics(self) -> tuple[str, ...]:
+        """Logged names of the atom-level metrics (the first selects checkpoints when there is
+        no molecule target): ``atom_mae``, ``atom_rmse`` or ``atom_rocauc``; empty without
+        atom targets."""
+        if not self.atom_tasks:
+            return ()
+        return tuple(f"atom_{m}" for m in ATOM_METRICS[self.atom_task_type])
+
+    @property
+    def level_metrics(self) -> tuple[str, ...]:
+        """Every metric logged per evaluation split, molecule level first (``val/<name>``)."""
+        molecule = (self.metric,) if self.num_tasks else ()
+        return molecule + self.atom_metrics
+
+    @property
     def higher_is_better(self) -> bool:
-        return self.metric in _MAXIMISED
+        return self.metric_higher_is_better(self.monitor.removeprefix("val/"))
+
+    @staticmethod
+    def metric_higher_is_better(name: str) -> bool:
+        """Whether a logged metric name (``rocauc``, ``atom_mae``, ...) is maximised."""
+        return name.removeprefix("atom_") in _MAXIMISED
 
     @property
     def monitor(self) -> str:
-        """The logged key that selects the best checkpoint: ``val/<metric>``."""
-        return f"val/{self.metric}"
+        """The logged key that selects the best checkpoint by default: ``val/<metric>`` of the
+        first level present (molecules, then atoms)."""
+        return f"val/{self.level_metrics[0]}"
 
     def to_dict(self) -> dict[str, Any]:
         values = asdict(self)
         if values["num_classes"] is None:  # as checkpoints before multi-class tasks stored it
             del values["num_classes"]
+        if not values["atom_tasks"]:  # as checkpoints before atom targets stored it
+            del values["atom_tasks"], values["atom_task_type"]
         return values
 
     def evaluator(self) -> Evaluator:
@@ -175,6 +216,21 @@ def score(
                 stacklevel=2,
             )
     return float(evaluator.eval({"y_true": y_true, "y_pred": y_pred})[task.metric])
+
+
+def score_atoms(
+    task: TaskInfo, y_true: torch.Tensor, y_pred: torch.Tensor, split: str
+) -> dict[str, float]:
+    """The atom-level metrics (:attr:`TaskInfo.atom_metrics`, names without ``atom_``) of
+    predictions ``[n_atoms, T_atom]`` against labels (NaN = unlabelled), every atom of the split
+    counted once, by the same evaluators as molecule targets (OGB's)."""
+    found = {}
+    task_type = USER_TASK_TYPES[task.atom_task_type]
+    for name in task.atom_metrics:
+        metric = name.removeprefix("atom_")
+        atoms = TaskInfo(f"{task.name} (atoms)", task_type, task.atom_tasks, metric)
+        found[name] = score(atoms, atoms.evaluator(), y_true, y_pred, split)
+    return found
 
 
 class TaskEvaluator(Evaluator):
@@ -247,6 +303,8 @@ def user_task(
     num_tasks: int,
     num_classes: int | None = None,
     metrics: dict[str, tuple[str, ...]] = USER_METRICS,
+    atom_tasks: int = 0,
+    atom_task_type: str = "regression",
 ) -> TaskInfo:
     """The task a user's ``dataset.task_type`` and ``dataset.metric`` describe (one rule for
     every source of a user's own data).
@@ -265,7 +323,15 @@ def user_task(
             f"of {list(metrics[task_type])}"
         )
     classes = num_classes if task_type == "multiclass" else None
-    return TaskInfo(name, USER_TASK_TYPES[task_type], num_tasks, metric, classes)
+    if atom_tasks and atom_task_type not in ATOM_METRICS:
+        raise ConfigError(
+            f"dataset.atom_task_type must be one of {' | '.join(ATOM_METRICS)}, got "
+            f"{atom_task_type!r}"
+        )
+    atom_type = atom_task_type if atom_tasks else None
+    return TaskInfo(
+        name, USER_TASK_TYPES[task_type], num_tasks, metric, classes, atom_tasks, atom_type
+    )
 
 
 def check_class_labels(

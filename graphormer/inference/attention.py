@@ -59,12 +59,15 @@ class AttentionMaps:
         labels: ``n + 1`` tick labels, ``["graph", "C0", ...]``.
         weights: ``[L, H, n + 1, n + 1]`` float32, per layer and head.
         predictions: the model's output for this molecule, by task name.
+        atom_predictions: a model of atom targets' values per atom (RDKit's order), by atom
+            target name (issue #18); empty otherwise.
     """
 
     smiles: str
     labels: list[str]
     weights: np.ndarray
     predictions: dict[str, float] = field(default_factory=dict)
+    atom_predictions: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:

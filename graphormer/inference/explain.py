@@ -10,6 +10,7 @@ import numpy as np
 from graphormer.inference.attention import AttentionMaps
 from graphormer.inference.pictures import (
     attention_legend,
+    draw_atom_values,
     draw_heads,
     draw_molecule,
     draw_molecules,
@@ -29,7 +30,9 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
     - ``heads_layer<l>.png``: per-head heatmaps of layer ``l`` (rows: queries, columns: keys;
       labels ``graph``, ``C0``, ``O1``... match the atom numbers of the drawings);
     - ``attention.npy`` ``[L, H, n + 1, n + 1]`` and ``rollout.npy`` ``[n + 1, n + 1]`` (index 0
-      is the graph token; rows sum to 1); ``summary.json``: SMILES, labels, predictions.
+      is the graph token; rows sum to 1); ``summary.json``: SMILES, labels, predictions;
+    - for a model of atom targets, ``atoms_<target>.png``: the molecule with each atom coloured
+      by its predicted value (blue-white-red centred on zero for signed values), with a legend.
     """
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -81,10 +84,13 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
         with atomic_path(folder / name) as partial:
             np.save(partial, array.astype(np.float32))
         written.append(folder / name)
+    for name, values in maps.atom_predictions.items():
+        save(f"atoms_{name}.png", draw_atom_values(maps.smiles, np.asarray(values), name, size))
     summary = {
         "smiles": maps.smiles,
         "labels": maps.labels,
         "predictions": maps.predictions,
+        **({"atom_predictions": maps.atom_predictions} if maps.atom_predictions else {}),
         "layers": layers,
         "heads": maps.num_heads,
     }

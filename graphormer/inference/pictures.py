@@ -13,8 +13,10 @@ from rdkit import Chem
 from rdkit.Chem.Draw import rdMolDraw2D
 
 __all__ = [
+    "atom_value_colours",
     "attention_legend",
     "colormap",
+    "draw_atom_values",
     "draw_heads",
     "draw_molecule",
     "draw_molecules",
@@ -224,6 +226,56 @@ def _font(size: int):
         return ImageFont.load_default(size=size)
     except TypeError:  # Pillow < 10.1 has one bitmap size only
         return ImageFont.load_default()
+
+
+# Diverging blue-white-red for signed atom values (issue #18): white is zero.
+_NEGATIVE = np.array([0.13, 0.40, 0.80])
+_POSITIVE = np.array([0.80, 0.15, 0.15])
+
+
+def atom_value_colours(values: np.ndarray) -> tuple[np.ndarray, float, bool]:
+    """``[n, 3]`` RGB of predicted atom values, the half-range of the scale and whether it is
+    signed: a diverging blue-white-red map centred on zero (symmetric, so that zero is white)
+    when the values have both signs, white to red otherwise."""
+    values = np.asarray(values, dtype=np.float64)
+    signed = bool((values < 0).any() and (values > 0).any())
+    if signed:
+        scale = float(np.abs(values).max()) or 1.0
+        t = np.clip(values / scale, -1.0, 1.0)[:, None]
+        white = np.ones(3)
+        rgb = np.where(t < 0, white + (-t) * (_NEGATIVE - white), white + t * (_POSITIVE - white))
+        return rgb, scale, True
+    low, high = float(values.min()), float(values.max())
+    span = (high - low) or 1.0
+    return colormap(0.72 * (values - low) / span), span, False
+
+
+def draw_atom_values(smiles: str, values: np.ndarray, name: str, size: int = 600) -> bytes:
+    """PNG of the molecule with atom ``i`` coloured by its predicted value ``values[i]`` of the
+    atom target ``name`` (:func:`atom_value_colours`), each atom numbered with its rdkit index,
+    and a legend naming the target and what the colours mean, in the target's units."""
+    mol = _molecule(smiles, values)
+    rgb, scale, signed = atom_value_colours(values)
+    colors = {i: tuple(float(c) for c in rgb[i]) for i in range(len(values))}
+    if signed:
+        legend = f"{name}: blue {-scale:+.3g} - white 0 - red {scale:+.3g}"
+    else:
+        legend = f"{name}: white {float(np.min(values)):.3g} - red {float(np.max(values)):.3g}"
+    canvas = rdMolDraw2D.MolDraw2DCairo(size, size)
+    options = canvas.drawOptions()
+    options.addAtomIndices = True
+    options.legendFontSize = max(14, size // 36)
+    rdMolDraw2D.PrepareAndDrawMolecule(
+        canvas,
+        mol,
+        legend=legend,
+        highlightAtoms=list(colors),
+        highlightAtomColors=colors,
+        highlightAtomRadii={i: 0.42 for i in colors},
+        highlightBonds=[],
+    )
+    canvas.FinishDrawing()
+    return canvas.GetDrawingText()
 
 
 def _molecule(smiles: str, values: np.ndarray) -> Chem.Mol:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from rdkit import Chem
 from torch import Tensor
 from torch_geometric.data import Data
 
@@ -29,14 +30,19 @@ from graphormer.inference.attention import AttentionMaps, atom_labels
 from graphormer.training.calibration import Calibration, conformal_radius
 from graphormer.training.evaluation import has_dropout
 from graphormer.training.module import GraphormerModule
-from graphormer.training.tasknames import read_task_names, stored_source
+from graphormer.training.tasknames import read_atom_task_names, read_task_names, stored_source
 
 __all__ = [
+    "LAYOUTS",
     "Predictions",
     "Predictor",
     "UnpredictableMoleculeWarning",
+    "format_atom_list",
     "read_task_names",
 ]
+
+# Tables of atom predictions: one row per molecule (list columns) or one row per atom.
+LAYOUTS = ("wide", "long")
 
 # Molecules featurised, sorted and predicted at a time: bounds memory on long inputs while
 # leaving enough molecules to sort into tightly padded batches.
@@ -66,6 +72,9 @@ class Predictions:
         std: ``[n, T]`` the spread of the values: over an ensemble's members or MC-dropout
             passes (of probabilities for binary tasks); None for a single deterministic model.
         lower, upper: ``[n, T]`` calibrated intervals (regression, ``interval=``), or None.
+        atoms: for a model of atom targets (issue #18), one ``[n_atoms, T_atom]`` float32
+            array per molecule in RDKit's atom order (probabilities for binary atom tasks;
+            None where there is no prediction); None otherwise.
     """
 
     values: np.ndarray
@@ -74,6 +83,7 @@ class Predictions:
     std: np.ndarray | None = None
     lower: np.ndarray | None = None
     upper: np.ndarray | None = None
+    atoms: list[np.ndarray | None] | None = None
 
 
 class Predictor:
@@ -106,6 +116,8 @@ class Predictor:
             mean and spread (MC dropout, Gal & Ghahramani 2016). (default: :obj:`0`)
         calibration (Calibration | None, optional): the run's ``calibration.json``: calibrated
             probabilities for binary tasks, intervals for regression. (default: :obj:`None`)
+        atom_task_names (Sequence[str] | None, optional): one name per atom target (issue #18);
+            default ``atom_i``. (default: :obj:`None`)
 
     The module is put in eval mode and moved to ``device`` (and to the precision's dtype).
 
@@ -133,11 +145,21 @@ class Predictor:
         members: Sequence[Any] | None = None,
         mc_dropout: int = 0,
         calibration: Calibration | None = None,
+        atom_task_names: Sequence[str] | None = None,
     ) -> None:
         num_tasks = module.task.num_tasks
         names = list(task_names) if task_names else [f"task_{i}" for i in range(num_tasks)]
         if len(names) != num_tasks:
             raise ValueError(f"{len(names)} task names for {num_tasks} tasks: {names}")
+        atom_tasks = module.task.atom_tasks
+        atom_names = list(atom_task_names or [f"atom_{i}" for i in range(atom_tasks)])
+        if len(atom_names) != atom_tasks:
+            raise ValueError(f"{len(atom_names)} atom task names for {atom_tasks}: {atom_names}")
+        if atom_tasks and (members or mc_dropout):
+            raise ConfigError(
+                "ensembles and MC dropout predict molecule targets only: give one checkpoint of "
+                "a model of atom targets (issue #18), without mc_dropout"
+            )
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if max_atoms is not None and max_atoms < 1:
@@ -165,6 +187,7 @@ class Predictor:
         self.module = self.modules[0]
         self.task = module.task
         self.task_names = names
+        self.atom_task_names = atom_names
         self.training_smiles_column = training_smiles_column
         self.device = _device(device)
         self.precision = str(precision)
@@ -236,6 +259,7 @@ class Predictor:
             members=modules[1:],
             mc_dropout=mc_dropout,
             calibration=calibration_of(found.folder, records),
+            atom_task_names=read_atom_task_names(module),
         )
         if refusal is not None:
             predictor.smiles_refusal = f"checkpoint {path} {refusal}"
@@ -251,15 +275,61 @@ class Predictor:
 
     # -- the public calls -------------------------------------------------------------------
 
-    def predict(self, smiles: Sequence[str], progress: bool = False) -> pd.DataFrame:
+    def predict(
+        self, smiles: Sequence[str], progress: bool = False, layout: str = "wide"
+    ) -> pd.DataFrame:
         """One row per SMILES, in order: ``smiles``, one column per task (probabilities for
         binary tasks, original units for regression; empty where there is no prediction) and
-        ``error`` (empty, or why that molecule has no prediction)."""
+        ``error`` (empty, or why that molecule has no prediction). A model of atom targets adds
+        one list column per atom target (``[v0, v1, ...]`` in RDKit's atom order); with
+        ``layout="long"`` the table has one row per atom instead (:meth:`atom_table`)."""
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout={layout!r} is not one of {', '.join(LAYOUTS)}")
         smiles = _smiles_list(smiles)
         result = self.run(smiles, progress=progress)
         # object dtype: the SMILES come back exactly as given (None stays None).
         inputs = pd.DataFrame({"smiles": pd.Series(list(smiles), dtype=object)})
+        if layout == "long":
+            return self.atom_table(smiles, result)
         return self.table(inputs, result)
+
+    def atom_table(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
+        """One row per atom of every molecule (``layout=long``): ``row`` (the input's position),
+        ``atom_index`` (RDKit's), ``element``, one column per atom target, and ``error``; a
+        molecule without a prediction keeps one row, with an empty ``atom_index`` and the
+        reason in ``error``."""
+        if result.atoms is None:
+            raise ConfigError(
+                "layout=long writes one row per atom, and this model predicts no atom targets: "
+                "use layout=wide"
+            )
+        rows, indices, elements, values, errors = [], [], [], [], []
+        for position, (text, atoms) in enumerate(zip(smiles, result.atoms, strict=True)):
+            if atoms is None:
+                rows.append(position)
+                indices.append(pd.NA)
+                elements.append(None)
+                values.append(np.full(len(self.atom_task_names), np.nan, dtype=np.float32))
+                errors.append(result.errors[position])
+                continue
+            symbols = [a.GetSymbol() for a in Chem.MolFromSmiles(text).GetAtoms()]
+            rows += [position] * len(atoms)
+            indices += range(len(atoms))
+            elements += symbols
+            values += list(atoms)
+            errors += [""] * len(atoms)
+        stacked = np.stack(values) if values else np.zeros((0, len(self.atom_task_names)))
+        table = pd.DataFrame(
+            {
+                "row": rows,
+                "atom_index": pd.array(indices, dtype="Int64"),
+                "element": pd.Series(elements, dtype=object),
+            }
+        )
+        for t, name in enumerate(self.atom_task_names):
+            table[name] = stacked[:, t]
+        table["error"] = pd.Series(errors, dtype=object)
+        return table
 
     def embed(self, smiles: Sequence[str], progress: bool = False) -> np.ndarray:
         """``[n, hidden_dim]`` float32: each molecule's graph token after the last layer (the
@@ -282,8 +352,16 @@ class Predictor:
             if error:
                 raise DataError(f"SMILES {smiles[i]!r} (item {i}): {error}")
         batch = self.collator(featurized.graphs)
+        atoms = None
         with self._inference():
-            out, attention = self.module(batch.to(self.device), return_attention=True)
+            if self.task.atom_tasks:
+                levels, attention = self.module.forward_levels(
+                    batch.to(self.device), return_attention=True
+                )
+                out = levels["molecule"]
+                atoms = self._atom_arrays(levels["atom"], batch.node_mask)
+            else:
+                out, attention = self.module(batch.to(self.device), return_attention=True)
         values = self._outputs(out)
         stacked = torch.stack([a.float() for a in attention], dim=1).cpu()  # [B, L, H, N+1, N+1]
         node_mask = batch.node_mask
@@ -302,6 +380,11 @@ class Predictor:
                         k: None if pd.isna(v[0]) else v[0].item()
                         for k, v in self.outputs(values[b : b + 1]).items()
                     },
+                    atom_predictions={
+                        name: atoms[b][:, t].tolist() for t, name in enumerate(self.atom_task_names)
+                    }
+                    if atoms is not None
+                    else {},
                 )
             )
         return maps
@@ -331,6 +414,7 @@ class Predictor:
         spread = np.full_like(values, np.nan) if self.spread else None
         vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
         errors = [""] * n
+        atoms: list | None = [None] * n if self.task.atom_tasks else None
         bar = _progress_bar(n, progress)
         try:
             for start in range(0, n, _CHUNK):
@@ -341,8 +425,13 @@ class Predictor:
                 bar.update(len(featurized.errors) - len(featurized.valid))
                 for rows in self._batches(featurized):
                     graphs = [featurized.graphs[i] for i in rows]
-                    out, std, graph_states = self._predict_batch(graphs, vectors is not None)
+                    out, std, graph_states, per_atom = self._predict_batch(
+                        graphs, vectors is not None
+                    )
                     values[start + rows.numpy()] = out
+                    if atoms is not None:
+                        for i, array in zip(rows.tolist(), per_atom, strict=True):
+                            atoms[start + i] = array
                     if spread is not None:
                         spread[start + rows.numpy()] = std
                     if vectors is not None:
@@ -359,7 +448,7 @@ class Predictor:
                 UnpredictableMoleculeWarning,
                 stacklevel=2,
             )
-        return self._finish(Predictions(values, errors, vectors, spread), interval)
+        return self._finish(Predictions(values, errors, vectors, spread, atoms=atoms), interval)
 
     def _finish(self, result: Predictions, interval: float | None) -> Predictions:
         """``result`` with the run's calibration applied: calibrated binary probabilities, and
@@ -417,6 +506,13 @@ class Predictor:
             if result.lower is not None:
                 added[f"{name}_lower"] = result.lower[:, j]
                 added[f"{name}_upper"] = result.upper[:, j]
+        if result.atoms is not None:
+            # One list per molecule and atom target, written as the training CSV reads them.
+            for t, name in enumerate(self.atom_task_names):
+                added[name] = np.array(
+                    [None if a is None else format_atom_list(a[:, t]) for a in result.atoms],
+                    dtype=object,
+                )
         added["error"] = np.array(result.errors, dtype=object)
         taken = set(map(str, out.columns))
         renamed = []
@@ -469,6 +565,7 @@ class Predictor:
         spread = np.full_like(values, np.nan) if self.spread else None
         vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
         errors = [""] * n
+        atoms: list | None = [None] * n if self.task.atom_tasks else None
         inputs: dict[int, Data] = {}
         for i, graph in enumerate(graphs):
             try:
@@ -484,13 +581,16 @@ class Predictor:
         for count in counts:
             rows = np.array(order[start : start + count])
             start += count
-            out, std, states = self._predict_batch([inputs[i] for i in rows], embeddings)
+            out, std, states, per_atom = self._predict_batch([inputs[i] for i in rows], embeddings)
             values[rows] = out
+            if atoms is not None:
+                for i, array in zip(rows.tolist(), per_atom, strict=True):
+                    atoms[i] = array
             if spread is not None:
                 spread[rows] = std
             if vectors is not None:
                 vectors[rows] = states
-        return self._finish(Predictions(values, errors, vectors, spread), interval)
+        return self._finish(Predictions(values, errors, vectors, spread, atoms=atoms), interval)
 
     def _graph_input(self, graph: Any) -> Data:
         """One graph as the model reads it, or a DataError saying why it cannot be."""
@@ -548,14 +648,21 @@ class Predictor:
 
     def _predict_batch(
         self, graphs: list, embeddings: bool
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, list[np.ndarray] | None]:
         """The mean prediction of a batch, its spread (members or MC passes; None for one
-        deterministic model) and the first model's graph states."""
+        deterministic model), the first model's graph states and, for a model of atom targets,
+        each graph's ``[n_atoms, T_atom]`` atom predictions."""
         begin = time.perf_counter()
         batch = self.collator(graphs)
         middle = time.perf_counter()
         captured: list[Tensor] = []
         hook = None
+        per_atom = None
+        if embeddings and self.module.model.head_transform is None:
+            raise ConfigError(
+                "embeddings are the graph token's state read by the molecule head, and this "
+                "model predicts atom targets alone"
+            )
         if embeddings:
             # The graph token's final state is what the head's first layer reads: captured there,
             # so that predictions and embeddings come from one forward pass.
@@ -566,9 +673,14 @@ class Predictor:
         try:
             with self._inference():
                 batch = batch.to(self.device, non_blocking=True)
-                for member in self.modules:
-                    for k in range(max(1, self.mc_dropout)):
-                        outputs.append(self._pass(member, batch, k))
+                if self.task.atom_tasks:  # one model (checked when built): every level at once
+                    levels = self.module.forward_levels(batch)
+                    outputs.append(self._outputs(levels["molecule"]))
+                    per_atom = self._atom_arrays(levels["atom"], batch.node_mask)
+                else:
+                    for member in self.modules:
+                        for k in range(max(1, self.mc_dropout)):
+                            outputs.append(self._pass(member, batch, k))
                 states = captured[0].float().cpu().numpy() if embeddings else None
         finally:
             if hook is not None:
@@ -578,7 +690,15 @@ class Predictor:
         self.timings["model_s"] += end - middle
         stacked = np.stack(outputs)  # [members x passes, B, T]
         std = stacked.std(0) if len(outputs) > 1 else None
-        return stacked.mean(0), std, states
+        return stacked.mean(0), std, states, per_atom
+
+    def _atom_arrays(self, atoms: Tensor, node_mask: Tensor) -> list[np.ndarray]:
+        """Each graph's real atoms ``[n_atoms, T_atom]`` (the collator keeps RDKit's order)."""
+        atoms = atoms.float()
+        if self.task.atom_task_type == "binary":
+            atoms = torch.sigmoid(atoms)
+        atoms, counts = atoms.cpu().numpy(), node_mask.sum(1).tolist()
+        return [atoms[b, :n] for b, n in enumerate(counts)]
 
     def _pass(self, member: Any, batch: Any, k: int) -> np.ndarray:
         """One forward pass; with MC dropout, pass ``k`` has dropout on, seeded by ``k`` so that
@@ -611,6 +731,11 @@ class Predictor:
         )
         with torch.inference_mode(), autocast:
             yield
+
+
+def format_atom_list(values: np.ndarray) -> str:
+    """Per-atom values as one CSV cell, ``[0.123, -0.3]``: the format training reads."""
+    return "[" + ", ".join("nan" if v != v else f"{float(v):.6g}" for v in values) + "]"
 
 
 def _smiles_list(smiles: Sequence[str]) -> list:

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from graphormer.batch import GraphormerBatch
 from graphormer.models.dropout import Dropout
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder
+from graphormer.models.heads import NodeHead
 from graphormer.models.layers import GraphormerLayer
 
 __all__ = ["Graphormer", "GraphormerConfig", "ogb_atom_feature_dims", "ogb_bond_feature_dims"]
@@ -70,7 +71,10 @@ class GraphormerConfig:
             and Hugging Face's collators does.
         head_bias: ``"per_task"`` (one output bias per task) or ``"shared"`` (one learned scalar
             added to every output, Microsoft's ``lm_output_learned_bias``).
-        num_tasks: outputs of the prediction head.
+        num_tasks: outputs of the prediction head (the graph token's); 0 only with
+            ``atom_tasks`` (a model of atom targets alone).
+        atom_tasks: outputs per atom of a node head on each atom's final state (issue #18);
+            0 (the default) builds no node head, so every existing model is unchanged.
     """
 
     num_layers: int = 12
@@ -97,10 +101,13 @@ class GraphormerConfig:
     attention_max_distance: int | None = None
     head_bias: str = "per_task"
     num_tasks: int = 1
+    atom_tasks: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads", "num_tasks"):
+        for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
             _integer(name, getattr(self, name), 1)
+        _integer("atom_tasks", self.atom_tasks, 0)
+        _integer("num_tasks", self.num_tasks, 0 if self.atom_tasks else 1)
         for name in ("max_degree", "max_distance", "node_continuous_dim", "edge_continuous_dim"):
             _integer(name, getattr(self, name), 0)
         _integer("multi_hop_max_dist", self.multi_hop_max_dist, 1)
@@ -166,7 +173,8 @@ class GraphormerConfig:
         tables = (rows + 2 * (self.max_degree + 2) + 2) * h
         tables += (edge_rows + self.max_distance + 3) * heads + self.multi_hop_max_dist * heads**2
         tables += (self.node_continuous_dim + 1) * h + (self.edge_continuous_dim + 1) * heads
-        return layers * per_layer + tables + 4 * h + h * h + (h + 1) * self.num_tasks
+        atom_head = (h * h + 3 * h + (h + 1) * self.atom_tasks) if self.atom_tasks else 0
+        return layers * per_layer + tables + 4 * h + h * h + (h + 1) * self.num_tasks + atom_head
 
     def _check_size(self) -> None:
         """A network that could never fit in this machine's memory is an error naming the
@@ -307,15 +315,20 @@ class Graphormer(nn.Module):
             for _ in range(c.num_layers)
         )
         self.final_norm = nn.LayerNorm(c.hidden_dim) if c.final_layernorm else nn.Identity()
-        # The head as Microsoft's: transform, GELU, LayerNorm, then the output layer.
-        self.head_transform = nn.Linear(c.hidden_dim, c.hidden_dim)
-        self.head_norm = nn.LayerNorm(c.hidden_dim)
-        shared = c.head_bias == "shared"
-        self.head = nn.Linear(c.hidden_dim, c.num_tasks, bias=not shared)
-        if shared:
+        # The head as Microsoft's: transform, GELU, LayerNorm, then the output layer. A model of
+        # atom targets alone (num_tasks 0) has none: parameters without a gradient would stall
+        # distributed training.
+        self.head_transform = self.head_norm = self.head = None
+        if c.num_tasks:
+            self.head_transform = nn.Linear(c.hidden_dim, c.hidden_dim)
+            self.head_norm = nn.LayerNorm(c.hidden_dim)
+            self.head = nn.Linear(c.hidden_dim, c.num_tasks, bias=c.head_bias != "shared")
+        if c.head_bias == "shared" and c.num_tasks:
             self.head_bias = nn.Parameter(torch.zeros(1))
         else:
             self.register_parameter("head_bias", None)
+        # Only when asked for: existing models and checkpoints keep exactly their tensors.
+        self.atom_head = NodeHead(c.hidden_dim, c.atom_tasks) if c.atom_tasks else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -406,8 +419,30 @@ class Graphormer(nn.Module):
         perturb: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         h, attentions = self.encode(batch, return_attention, perturb)
+        out = self._graph_output(h)
+        return (out, attentions) if return_attention else out
+
+    def _graph_output(self, h: Tensor) -> Tensor:
+        if self.head is None:  # atom targets alone
+            return h.new_zeros(h.size(0), 0)
         graph = h[:, 0]  # [B, d], the graph token's final state
         out = self.head(self.head_norm(F.gelu(self.head_transform(graph))))  # [B, T]
         if self.head_bias is not None:
             out = out + self.head_bias
+        return out
+
+    def forward_levels(
+        self,
+        batch: GraphormerBatch,
+        return_attention: bool = False,
+        perturb: Tensor | None = None,
+    ) -> dict[str, Tensor] | tuple[dict[str, Tensor], list[Tensor]]:
+        """Outputs of every level the model predicts, from one pass of the encoder:
+        ``molecule`` ``[B, num_tasks]`` (what :meth:`forward` returns) and, with ``atom_tasks``,
+        ``atom`` ``[B, N, atom_tasks]`` (values at padding are meaningless; mask them with
+        ``batch.node_mask``)."""
+        h, attentions = self.encode(batch, return_attention, perturb)
+        out = {"molecule": self._graph_output(h)}
+        if self.atom_head is not None:
+            out["atom"] = self.atom_head(h[:, 1:])  # [B, N, T_atom], graph token dropped
         return (out, attentions) if return_attention else out

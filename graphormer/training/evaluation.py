@@ -51,9 +51,14 @@ __all__ = [
 MC_CALIBRATION_PASSES = 10
 
 
-def format_table(results: dict[str, Any], splits: list[str], metric: str) -> str:
-    rows = [f"{'split':<8}{metric:>10}"]
-    rows += [f"{split:<8}{results[split][metric]:>10.4f}" for split in splits]
+def format_table(results: dict[str, Any], splits: list[str], metric: str | Sequence[str]) -> str:
+    """A table of ``metric`` (one name, or every level's names) per split."""
+    names = [metric] if isinstance(metric, str) else list(metric)
+    rows = [f"{'split':<8}" + "".join(f"{name:>10}" for name in names)]
+    rows += [
+        f"{split:<8}" + "".join(f"{results[split][name]:>10.4f}" for name in names)
+        for split in splits
+    ]
     return "\n".join(rows)
 
 
@@ -225,6 +230,11 @@ def score_members(
     modules = [GraphormerModule.from_checkpoint(r) for r in records]
     check_members(records, modules)
     module = modules[0]
+    if module.task.atom_tasks and len(modules) > 1:
+        raise ConfigError(
+            "ensembles score molecule targets only: atom targets (issue #18) are trained and "
+            "evaluated one model at a time; set ensemble.size=1 (or give eval.py one checkpoint)"
+        )
     datamodule = _datamodule_of(
         paths[0], module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
     )
@@ -239,6 +249,15 @@ def score_members(
     calibration = None
     if task.is_multiclass:
         pass  # class probabilities are not calibrated (issue #19 calibrates binary and regression)
+    elif not task.num_tasks:
+        # Atom targets alone: calibration is of molecule predictions (issue #19).
+        if fit_calibration not in (None, "none"):
+            raise ConfigError(
+                f"calibration={fit_calibration} calibrates molecule targets, and this model "
+                "predicts atom targets alone: set calibration=none"
+            )
+        found["calibration"] = None
+        splits = []
     elif fit_calibration is not None:
         members = [
             {"checkpoint": str(Path(p).resolve()), "weights_sha256": r.meta.get("weights_sha256")}
@@ -340,7 +359,8 @@ def evaluate(
     precision = precision or record.precision or DEFAULT_PRECISION
     trainer = _eval_trainer(accelerator, precision)
     report(f"checkpoint: {Path(checkpoint).resolve()}; precision: {trainer.precision}")
-    metric = module.task.metric
+    metric = module.task.monitor.removeprefix("val/")
+    levels = module.task.level_metrics  # every level's metrics (issue #18)
     datamodule.prepare_data()
     datamodule.setup("validate")
     splits = _chosen_splits(str(split), datamodule)
@@ -364,12 +384,13 @@ def evaluate(
             continue
         if split == "valid":
             scores = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
-            results[split] = {metric: float(scores[f"val/{metric}"])}
+            results[split] = {name: float(scores[f"val/{name}"]) for name in levels}
         else:
             scores = trainer.test(module, datamodule=datamodule, verbose=False)[0]
-            results[split] = {metric: float(scores[f"test/{metric}"])}
+            results[split] = {name: float(scores[f"test/{name}"]) for name in levels}
         results[split]["num_graphs"] = datamodule.split_size(split)
-        if calibration is not None or module.task.is_classification:
+        molecules = module.task.num_tasks > 0
+        if molecules and (calibration is not None or module.task.is_classification):
             outputs = member_outputs([module], datamodule, split, trainer)
             y = datamodule.split_targets(split).float().numpy()
             results.setdefault("uncertainty", {})[split] = uncertainty_report(
@@ -380,7 +401,7 @@ def evaluate(
     with atomic_path(output) as partial:
         partial.write_text(json.dumps(results, indent=2) + "\n")
     if scored:
-        report(format_table(results, scored, metric))
+        report(format_table(results, scored, levels))
         report(format_uncertainty(results.get("uncertainty") or {}))
     report(f"results: {output.resolve()}")
     return results

@@ -29,9 +29,25 @@ def fit(
                 f"{task.name} is a {task.task_type} task: drop calibration= (regression runs "
                 "always store their conformal intervals' calibration)"
             )
+    if settings.cv.enabled or settings.ensemble.size > 1:
+        _refuse_atom_targets(settings)
     if settings.cv.enabled:
         return cross_validate(settings, lambda one: fit(one, loggers_for))
     if settings.ensemble.size > 1:
         return train_ensemble(settings, loggers_for)
     loggers = loggers_for(Path(settings.output_dir)) if loggers_for else None
     return train_calibrated(settings, loggers)
+
+
+def _refuse_atom_targets(settings: RunSettings) -> None:
+    """Ensembles and resampling score molecule predictions (#19); atom targets (#18) are trained
+    one model at a time, so far."""
+    from graphormer.data.sources import build_source
+    from graphormer.errors import ConfigError
+
+    if build_source(settings.dataset).task_info().atom_tasks:
+        raise ConfigError(
+            "ensemble.size > 1 and cv.* train molecule targets only: a model of atom targets "
+            "(dataset.atom_targets) is trained one at a time; set ensemble.size=1 and leave cv "
+            "unset"
+        )

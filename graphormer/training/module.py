@@ -15,16 +15,18 @@ from torch import Tensor
 from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
 from graphormer.data.datamodule import GraphDataModule
-from graphormer.data.tasks import TaskInfo, score
+from graphormer.data.tasks import TaskInfo, score, score_atoms
 from graphormer.errors import UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
 from graphormer.training.schedule import warmup_linear_decay
 from graphormer.training.settings import FlagSettings
 
-__all__ = ["GraphormerModule", "NonFiniteError", "auto_loss", "masked_loss"]
+__all__ = ["LEVELS", "GraphormerModule", "NonFiniteError", "auto_loss", "masked_loss"]
 
 _LOSSES = ("bce", "ce", "l1", "mse")
+# The levels a model predicts (issue #18): ``loss_weights`` keys.
+LEVELS = ("molecule", "atom")
 _NONFINITE = ("stop", "skip")
 # The model settings that set tensors' shapes (named when a checkpoint's settings do not fit).
 _SIZE_SETTINGS = (
@@ -158,6 +160,10 @@ class GraphormerModule(pl.LightningModule):
         nonfinite (str, optional): what a NaN or infinite loss or gradient does: ``stop`` ends
             the run with :class:`NonFiniteError` (the checkpoints already written stay), ``skip``
             skips that update with a warning. (default: :obj:`"stop"`)
+        loss_weights (dict | None, optional): weight of each level's loss in the total
+            (``molecule``, ``atom``); a level not named weighs 1. Atom targets (issue #18) are
+            trained with MSE on standardised values (regression) or BCE (binary), averaged over
+            every labelled atom of the batch. (default: :obj:`None`)
     """
 
     def __init__(
@@ -178,6 +184,7 @@ class GraphormerModule(pl.LightningModule):
         flag: dict[str, Any] | None = None,
         fused: bool | None = None,
         nonfinite: str = "stop",
+        loss_weights: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -207,13 +214,23 @@ class GraphormerModule(pl.LightningModule):
                 "the loss of multi-class tasks, and theirs alone"
             )
         self.loss_name = loss
-        self.config = GraphormerConfig.from_dict({**model, "num_tasks": self.task.num_outputs})
+        self.loss_weights = _loss_weights(loss_weights)
+        levels = {"num_tasks": self.task.num_outputs}
+        if self.task.atom_tasks:
+            levels["atom_tasks"] = self.task.atom_tasks
+        self.config = GraphormerConfig.from_dict({**model, **levels})
         self.model = Graphormer(self.config)
         self.evaluator = self.task.evaluator()
         num_tasks = self.task.num_tasks
         self.register_buffer("target_mean", torch.zeros(num_tasks))
         self.register_buffer("target_std", torch.ones(num_tasks))
+        self.atom_loss_name = "bce" if self.task.atom_task_type == "binary" else "mse"
+        if self.task.atom_tasks:  # only then: existing checkpoints keep exactly their tensors
+            self.register_buffer("atom_mean", torch.zeros(self.task.atom_tasks))
+            self.register_buffer("atom_std", torch.ones(self.task.atom_tasks))
         self._eval_outputs: list[tuple[Tensor, Tensor, Tensor]] = []
+        # Per evaluated batch: graph index and position of each real atom, predictions, labels.
+        self._atom_outputs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
 
     @classmethod
     def from_checkpoint(
@@ -271,8 +288,10 @@ class GraphormerModule(pl.LightningModule):
         if stage != "fit":
             return
         self._standardise_inputs()
+        if self.task.atom_tasks and self.atom_loss_name == "mse":
+            self._standardise_atom_targets()
         classification = self.task.is_classification or self.task.is_multiclass
-        if classification or not self.hparams.normalize_targets:
+        if classification or not self.hparams.normalize_targets or not self.task.num_tasks:
             return
         datamodule = self.trainer.datamodule
         if not isinstance(datamodule, GraphDataModule):
@@ -285,6 +304,20 @@ class GraphormerModule(pl.LightningModule):
         std = torch.nanmean((targets - mean) ** 2, dim=0).sqrt()
         self.target_mean.copy_(torch.nan_to_num(mean, nan=0.0))
         self.target_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
+
+    def _standardise_atom_targets(self) -> None:
+        """Atom regression targets are standardised with the training atoms' statistics, as
+        molecule targets are (``normalize_targets``)."""
+        if not self.hparams.normalize_targets:
+            return
+        datamodule = self.trainer.datamodule
+        rows = datamodule.train_rows("y_atom") if isinstance(datamodule, GraphDataModule) else None
+        if rows is None:
+            raise ValueError("normalize_targets=True needs the training atoms' targets (y_atom)")
+        mean = torch.nanmean(rows, dim=0)
+        std = torch.nanmean((rows - mean) ** 2, dim=0).sqrt()
+        self.atom_mean.copy_(torch.nan_to_num(mean, nan=0.0))
+        self.atom_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
 
     def _standardise_inputs(self) -> None:
         """Continuous node and edge inputs are standardised with the training split's mean and
@@ -321,9 +354,56 @@ class GraphormerModule(pl.LightningModule):
             return self._to_units(out), attention
         return self._to_units(self.model(batch))
 
+    def forward_levels(self, batch: GraphormerBatch, return_attention: bool = False):
+        """Predictions of every level in the targets' units (logits for classification):
+        ``molecule`` ``[B, T]`` and, for a model of atom targets, ``atom`` ``[B, N, T_atom]``
+        (meaningless at padding: read ``batch.node_mask``); with ``return_attention`` also the
+        attention maps."""
+        attention = None
+        if return_attention:
+            raw, attention = self.model.forward_levels(batch, return_attention=True)
+        else:
+            raw = self._raw_outputs(batch)
+        out = {"molecule": self._to_units(raw["molecule"])}
+        if "atom" in raw:
+            out["atom"] = self._atom_units(raw["atom"])
+        return (out, attention) if return_attention else out
+
     def _loss(self, raw: Tensor, target: Tensor) -> Tensor:
         # The loss compares standardised values (identity unless normalize_targets).
         return masked_loss(raw, (target - self.target_mean) / self.target_std, self.loss_name)
+
+    def _atom_units(self, raw: Tensor) -> Tensor:
+        """Atom outputs in the atom targets' units (logits for binary atom tasks)."""
+        return raw.float() * self.atom_std.float() + self.atom_mean.float()
+
+    def _raw_outputs(self, batch: GraphormerBatch, perturb: Tensor | None = None) -> dict:
+        """Raw outputs per level: ``molecule`` ``[B, T]``, and ``atom`` ``[B, N, T_atom]`` for
+        a model of atom targets. A molecule-only model runs its plain forward, as before."""
+        if not self.task.atom_tasks:
+            return {"molecule": self.model(batch, perturb=perturb)}
+        return self.model.forward_levels(batch, perturb=perturb)
+
+    def _level_losses(self, raw: dict, batch: GraphormerBatch) -> dict[str, Tensor]:
+        """Each level's masked loss (missing labels and padding atoms weigh nothing)."""
+        losses = {}
+        if self.task.num_tasks:
+            losses["molecule"] = self._loss(raw["molecule"].float(), batch.y)
+        if self.task.atom_tasks:
+            if batch.y_atom is None:
+                raise ValueError(
+                    "the model predicts atom targets but the batch carries none (y_atom)"
+                )
+            target = (batch.y_atom - self.atom_mean) / self.atom_std  # NaN at padding stays
+            pred = raw["atom"].float().flatten(0, 1)  # [B*N, T_atom]
+            losses["atom"] = masked_loss(pred, target.flatten(0, 1), self.atom_loss_name)
+        return losses
+
+    def _total_loss(self, raw: dict, batch: GraphormerBatch) -> Tensor:
+        losses = self._level_losses(raw, batch)
+        if len(losses) == 1 and "molecule" in losses:
+            return losses["molecule"]  # exactly the molecule-only loss of before
+        return sum(self.loss_weights[level] * loss for level, loss in losses.items())
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
         # Lightning copies plain tensors to a GPU without blocking but calls ``to(device)`` of
@@ -337,7 +417,7 @@ class GraphormerModule(pl.LightningModule):
         if self.flag.enabled:
             loss = self._flag_step(batch)
         else:
-            loss = self._loss(self.model(batch).float(), batch.y)
+            loss = self._total_loss(self._raw_outputs(batch), batch)
         # One process: act on the loss itself. Several: a NaN loss on one rank makes every
         # rank's all-reduced gradients NaN, which all ranks see alike in on_before_optimizer_step
         # (acting on one rank alone would leave the others waiting for it).
@@ -417,7 +497,7 @@ class GraphormerModule(pl.LightningModule):
         optimizer.zero_grad()
         total = 0.0
         for ascent in range(m):
-            loss = self._loss(self.model(batch, perturb=perturb).float(), batch.y) / m
+            loss = self._total_loss(self._raw_outputs(batch, perturb), batch) / m
             self.manual_backward(loss)
             total = total + loss.detach()
             if ascent == m - 1:
@@ -439,8 +519,15 @@ class GraphormerModule(pl.LightningModule):
         # Only predictions are kept here; the loss and the metric are computed once per epoch
         # over every graph of the split, gathered from all ranks (no per-step collective, so a
         # rank with fewer batches never leaves the others waiting).
-        pred = self._to_units(self.model(batch).float())
+        raw = self._raw_outputs(batch)
+        pred = self._to_units(raw["molecule"].float())
         self._eval_outputs.append((batch.index, pred.detach(), batch.y))
+        if self.task.atom_tasks:
+            mask = batch.node_mask  # [B, N]: real atoms only, never padding
+            positions = torch.arange(mask.size(1), device=mask.device).expand_as(mask)
+            graphs = batch.index.view(-1, 1).expand_as(mask)
+            atoms = self._atom_units(raw["atom"].float())[mask].detach()  # [n, T_atom]
+            self._atom_outputs.append((graphs[mask], positions[mask], atoms, batch.y_atom[mask]))
 
     def validation_step(self, batch: GraphormerBatch, batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -453,10 +540,10 @@ class GraphormerModule(pl.LightningModule):
         return batch.index, self._to_units(self.model(batch).float())
 
     def on_validation_epoch_start(self) -> None:
-        self._eval_outputs = []
+        self._eval_outputs, self._atom_outputs = [], []
 
     def on_test_epoch_start(self) -> None:
-        self._eval_outputs = []
+        self._eval_outputs, self._atom_outputs = [], []
 
     def on_validation_epoch_end(self) -> None:
         self._log_metric("val", "valid")
@@ -466,7 +553,8 @@ class GraphormerModule(pl.LightningModule):
 
     def _log_metric(self, stage: str, split: str) -> None:
         index, pred, target = self._gather_outputs()
-        self._eval_outputs = []
+        atoms = self._gather_atoms() if self.task.atom_tasks else None
+        self._eval_outputs, self._atom_outputs = [], []
         if self.trainer.sanity_checking:
             return
         expected = _split_size(self.trainer, split)
@@ -480,16 +568,33 @@ class GraphormerModule(pl.LightningModule):
             if not getattr(self, f"_warned_{stage}", False):
                 setattr(self, f"_warned_{stage}", True)
                 rank_zero_warn(
-                    f"{stage}/{self.task.metric} is computed on {len(index)} of the {expected} "
+                    f"{self.task.monitor.replace('val/', stage + '/')} is computed on "
+                    f"{len(index)} of the {expected} "
                     f"{split} graphs (trainer.limit_{stage}_batches={limit}): not comparable "
                     "with a score on the whole split"
                 )
-        value = score(self.task, self.evaluator, target, pred, split)
-        raw = (pred - self.target_mean) / self.target_std
-        loss = float(self._loss(raw, target.float()))
-        # Every rank holds the same gathered values: no further sync needed.
-        self.log(f"{stage}/loss", loss, sync_dist=False)
-        self.log(f"{stage}/{self.task.metric}", value, prog_bar=True, sync_dist=False)
+        if atoms is None:
+            value = score(self.task, self.evaluator, target, pred, split)
+            raw = (pred - self.target_mean) / self.target_std
+            loss = float(self._loss(raw, target.float()))
+            # Every rank holds the same gathered values: no further sync needed.
+            self.log(f"{stage}/loss", loss, sync_dist=False)
+            self.log(f"{stage}/{self.task.metric}", value, prog_bar=True, sync_dist=False)
+            return
+        values, losses = {}, {}
+        if self.task.num_tasks:
+            values[self.task.metric] = score(self.task, self.evaluator, target, pred, split)
+            raw = (pred - self.target_mean) / self.target_std
+            losses["molecule"] = self._loss(raw, target.float())
+        atom_pred, atom_target = atoms
+        values.update(score_atoms(self.task, atom_target, atom_pred, split))
+        raw = (atom_pred - self.atom_mean) / self.atom_std
+        atom_target = (atom_target - self.atom_mean) / self.atom_std
+        losses["atom"] = masked_loss(raw, atom_target, self.atom_loss_name)
+        loss = sum(self.loss_weights[level] * value for level, value in losses.items())
+        self.log(f"{stage}/loss", float(loss), sync_dist=False)
+        for name, value in values.items():
+            self.log(f"{stage}/{name}", value, prog_bar=True, sync_dist=False)
 
     def _gather_outputs(self) -> tuple[Tensor, Tensor, Tensor]:
         num_tasks, outputs = self.task.num_tasks, self.task.num_outputs
@@ -509,6 +614,29 @@ class GraphormerModule(pl.LightningModule):
         keep = torch.ones_like(index, dtype=torch.bool)
         keep[1:] = index[1:] != index[:-1]
         return index[keep], pred[keep], target[keep]
+
+    def _gather_atoms(self) -> tuple[Tensor, Tensor]:
+        """Every evaluated atom once, ordered by graph then RDKit's atom order: predictions
+        and labels ``[n_atoms, T_atom]``."""
+        width = self.task.atom_tasks
+        if self._atom_outputs:
+            graphs, positions, pred, target = (
+                torch.cat([o[k] for o in self._atom_outputs]) for k in range(4)
+            )
+        else:
+            graphs = positions = torch.zeros(0, dtype=torch.long, device=self.device)
+            pred = target = torch.zeros(0, width, device=self.device)
+        if self.trainer.world_size > 1:
+            graphs, positions, pred, target = _all_gather_rows(
+                self, graphs, positions, pred, target
+            )
+        # Unique (graph, atom) keys: a graph evaluated twice (distributed padding) counts once.
+        key = graphs * (int(positions.max()) + 1 if len(positions) else 1) + positions
+        order = torch.argsort(key)
+        key, pred, target = key[order], pred[order], target[order]
+        keep = torch.ones_like(key, dtype=torch.bool)
+        keep[1:] = key[1:] != key[:-1]
+        return pred[keep], target[keep]
 
     # -- optimisation ---------------------------------------------------------------------------
 
@@ -554,6 +682,20 @@ class GraphormerModule(pl.LightningModule):
         # Only when fit resumes; evaluating a checkpoint leaves the streams alone.
         if state is not None and self._trainer is not None and self.trainer.state.fn == "fit":
             restore_rng_state(state)
+
+
+def _loss_weights(given: dict[str, float] | None) -> dict[str, float]:
+    """Each level's loss weight (1 where not given), checked."""
+    weights = dict.fromkeys(LEVELS, 1.0)
+    for level, weight in dict(given or {}).items():
+        if level not in weights:
+            raise ValueError(
+                f"loss_weights.{level} is not a level: give weights of {', '.join(LEVELS)}"
+            )
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
+            raise ValueError(f"loss_weights.{level}={weight!r} is not allowed: a number >= 0")
+        weights[level] = float(weight)
+    return weights
 
 
 def _split_size(trainer: pl.Trainer, split: str) -> int | None:

@@ -51,7 +51,12 @@ def architecture(model: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _is_output_layer(name: str) -> bool:
-    return name.startswith("model.head.") or name == "model.head_bias"
+    # The molecule output layer, and the heads of atom targets (issue #18): the new task's own.
+    return name.startswith(("model.head.", "model.atom_head.")) or name == "model.head_bias"
+
+
+def _is_molecule_head(name: str) -> bool:
+    return name.startswith(("model.head_transform.", "model.head_norm."))
 
 
 @dataclass
@@ -68,6 +73,8 @@ class PretrainedReport:
         shape_mismatches: ``"name [checkpoint shape] vs [our shape]"`` for tensors not copied.
         setting_differences: ``"key: checkpoint value vs ours"`` for settings that change what the
             network computes.
+        unused_head: the checkpoint's molecule head, left out by a model of atom targets alone
+            (issue #18).
     """
 
     path: str
@@ -78,6 +85,7 @@ class PretrainedReport:
     not_in_model: list[str] = field(default_factory=list)
     shape_mismatches: list[str] = field(default_factory=list)
     setting_differences: list[str] = field(default_factory=list)
+    unused_head: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -111,6 +119,14 @@ class PretrainedReport:
             f"({self.num_parameters:,} parameters); re-initialised for the new task: "
             f"{', '.join(self.output_layer)}"
         )
+        heads = sorted({name.split(".")[1] for name in self.output_layer})
+        if "atom_head" in heads:
+            text += " (new atom head: fine-tuning a molecule-level encoder into atom targets)"
+        if self.unused_head:
+            text += (
+                f"; left out (the checkpoint's molecule head; this model predicts atom targets "
+                f"alone): {_listing(self.unused_head)}"
+            )
         if self.not_in_checkpoint:
             text += f"; re-initialised (not in the checkpoint): {_listing(self.not_in_checkpoint)}"
         return text
@@ -157,6 +173,9 @@ def load_pretrained(module: GraphormerModule, path: str, strict: bool = True) ->
     report.setting_differences = _setting_differences(record.model, module.config, path)
     theirs = {k: v for k, v in state.items() if k.startswith("model.") and not _is_output_layer(k)}
     mine = {k: v for k, v in own.items() if k.startswith("model.")}
+    if module.config.num_tasks == 0:  # atom targets alone: no molecule head to copy into
+        report.unused_head = sorted(k for k in theirs if _is_molecule_head(k))
+        theirs = {k: v for k, v in theirs.items() if not _is_molecule_head(k)}
     report.output_layer = sorted(k for k in mine if _is_output_layer(k))
     matched = {}
     for name, tensor in mine.items():
@@ -196,7 +215,9 @@ def _setting_differences(
     stored: Mapping[str, Any], config: GraphormerConfig, path: str
 ) -> list[str]:
     try:
-        theirs = GraphormerConfig.from_dict({**stored, "num_tasks": config.num_tasks})
+        theirs = GraphormerConfig.from_dict(
+            {**stored, "num_tasks": config.num_tasks, "atom_tasks": config.atom_tasks}
+        )
     except (TypeError, ValueError) as error:
         raise CheckpointError(
             f"pretrained={path} describes a model this version cannot build ({error})"

@@ -85,6 +85,7 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
             data=data,
             flag=settings.flag.to_dict() if settings.flag.enabled else None,
             nonfinite=settings.nonfinite,
+            **({"loss_weights": settings.loss_weights} if settings.loss_weights else {}),
         )
         module.config.check_hops(settings.datamodule.max_hops)
         return module
@@ -272,11 +273,12 @@ def train(
         if is_first_process():
             report(loaded.summary())
 
+    monitor = monitor_key(settings.monitor, task)
     checkpoint = RunCheckpoint(
         dirpath=output_dir / "checkpoints",
         filename="best-epoch{epoch:03d}",
-        monitor=task.monitor,
-        mode="max" if task.higher_is_better else "min",
+        monitor=monitor,
+        mode="max" if task.metric_higher_is_better(monitor.removeprefix("val/")) else "min",
         save_top_k=1,
         save_last=True,
         auto_insert_metric_name=False,
@@ -341,14 +343,24 @@ def train(
             f"trainer.val_check_interval={trainer.val_check_interval}; let validation run at "
             "least once (with max_steps, set trainer.val_check_interval=N steps)"
         )
-    metric = task.metric
+    metric = monitor.removeprefix("val/")
     test = None  # PCQM4Mv2's test splits have no labels: the leaderboard scores them
     if datamodule.is_labelled("test"):
         scores = trainer.test(
             module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True
         )
-        test = {metric: float(scores[0][f"test/{metric}"])}
+        # Every level's metrics (issue #18); a molecule-only task has one.
+        test = {name: float(scores[0][f"test/{name}"]) for name in task.level_metrics}
     results = {**_results(trainer, checkpoint, task, output_dir), "test": test}
+    if len(task.level_metrics) > 1:
+        # The best checkpoint's score of every level on the validation split, not the
+        # monitored one alone.
+        scores = trainer.validate(
+            module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True
+        )
+        results["valid"].update(
+            {name: float(scores[0][f"val/{name}"]) for name in task.level_metrics}
+        )
     if trainer.is_global_zero:
         path = output_dir / "metrics.json"
         path.write_text(json.dumps(results, indent=2) + "\n")
@@ -363,7 +375,7 @@ def train(
 def _results(trainer: pl.Trainer, checkpoint: RunCheckpoint, task, output_dir: Path) -> dict:
     """What ``metrics.json`` holds (``test`` is filled by the caller)."""
     best = checkpoint.best_model_path
-    metric = task.metric
+    metric = str(checkpoint.monitor).removeprefix("val/")
     last = output_dir / "checkpoints" / "last.ckpt"
     results = {
         "dataset": task.name,
@@ -376,6 +388,20 @@ def _results(trainer: pl.Trainer, checkpoint: RunCheckpoint, task, output_dir: P
         "precision": str(trainer.precision),
     }
     return results
+
+
+def monitor_key(given: str | None, task) -> str:
+    """The logged key selecting the best checkpoint: ``monitor=`` (``val/NAME`` or ``NAME``), or
+    the task's default (the first level present); one of the task's validation metrics."""
+    if given is None:
+        return task.monitor
+    name = str(given).removeprefix("val/")
+    if name not in task.level_metrics:
+        choices = ", ".join(f"val/{m}" for m in task.level_metrics)
+        raise ConfigError(
+            f"monitor={given} is not a validation metric of {task.name}: choose one of {choices}"
+        )
+    return f"val/{name}"
 
 
 def _interrupted(

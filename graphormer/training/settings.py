@@ -447,6 +447,9 @@ class RunSettings:
         cv: cross-validation or replicate splits (:class:`CrossValidationSettings`).
         resume_strict: a resume (``ckpt_path``) refuses command-line changes that would break
             its exactness; the command line applies them (``graphormer.cli.train``).
+        monitor: the validation metric that selects the best checkpoint (``val/atom_mae``,
+            ``atom_mae``, ...); None: the first level present (molecules, then atoms).
+        loss_weights: weight of each level's loss (``molecule``, ``atom``); None: all 1.
     """
 
     dataset: dict[str, Any]
@@ -468,6 +471,8 @@ class RunSettings:
     ensemble: EnsembleSettings = field(default_factory=EnsembleSettings)
     calibration: str = "none"
     cv: CrossValidationSettings = field(default_factory=CrossValidationSettings)
+    monitor: str | None = None
+    loss_weights: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         for key in ("dataset", "model"):
@@ -492,6 +497,12 @@ class RunSettings:
         _choice("nonfinite", self.nonfinite, ("stop", "skip"))
         _boolean("resume_strict", self.resume_strict)
         _choice("calibration", self.calibration, CALIBRATIONS)
+        if self.monitor is not None and not isinstance(self.monitor, str):
+            raise _bad("monitor", self.monitor, "a validation metric name (val/atom_mae) or null")
+        if self.loss_weights is not None:
+            if not isinstance(self.loss_weights, Mapping):
+                raise _bad("loss_weights", self.loss_weights, "{molecule: W, atom: W} or null")
+            object.__setattr__(self, "loss_weights", dict(self.loss_weights))
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:

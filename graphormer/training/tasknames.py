@@ -9,7 +9,7 @@ from typing import Any
 from graphormer.data.sources import Source, build_source
 from graphormer.errors import ConfigError
 
-__all__ = ["read_task_names", "stored_source"]
+__all__ = ["read_atom_task_names", "read_task_names", "stored_source"]
 
 
 def read_task_names(module: Any) -> list[str]:
@@ -20,6 +20,17 @@ def read_task_names(module: Any) -> list[str]:
     names = source.task_names() if source is not None else None
     if names is None or len(names) != num_tasks or len(set(names)) != num_tasks:
         names = [f"task_{i}" for i in range(num_tasks)]
+    return names
+
+
+def read_atom_task_names(module: Any) -> list[str]:
+    """The names of a checkpoint's atom targets (issue #18), its source's atom target columns;
+    ``atom_i`` when it cannot tell."""
+    count = module.task.atom_tasks
+    source = stored_source(module)
+    names = source.atom_task_names() if source is not None else []
+    if len(names) != count or len(set(names)) != count:
+        names = [f"atom_{i}" for i in range(count)]
     return names
 
 

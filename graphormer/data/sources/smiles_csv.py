@@ -47,6 +47,10 @@ class SmilesCsvDataset(InMemoryDataset):
         pre_transform (StructuralFeatures | None): structural preprocessing, cached.
         columns (Sequence[str] | None): column names of a CSV without a header row.
         comment (str | None): lines starting with this character are skipped.
+        atom_targets (Sequence[str]): columns of per-atom targets (issue #18): each cell a list
+            ``[0.12, -0.30, ...]`` of one number per atom in RDKit's atom order (hydrogens
+            implicit); an empty cell or a ``nan`` entry is a missing label. Stored per graph as
+            ``y_atom`` ``[num_nodes, len(atom_targets)]``.
     """
 
     def __init__(
@@ -58,24 +62,32 @@ class SmilesCsvDataset(InMemoryDataset):
         pre_transform: StructuralFeatures | None = None,
         columns: Sequence[str] | None = None,
         comment: str | None = None,
+        atom_targets: Sequence[str] = (),
     ) -> None:
         path = resolve_path(path)
         if not osp.isfile(path):
             raise DataError(
                 f"dataset.path={path!r} does not exist; give the path of a CSV file of SMILES"
             )
-        if not targets:
-            raise ConfigError("dataset.targets is empty: name at least one target column")
+        if not targets and not atom_targets:
+            raise ConfigError(
+                "dataset.targets is empty: name at least one target column (or atom target "
+                "columns in dataset.atom_targets)"
+            )
         self.csv_path = osp.abspath(path)
         self.smiles_column = smiles_column
         self.targets = [str(t) for t in targets]
+        self.atom_targets = [str(t) for t in atom_targets]
         self.columns = list(columns) if columns else None
         self.comment = comment
         self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
         # The cache is keyed by the file's content and the columns read, never by its name alone.
         with open(self.csv_path, "rb") as f:
             digest = hashlib.sha1(f.read())
-        digest.update(json.dumps([smiles_column, self.targets, self.columns, comment]).encode())
+        read = [smiles_column, self.targets, self.columns, comment]
+        if self.atom_targets:  # so that caches made before atom targets keep their key
+            read.append(self.atom_targets)
+        digest.update(json.dumps(read).encode())
         stem = osp.splitext(osp.basename(path))[0]
         folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
         allow(PYG_DATA)
@@ -123,7 +135,7 @@ class SmilesCsvDataset(InMemoryDataset):
         names = (
             [str(c) for c in self.columns] if self.columns else _header(self.csv_path, self.comment)
         )
-        wanted = {str(c) for c in [self.smiles_column, *self.targets]}
+        wanted = {str(c) for c in [self.smiles_column, *self.targets, *self.atom_targets]}
         repeated = sorted({n for n in names if names.count(n) > 1 and n in wanted})
         if repeated:
             raise DataError(
@@ -131,15 +143,43 @@ class SmilesCsvDataset(InMemoryDataset):
                 "which one to use is ambiguous; rename the columns so that each name is unique"
             )
 
+    def _atom_labels(
+        self, atom_lists: list[list[list[float] | None]], row: int, atoms: int, smiles: str
+    ) -> torch.Tensor:
+        """``[atoms, T_atom]`` labels of one molecule (NaN = missing)."""
+        y = torch.full((atoms, len(self.atom_targets)), float("nan"))
+        for t, (column, lists) in enumerate(zip(self.atom_targets, atom_lists, strict=True)):
+            values = lists[row]
+            if values is None:  # an empty cell: no atom of this molecule is labelled
+                continue
+            if len(values) != atoms:
+                raise DataError(
+                    f"atom target column {column!r} of {self.csv_path} lists {len(values)} "
+                    f"value(s) at row {row} (0-based, header excluded), but its SMILES "
+                    f"{smiles!r} has {atoms} atoms: give one value per atom, in RDKit's atom "
+                    "order with hydrogens implicit (nan for an unlabelled atom)"
+                )
+            y[:, t] = torch.tensor(values, dtype=torch.float32)
+        return y
+
     def process(self) -> None:
         table = self._read()
         self._refuse_duplicate_columns(table)
-        missing = [c for c in [self.smiles_column, *self.targets] if c not in table.columns]
+        read = [self.smiles_column, *self.targets, *self.atom_targets]
+        missing = [c for c in read if c not in table.columns]
         if missing:
             raise DataError(
                 f"{self.csv_path} has no column(s) {missing}; its columns are "
-                f"{list(table.columns)}. Set dataset.smiles_column / dataset.targets."
+                f"{list(table.columns)}. Set dataset.smiles_column / dataset.targets / "
+                "dataset.atom_targets."
             )
+        atom_lists = [
+            [
+                _parse_list(cell, row, column, self.csv_path)
+                for row, cell in enumerate(table[column])
+            ]
+            for column in self.atom_targets
+        ]
         labels = np.empty((len(table), len(self.targets)), dtype=np.float32)
         for j, column in enumerate(self.targets):
             values = pd.to_numeric(table[column], errors="coerce")
@@ -181,6 +221,8 @@ class SmilesCsvDataset(InMemoryDataset):
                 continue
             graph.y = torch.from_numpy(labels[row]).view(1, -1)
             graph.row = torch.tensor([row])
+            if self.atom_targets:
+                graph.y_atom = self._atom_labels(atom_lists, row, graph.num_nodes, column[row])
             graphs.append(graph)
             scaffolds.append(
                 MurckoScaffold.MurckoScaffoldSmiles(smiles=column[row], includeChirality=True)
@@ -242,6 +284,40 @@ def load_cache(path: str) -> tuple:
     return data, slices
 
 
+def _parse_list(cell: object, row: int, column: str, path: str) -> list[float] | None:
+    """One list cell of per-atom (per-bond) values: ``[0.12, -0.30, nan]``; None for an empty
+    cell. Read as text, never evaluated."""
+    if cell is None or (isinstance(cell, float) and np.isnan(cell)):
+        return None
+    text = str(cell).strip()
+    if not text:
+        return None
+
+    def malformed(why: str) -> DataError:
+        return DataError(
+            f"atom target column {column!r} of {path} holds {text[:60]!r} at row {row} (0-based, "
+            f"header excluded), which is not a list of numbers ({why}): write one number per "
+            "atom as [0.12, -0.30, ...], nan for an unlabelled atom, or leave the cell empty"
+        )
+
+    if not (text.startswith("[") and text.endswith("]")):
+        raise malformed("it must start with [ and end with ]")
+    inner = text[1:-1].strip()
+    if not inner:
+        return []
+    values = []
+    for entry in inner.split(","):
+        entry = entry.strip()
+        try:
+            value = float(entry)
+        except ValueError:
+            raise malformed(f"{entry!r} is not a number") from None
+        if np.isinf(value) or abs(value) > 3.4e38:
+            raise malformed(f"{entry!r} is not a finite float32")
+        values.append(value)
+    return values
+
+
 def _header(path: str, comment: str | None) -> list[str]:
     with open(path, encoding="utf-8", newline="") as f:
         lines = (line for line in f if not (comment and line.startswith(comment)))
@@ -297,6 +373,12 @@ class SmilesCsvSource(Source):
         comment (str | None, optional): skip lines starting with this character.
         num_classes (int | None, optional): classes of a multi-class task; None: the largest
             label + 1.
+        atom_targets (Sequence[str], optional): columns of per-atom targets, each cell a list
+            of one number per atom in RDKit's atom order (issue #18). ``targets`` may then be
+            empty (atoms alone). (default: :obj:`()`)
+        atom_task_type (str, optional): ``"regression"`` (MSE; MAE and RMSE over every
+            labelled atom) or ``"binary"`` (0/1 labels, BCE, ROC-AUC). (default:
+            :obj:`"regression"`)
     """
 
     SPLITS = ("scaffold", "random", "column", "file")
@@ -319,7 +401,13 @@ class SmilesCsvSource(Source):
         num_classes: int | None = None,
         split_column: str | None = None,
         split_file: str | None = None,
+        atom_targets: Sequence[str] = (),
+        atom_task_type: str = "regression",
     ) -> None:
+        if isinstance(atom_targets, str):
+            atom_targets = [atom_targets]
+        self.atom_targets = [str(t) for t in atom_targets or ()]
+        self.atom_task_type = atom_task_type
         if split_file is not None and split in ("scaffold", "file"):
             split = "file"  # the file is the split; scaffold is only the config's default
         elif split_file is not None:
@@ -356,6 +444,11 @@ class SmilesCsvSource(Source):
                 f"dataset.metric={metric!r} does not fit task_type={task_type!r}; choose one of "
                 f"{list(self._METRICS[task_type])}"
             )
+        if not targets and not self.atom_targets:
+            raise ConfigError(
+                "dataset.targets is empty: name at least one target column (or atom target "
+                "columns in dataset.atom_targets)"
+            )
         if task_type == "multiclass" and len(targets) != 1:
             raise ConfigError(
                 f"dataset.task_type=multiclass takes one target column (the class ids), got "
@@ -383,7 +476,14 @@ class SmilesCsvSource(Source):
         self._task = None
         if task_type != "multiclass" or num_classes is not None:
             self._task = user_task(
-                name, task_type, metric, len(self.targets), num_classes, self._METRICS
+                name,
+                task_type,
+                metric,
+                len(self.targets),
+                num_classes,
+                self._METRICS,
+                len(self.atom_targets),
+                atom_task_type,
             )
 
     def task_info(self) -> TaskInfo:
@@ -401,12 +501,25 @@ class SmilesCsvSource(Source):
             where = f"target column {target!r} of {self.path}"
             rows = "row(s) (0-based, header excluded)"  # the table's positions are its rows
             classes = check_class_labels(labels, None, where, noun=rows)
-            self._task = user_task(self.name, "multiclass", self.metric, 1, classes, self._METRICS)
+            self._task = user_task(
+                self.name,
+                "multiclass",
+                self.metric,
+                1,
+                classes,
+                self._METRICS,
+                len(self.atom_targets),
+                self.atom_task_type,
+            )
         return self._task
 
     def task_names(self) -> list[str]:
         """The target columns."""
         return [str(t) for t in self.targets]
+
+    def atom_task_names(self) -> list[str]:
+        """The atom target columns."""
+        return list(self.atom_targets)
 
     def smiles_column(self) -> str:
         return self.smiles_column_name
@@ -424,8 +537,11 @@ class SmilesCsvSource(Source):
             pre_transform=pre_transform,
             columns=self.columns,
             comment=self.comment,
+            atom_targets=self.atom_targets,
         )
         task = self.task_info()
+        if task.atom_tasks and task.atom_task_type == "binary":
+            _check_binary_atoms(dataset, self.atom_targets, self.path)
         if task.is_classification:
             _check_binary_labels(dataset, self.targets, self.path)
         if task.is_multiclass:
@@ -448,7 +564,10 @@ class SmilesCsvSource(Source):
                 split = column_split(table[self.split_column].tolist(), rows, self.split_column)
             else:
                 split = file_split(self.split_file, len(table), rows)
-        _check_labelled_splits(dataset, split, self.targets, self.path)
+        if self.targets:
+            _check_labelled_splits(dataset, split, self.targets, self.path)
+        if self.atom_targets:
+            _check_labelled_atoms(dataset, split, self.atom_targets, self.path)
         if task.is_multiclass:
             y = dataset.y.view(len(dataset), -1)
             warn_absent_classes(y[torch.as_tensor(split["train"])], task.num_classes, self.name)
@@ -469,6 +588,47 @@ def _check_binary_labels(dataset: SmilesCsvDataset, targets: list[str], path: st
             "header excluded), but dataset.task_type=binary: use 0/1 labels (empty = missing), "
             "or dataset.task_type=regression"
         )
+
+
+def _atom_rows(dataset: SmilesCsvDataset, graphs: torch.Tensor) -> torch.Tensor:
+    """The ``y_atom`` rows ``[atoms, T_atom]`` of the graphs ``graphs`` (dataset positions)."""
+    ptr = dataset.slices["y_atom"]
+    starts, ends = ptr[graphs], ptr[graphs + 1]
+    counts = ends - starts
+    offsets = torch.repeat_interleave(starts - (counts.cumsum(0) - counts), counts)
+    return dataset.y_atom[torch.arange(int(counts.sum())) + offsets]
+
+
+def _check_binary_atoms(dataset: SmilesCsvDataset, targets: list[str], path: str) -> None:
+    y = dataset.y_atom
+    bad = ~(torch.isnan(y) | (y == 0) | (y == 1))
+    if bad.any():
+        column = int(bad.any(0).nonzero()[0])
+        atom = int(bad[:, column].nonzero()[0])
+        graph = int(torch.searchsorted(dataset.slices["y_atom"], atom, right=True)) - 1
+        raise DataError(
+            f"atom target column {targets[column]!r} of {path} holds {float(y[atom, column])} "
+            f"at row {int(dataset.row.view(-1)[graph])} (0-based, header excluded), but "
+            "dataset.atom_task_type=binary: use 0/1 labels (nan = unlabelled), or "
+            "dataset.atom_task_type=regression"
+        )
+
+
+def _check_labelled_atoms(dataset, split, targets: list[str], path: str) -> None:
+    """Every atom target needs labelled atoms in training, validation and test."""
+    for name in ("train", "valid", "test"):
+        indices = split.get(name) if isinstance(split, dict) else None
+        if indices is None or len(indices) == 0:
+            continue
+        labelled = ~torch.isnan(_atom_rows(dataset, torch.as_tensor(indices)))
+        empty = [targets[t] for t in range(len(targets)) if not labelled[:, t].any()]
+        if empty:
+            raise DataError(
+                f"atom target column(s) {empty} of {path} have no labelled atom among the "
+                f"{len(indices)} molecules of the {name} split, so they cannot be trained or "
+                "scored there: label more molecules, or change dataset.split / "
+                "dataset.split_ratios"
+            )
 
 
 def _check_labelled_splits(dataset, split, targets: list[str], path: str) -> None:
