@@ -102,21 +102,7 @@ def draw_molecule(smiles: str, values: np.ndarray, size: int = 600, legend: str 
     rdkit index."""
     mol = _molecule(smiles, values)
     colors, radii = _highlights(np.asarray(values, dtype=np.float64))
-    canvas = rdMolDraw2D.MolDraw2DCairo(size, size)
-    options = canvas.drawOptions()
-    options.addAtomIndices = True
-    options.legendFontSize = max(14, size // 36)
-    rdMolDraw2D.PrepareAndDrawMolecule(
-        canvas,
-        mol,
-        legend=legend,
-        highlightAtoms=list(colors),
-        highlightAtomColors=colors,
-        highlightAtomRadii=radii,
-        highlightBonds=[],
-    )
-    canvas.FinishDrawing()
-    return canvas.GetDrawingText()
+    return _draw(mol, legend, colors, radii, size)
 
 
 def draw_molecules(
@@ -261,6 +247,21 @@ def draw_atom_values(smiles: str, values: np.ndarray, name: str, size: int = 600
         legend = f"{name}: blue {-scale:+.3g} - white 0 - red {scale:+.3g}"
     else:
         legend = f"{name}: white {float(np.min(values)):.3g} - red {float(np.max(values)):.3g}"
+    return _draw(mol, legend, colors, {i: 0.42 for i in colors}, size)
+
+
+def _molecule(smiles: str, values: np.ndarray) -> Chem.Mol:
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"rdkit cannot parse SMILES {smiles!r}")
+    if mol.GetNumAtoms() != len(values):
+        raise ValueError(f"{len(values)} values for the {mol.GetNumAtoms()} atoms of {smiles}")
+    return mol
+
+
+def _draw(mol: Chem.Mol, legend: str, colors: dict, radii: dict, size: int) -> bytes:
+    """PNG of ``mol``, its atoms numbered with their rdkit index and highlighted in ``colors``
+    (atom -> RGB) with ``radii``, and ``legend`` below."""
     canvas = rdMolDraw2D.MolDraw2DCairo(size, size)
     options = canvas.drawOptions()
     options.addAtomIndices = True
@@ -271,17 +272,8 @@ def draw_atom_values(smiles: str, values: np.ndarray, name: str, size: int = 600
         legend=legend,
         highlightAtoms=list(colors),
         highlightAtomColors=colors,
-        highlightAtomRadii={i: 0.42 for i in colors},
+        highlightAtomRadii=radii,
         highlightBonds=[],
     )
     canvas.FinishDrawing()
     return canvas.GetDrawingText()
-
-
-def _molecule(smiles: str, values: np.ndarray) -> Chem.Mol:
-    mol = Chem.MolFromSmiles(smiles)
-    if mol is None:
-        raise ValueError(f"rdkit cannot parse SMILES {smiles!r}")
-    if mol.GetNumAtoms() != len(values):
-        raise ValueError(f"{len(values)} values for the {mol.GetNumAtoms()} atoms of {smiles}")
-    return mol
