@@ -63,6 +63,22 @@ class GraphFile:
     def num_graphs(self) -> int:
         return len(self.slices["x"]) - 1
 
+    @classmethod
+    def of_parts(
+        cls, data: Data, slices: dict[str, Tensor], splits: list[str] | None, parts: dict
+    ) -> GraphFile:
+        """The graphs of ``data``, their sizes read from its feature ``parts`` (``x`` and
+        ``edge_attr`` categorical, ``*_continuous`` when present)."""
+        return cls(
+            data,
+            slices,
+            splits,
+            vocabulary_sizes(parts["x"]),
+            vocabulary_sizes(parts["edge_attr"]),
+            parts["x_continuous"].size(1) if "x_continuous" in parts else 0,
+            parts["edge_attr_continuous"].size(1) if "edge_attr_continuous" in parts else 0,
+        )
+
 
 def read_graph_file(path: str, key: str = "dataset.path") -> list[Data]:
     """The list of graphs ``path`` holds, read as data only (``key`` names the setting in
@@ -197,15 +213,7 @@ def read_graphs(
         data.y = _labels(graphs, where)
         slices["y"] = torch.arange(len(graphs) + 1)
     splits = _splits(graphs, where)
-    return GraphFile(
-        data,
-        slices,
-        splits,
-        vocabulary_sizes(parts["x"]),
-        vocabulary_sizes(parts["edge_attr"]),
-        parts["x_continuous"].size(1) if "x_continuous" in parts else 0,
-        parts["edge_attr_continuous"].size(1) if "edge_attr_continuous" in parts else 0,
-    )
+    return GraphFile.of_parts(data, slices, splits, parts)
 
 
 def _labels(graphs: list[Data], where: str) -> Tensor:

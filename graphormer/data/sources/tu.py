@@ -22,7 +22,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.io.tu import read_file, read_tu_data
 
-from graphormer.data.features import check_finite, vocabulary_sizes
+from graphormer.data.features import check_finite
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import DatasetNotFoundError, remove_empty_tree
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
@@ -98,15 +98,7 @@ def read_tu_graphs(
         new_slices["x_continuous"] = node_ptr.clone()
     if "edge_attr_continuous" in parts:
         new_slices["edge_attr_continuous"] = edge_ptr.clone()
-    graphs = GraphFile(
-        storage,
-        new_slices,
-        None,
-        vocabulary_sizes(parts["x"]),
-        vocabulary_sizes(parts["edge_attr"]),
-        parts["x_continuous"].size(1) if "x_continuous" in parts else 0,
-        parts["edge_attr_continuous"].size(1) if "edge_attr_continuous" in parts else 0,
-    )
+    graphs = GraphFile.of_parts(storage, new_slices, None, parts)
     return graphs, regression
 
 
