@@ -29,6 +29,13 @@ class GraphormerBatch:
         edge_attr_continuous: ``[E, F_ec]`` float edge features, or None.
         y_atom: ``[B, N, T_atom]`` float per-atom (per-node) targets, NaN where missing and at
             padding (so padding never counts in a loss or a metric), or None.
+        bond_atoms: ``[B, M, 2]`` long positions (within each graph, as in :attr:`x`) of the two
+            atoms of each bond (edge) that carries bond-level targets (issue #18); 0 at padding.
+            None for a batch without bond targets.
+        bond_edge: ``[B, M]`` long rows of :attr:`edge_attr` of each bond (0 at padding), or None.
+        bond_mask: ``[B, M]`` bool, True at real bonds, or None.
+        y_bond: ``[B, M, T_bond]`` float per-bond targets, NaN where missing and at padding, or
+            None (a prediction batch of a bond model carries the bonds without labels).
     """
 
     x: Tensor
@@ -43,6 +50,10 @@ class GraphormerBatch:
     x_continuous: Tensor | None = None
     edge_attr_continuous: Tensor | None = None
     y_atom: Tensor | None = None
+    bond_atoms: Tensor | None = None
+    bond_edge: Tensor | None = None
+    bond_mask: Tensor | None = None
+    y_bond: Tensor | None = None
 
     @property
     def num_graphs(self) -> int:

@@ -71,6 +71,10 @@ def run(cfg: DictConfig) -> list[Path]:
                     f"{k} per atom [{', '.join(f'{v:.3g}' for v in values)}]"
                     for k, values in maps.atom_predictions.items()
                 ]
+                + [
+                    f"{k} per bond [{', '.join(f'{v:.3g}' for v in values)}]"
+                    for k, values in maps.bond_predictions.items()
+                ]
             )
             report(f"{maps.smiles}: {shown}\n  pictures: {folder.resolve()}")
     return folders

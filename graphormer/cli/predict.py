@@ -99,7 +99,9 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         raise ConfigError(f"layout={layout} is not one of {', '.join(LAYOUTS)}")
     if layout == "long":
         if _is_graph_file(cfg.get("input")):
-            raise ConfigError("layout=long writes one row per atom of SMILES input; not of graphs")
+            raise ConfigError(
+                "layout=long writes one row per atom or bond of SMILES input; not of graphs"
+            )
         out = predictor.atom_table(table[column].tolist(), result)
     else:
         out = predictor.table(table, result)

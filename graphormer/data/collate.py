@@ -134,6 +134,7 @@ class GraphormerCollator:
             labels = torch.cat([s["y_atom"] for s in stores]).float()  # [nodes, T_atom]
             y_atom = torch.full((batch_size * n_max, labels.size(-1)), float("nan"))
             y_atom = y_atom.index_copy_(0, node_dest, labels).view(batch_size, n_max, -1)
+        bonds = _bonds(stores, num_edges, batch_size)
         return GraphormerBatch(
             x=x_pad.view(batch_size, n_max, x.size(-1)),
             in_degree=in_degree.view(batch_size, n_max),
@@ -147,6 +148,7 @@ class GraphormerCollator:
             x_continuous=x_continuous,
             edge_attr_continuous=_continuous(stores, "edge_attr_continuous"),
             y_atom=y_atom,
+            **bonds,
         )
 
     def _structure(
@@ -166,6 +168,46 @@ class GraphormerCollator:
             raise ValueError("some graphs carry cached structural features and some do not")
         edge_index = torch.cat([s["edge_index"] for s in stores], dim=1)
         return structural_features(edge_index, num_nodes, num_edges, self.max_hops)
+
+
+def _bonds(stores: list[dict], num_edges: Tensor, batch_size: int) -> dict[str, Tensor]:
+    """The bonds that carry bond-level targets (issue #18), padded to the batch's most bonds
+    ``M``: ``bond_atoms`` ``[B, M, 2]``, ``bond_edge`` ``[B, M]`` (rows of the batch's
+    ``edge_attr``), ``bond_mask`` ``[B, M]`` and, when the graphs carry labels, ``y_bond``
+    ``[B, M, T_bond]`` (NaN at padding). Each graph lists its bonds as ``bond_edge``: ids of its
+    own edges (a molecule's bond ``k`` is its edge ``2k``, see ``molecule_bond_edges``). Empty
+    when the graphs carry no bonds."""
+    present = [s.get("bond_edge") is not None for s in stores]
+    if not any(present):
+        return {}
+    if not all(present):
+        raise ValueError("some graphs of the batch carry bond_edge and some do not")
+    local = torch.cat([s["bond_edge"].view(-1) for s in stores]).long()  # [bonds]
+    counts = torch.tensor([s["bond_edge"].numel() for s in stores], dtype=torch.long)
+    graph = torch.arange(batch_size).repeat_interleave(counts)
+    edge_ptr = torch.cumsum(num_edges, 0) - num_edges
+    rows = local + edge_ptr[graph]  # rows of the batch's edge_attr
+    # edge_index holds each graph's own node ids: the atoms' positions in the padded layout.
+    ends = torch.cat([s["edge_index"] for s in stores], dim=1).long()[:, rows].t()  # [bonds, 2]
+    m_max = max(int(counts.max()), 1)
+    dest = (
+        graph * m_max + torch.arange(int(counts.sum())) - (torch.cumsum(counts, 0) - counts)[graph]
+    )
+    bond_atoms = torch.zeros(batch_size * m_max, 2, dtype=torch.long).index_copy_(0, dest, ends)
+    bond_edge = torch.zeros(batch_size * m_max, dtype=torch.long).index_copy_(0, dest, rows)
+    bond_mask = torch.zeros(batch_size * m_max, dtype=torch.bool)
+    bond_mask[dest] = True
+    out = {
+        "bond_atoms": bond_atoms.view(batch_size, m_max, 2),
+        "bond_edge": bond_edge.view(batch_size, m_max),
+        "bond_mask": bond_mask.view(batch_size, m_max),
+    }
+    if all(s.get("y_bond") is not None for s in stores):
+        labels = torch.cat([s["y_bond"] for s in stores]).float()  # [bonds, T_bond]
+        labels = labels.view(len(local), -1)
+        y_bond = torch.full((batch_size * m_max, labels.size(-1)), float("nan"))
+        out["y_bond"] = y_bond.index_copy_(0, dest, labels).view(batch_size, m_max, -1)
+    return out
 
 
 def _continuous(stores: list[dict], key: str) -> Tensor | None:

@@ -24,6 +24,7 @@ __all__ = [
     "FeaturizedMolecules",
     "featurize_compact",
     "featurize_smiles",
+    "molecule_bond_edges",
     "smiles_error",
     "smiles_feature_dims",
 ]
@@ -153,6 +154,13 @@ def smiles_feature_dims() -> tuple[list[int], list[int]]:
     from ogb.utils.features import get_atom_feature_dims, get_bond_feature_dims
 
     return list(get_atom_feature_dims()), list(get_bond_feature_dims())
+
+
+def molecule_bond_edges(graph: Data) -> torch.Tensor:
+    """``[num_bonds]`` the edge of each bond of a featurised molecule, in RDKit's bond order:
+    OGB's ``smiles2graph`` lists bond ``k`` as edge ``2k`` (begin -> end atom) and ``2k + 1`` (the
+    reverse), so bond ``k`` is edge ``2k`` (issue #18's bond targets are read so)."""
+    return torch.arange(0, graph.edge_index.size(1), 2, dtype=torch.long)
 
 
 def _as_data(graph: dict) -> Data:

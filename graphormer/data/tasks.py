@@ -16,6 +16,7 @@ from graphormer.errors import ConfigError, DataError
 
 __all__ = [
     "ATOM_METRICS",
+    "BOND_METRICS",
     "TASK_TYPES",
     "USER_METRICS",
     "USER_TASK_TYPES",
@@ -27,6 +28,7 @@ __all__ = [
     "ogb_master_table",
     "score",
     "score_atoms",
+    "score_bonds",
     "user_task",
     "warn_absent_classes",
 ]
@@ -48,6 +50,8 @@ USER_METRICS = {
 }
 # Atom-level metrics per ``dataset.atom_task_type`` (issue #18), over every labelled atom.
 ATOM_METRICS = {"regression": ("mae", "rmse"), "binary": ("rocauc",)}
+# Bond-level metrics per ``dataset.bond_task_type``, over every labelled bond: the atoms' rule.
+BOND_METRICS = ATOM_METRICS
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class TaskInfo:
         atom_tasks: targets per atom (issue #18; 0: none). ``num_tasks`` may then be 0, a task
             of atoms alone.
         atom_task_type: ``"regression"`` or ``"binary"`` (user wording), with ``atom_tasks``.
+        bond_tasks: targets per bond (issue #18; 0: none), as ``atom_tasks``.
+        bond_task_type: ``"regression"`` or ``"binary"``, with ``bond_tasks``.
     """
 
     name: str
@@ -74,6 +80,8 @@ class TaskInfo:
     num_classes: int | None = None
     atom_tasks: int = 0
     atom_task_type: str | None = None
+    bond_tasks: int = 0
+    bond_task_type: str | None = None
 
     def __post_init__(self) -> None:
         if self.task_type not in TASK_TYPES:
@@ -103,8 +111,15 @@ class TaskInfo:
             )
         if not self.atom_tasks and self.atom_task_type is not None:
             raise ValueError(f"atom_task_type is for atom targets; {self.name} has none")
-        if self.num_tasks == 0 and not self.atom_tasks:
-            raise ValueError(f"{self.name} has no target: name molecule or atom targets")
+        if self.bond_tasks and self.bond_task_type not in BOND_METRICS:
+            raise ValueError(
+                f"bond_task_type must be one of {' | '.join(BOND_METRICS)}, got "
+                f"{self.bond_task_type!r}"
+            )
+        if not self.bond_tasks and self.bond_task_type is not None:
+            raise ValueError(f"bond_task_type is for bond targets; {self.name} has none")
+        if self.num_tasks == 0 and not self.atom_tasks and not self.bond_tasks:
+            raise ValueError(f"{self.name} has no target: name molecule, atom or bond targets")
 
     @property
     def is_classification(self) -> bool:
@@ -131,10 +146,19 @@ class TaskInfo:
         return tuple(f"atom_{m}" for m in ATOM_METRICS[self.atom_task_type])
 
     @property
+    def bond_metrics(self) -> tuple[str, ...]:
+        """Logged names of the bond-level metrics: ``bond_mae``, ``bond_rmse`` or
+        ``bond_rocauc``; empty without bond targets."""
+        if not self.bond_tasks:
+            return ()
+        return tuple(f"bond_{m}" for m in BOND_METRICS[self.bond_task_type])
+
+    @property
     def level_metrics(self) -> tuple[str, ...]:
-        """Every metric logged per evaluation split, molecule level first (``val/<name>``)."""
+        """Every metric logged per evaluation split, molecule level first, then atoms, then
+        bonds (``val/<name>``)."""
         molecule = (self.metric,) if self.num_tasks else ()
-        return molecule + self.atom_metrics
+        return molecule + self.atom_metrics + self.bond_metrics
 
     @property
     def higher_is_better(self) -> bool:
@@ -143,12 +167,12 @@ class TaskInfo:
     @staticmethod
     def metric_higher_is_better(name: str) -> bool:
         """Whether a logged metric name (``rocauc``, ``atom_mae``, ...) is maximised."""
-        return name.removeprefix("atom_") in _MAXIMISED
+        return name.removeprefix("atom_").removeprefix("bond_") in _MAXIMISED
 
     @property
     def monitor(self) -> str:
         """The logged key that selects the best checkpoint by default: ``val/<metric>`` of the
-        first level present (molecules, then atoms)."""
+        first level present (molecules, then atoms, then bonds)."""
         return f"val/{self.level_metrics[0]}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -157,6 +181,8 @@ class TaskInfo:
             del values["num_classes"]
         if not values["atom_tasks"]:  # as checkpoints before atom targets stored it
             del values["atom_tasks"], values["atom_task_type"]
+        if not values["bond_tasks"]:  # as checkpoints before bond targets stored it
+            del values["bond_tasks"], values["bond_task_type"]
         return values
 
     def evaluator(self) -> Evaluator:
@@ -224,12 +250,37 @@ def score_atoms(
     """The atom-level metrics (:attr:`TaskInfo.atom_metrics`, names without ``atom_``) of
     predictions ``[n_atoms, T_atom]`` against labels (NaN = unlabelled), every atom of the split
     counted once, by the same evaluators as molecule targets (OGB's)."""
+    return _score_level(
+        task, "atom", task.atom_tasks, task.atom_task_type, task.atom_metrics, y_true, y_pred, split
+    )
+
+
+def score_bonds(
+    task: TaskInfo, y_true: torch.Tensor, y_pred: torch.Tensor, split: str
+) -> dict[str, float]:
+    """The bond-level metrics (:attr:`TaskInfo.bond_metrics`) of predictions
+    ``[n_bonds, T_bond]`` against labels (NaN = unlabelled), every bond of the split counted
+    once, by the same evaluators as molecule targets (OGB's)."""
+    return _score_level(
+        task, "bond", task.bond_tasks, task.bond_task_type, task.bond_metrics, y_true, y_pred, split
+    )
+
+
+def _score_level(
+    task: TaskInfo,
+    level: str,
+    tasks: int,
+    task_type: str,
+    names: tuple[str, ...],
+    y_true: torch.Tensor,
+    y_pred: torch.Tensor,
+    split: str,
+) -> dict[str, float]:
     found = {}
-    task_type = USER_TASK_TYPES[task.atom_task_type]
-    for name in task.atom_metrics:
-        metric = name.removeprefix("atom_")
-        atoms = TaskInfo(f"{task.name} (atoms)", task_type, task.atom_tasks, metric)
-        found[name] = score(atoms, atoms.evaluator(), y_true, y_pred, split)
+    for name in names:
+        metric = name.removeprefix(f"{level}_")
+        items = TaskInfo(f"{task.name} ({level}s)", USER_TASK_TYPES[task_type], tasks, metric)
+        found[name] = score(items, items.evaluator(), y_true, y_pred, split)
     return found
 
 
@@ -305,6 +356,8 @@ def user_task(
     metrics: dict[str, tuple[str, ...]] = USER_METRICS,
     atom_tasks: int = 0,
     atom_task_type: str = "regression",
+    bond_tasks: int = 0,
+    bond_task_type: str = "regression",
 ) -> TaskInfo:
     """The task a user's ``dataset.task_type`` and ``dataset.metric`` describe (one rule for
     every source of a user's own data).
@@ -328,9 +381,23 @@ def user_task(
             f"dataset.atom_task_type must be one of {' | '.join(ATOM_METRICS)}, got "
             f"{atom_task_type!r}"
         )
+    if bond_tasks and bond_task_type not in BOND_METRICS:
+        raise ConfigError(
+            f"dataset.bond_task_type must be one of {' | '.join(BOND_METRICS)}, got "
+            f"{bond_task_type!r}"
+        )
     atom_type = atom_task_type if atom_tasks else None
+    bond_type = bond_task_type if bond_tasks else None
     return TaskInfo(
-        name, USER_TASK_TYPES[task_type], num_tasks, metric, classes, atom_tasks, atom_type
+        name,
+        USER_TASK_TYPES[task_type],
+        num_tasks,
+        metric,
+        classes,
+        atom_tasks,
+        atom_type,
+        bond_tasks,
+        bond_type,
     )
 
 

@@ -61,6 +61,8 @@ class AttentionMaps:
         predictions: the model's output for this molecule, by task name.
         atom_predictions: a model of atom targets' values per atom (RDKit's order), by atom
             target name (issue #18); empty otherwise.
+        bond_predictions: a model of bond targets' values per bond (RDKit's bond order), by
+            bond target name; empty otherwise.
     """
 
     smiles: str
@@ -68,6 +70,7 @@ class AttentionMaps:
     weights: np.ndarray
     predictions: dict[str, float] = field(default_factory=dict)
     atom_predictions: dict[str, list[float]] = field(default_factory=dict)
+    bond_predictions: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:

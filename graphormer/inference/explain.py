@@ -11,6 +11,7 @@ from graphormer.inference.attention import AttentionMaps
 from graphormer.inference.pictures import (
     attention_legend,
     draw_atom_values,
+    draw_bond_values,
     draw_heads,
     draw_molecule,
     draw_molecules,
@@ -32,7 +33,9 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
     - ``attention.npy`` ``[L, H, n + 1, n + 1]`` and ``rollout.npy`` ``[n + 1, n + 1]`` (index 0
       is the graph token; rows sum to 1); ``summary.json``: SMILES, labels, predictions;
     - for a model of atom targets, ``atoms_<target>.png``: the molecule with each atom coloured
-      by its predicted value (blue-white-red centred on zero for signed values), with a legend.
+      by its predicted value (blue-white-red centred on zero for signed values), with a legend;
+    - for a model of bond targets, ``bonds_<target>.png``: the molecule with each bond drawn in
+      the colour of its predicted value (the same scales), with a legend.
     """
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -86,11 +89,14 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
         written.append(folder / name)
     for name, values in maps.atom_predictions.items():
         save(f"atoms_{name}.png", draw_atom_values(maps.smiles, np.asarray(values), name, size))
+    for name, values in maps.bond_predictions.items():
+        save(f"bonds_{name}.png", draw_bond_values(maps.smiles, np.asarray(values), name, size))
     summary = {
         "smiles": maps.smiles,
         "labels": maps.labels,
         "predictions": maps.predictions,
         **({"atom_predictions": maps.atom_predictions} if maps.atom_predictions else {}),
+        **({"bond_predictions": maps.bond_predictions} if maps.bond_predictions else {}),
         "layers": layers,
         "heads": maps.num_heads,
     }

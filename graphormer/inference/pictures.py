@@ -17,6 +17,7 @@ __all__ = [
     "attention_legend",
     "colormap",
     "draw_atom_values",
+    "draw_bond_values",
     "draw_heads",
     "draw_molecule",
     "draw_molecules",
@@ -250,6 +251,30 @@ def draw_atom_values(smiles: str, values: np.ndarray, name: str, size: int = 600
     return _draw(mol, legend, colors, {i: 0.42 for i in colors}, size)
 
 
+def draw_bond_values(smiles: str, values: np.ndarray, name: str, size: int = 600) -> bytes:
+    """PNG of the molecule with bond ``k`` (RDKit's bond order) drawn in the colour of its
+    predicted value ``values[k]`` of the bond target ``name``, on the atoms' scale
+    (:func:`atom_value_colours`), atoms numbered, and a legend naming the target and the
+    colours' values."""
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None:
+        raise ValueError(f"rdkit cannot parse SMILES {smiles!r}")
+    if mol.GetNumBonds() != len(values):
+        raise ValueError(f"{len(values)} values for the {mol.GetNumBonds()} bonds of {smiles}")
+    values = np.asarray(values, dtype=np.float64)
+    colors = {}
+    legend = f"{name}: no bonds"
+    if len(values):
+        rgb, scale, signed = atom_value_colours(values)
+        colors = {k: tuple(float(c) for c in rgb[k]) for k in range(len(values))}
+        if signed:
+            legend = f"{name} per bond: blue {-scale:+.3g} - white 0 - red {scale:+.3g}"
+        else:
+            low, high = float(values.min()), float(values.max())
+            legend = f"{name} per bond: white {low:.3g} - red {high:.3g}"
+    return _draw(mol, legend, {}, {}, size, bond_colors=colors)
+
+
 def _molecule(smiles: str, values: np.ndarray) -> Chem.Mol:
     mol = Chem.MolFromSmiles(smiles)
     if mol is None:
@@ -259,9 +284,18 @@ def _molecule(smiles: str, values: np.ndarray) -> Chem.Mol:
     return mol
 
 
-def _draw(mol: Chem.Mol, legend: str, colors: dict, radii: dict, size: int) -> bytes:
+def _draw(
+    mol: Chem.Mol,
+    legend: str,
+    colors: dict,
+    radii: dict,
+    size: int,
+    bond_colors: dict | None = None,
+) -> bytes:
     """PNG of ``mol``, its atoms numbered with their rdkit index and highlighted in ``colors``
-    (atom -> RGB) with ``radii``, and ``legend`` below."""
+    (atom -> RGB) with ``radii``, its bonds in ``bond_colors`` (bond index -> RGB), and
+    ``legend`` below."""
+    bond_colors = bond_colors or {}
     canvas = rdMolDraw2D.MolDraw2DCairo(size, size)
     options = canvas.drawOptions()
     options.addAtomIndices = True
@@ -273,7 +307,8 @@ def _draw(mol: Chem.Mol, legend: str, colors: dict, radii: dict, size: int) -> b
         highlightAtoms=list(colors),
         highlightAtomColors=colors,
         highlightAtomRadii=radii,
-        highlightBonds=[],
+        highlightBonds=list(bond_colors),
+        highlightBondColors=bond_colors,
     )
     canvas.FinishDrawing()
     return canvas.GetDrawingText()

@@ -21,7 +21,12 @@ from torch_geometric.data import Data
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.data.collate import GraphormerCollator
-from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles, smiles_feature_dims
+from graphormer.data.featurize import (
+    FeaturizedMolecules,
+    featurize_smiles,
+    molecule_bond_edges,
+    smiles_feature_dims,
+)
 from graphormer.data.sampling import pack_by_tokens
 from graphormer.data.sources.pyg_file import read_graphs
 from graphormer.devices import DEFAULT_PRECISION, PRECISIONS, resolve_pad_to_multiple
@@ -30,7 +35,12 @@ from graphormer.inference.attention import AttentionMaps, atom_labels
 from graphormer.training.calibration import Calibration, conformal_radius
 from graphormer.training.evaluation import has_dropout
 from graphormer.training.module import GraphormerModule
-from graphormer.training.tasknames import read_atom_task_names, read_task_names, stored_source
+from graphormer.training.tasknames import (
+    read_atom_task_names,
+    read_bond_task_names,
+    read_task_names,
+    stored_source,
+)
 
 __all__ = [
     "LAYOUTS",
@@ -75,6 +85,8 @@ class Predictions:
         atoms: for a model of atom targets (issue #18), one ``[n_atoms, T_atom]`` float32
             array per molecule in RDKit's atom order (probabilities for binary atom tasks;
             None where there is no prediction); None otherwise.
+        bonds: for a model of bond targets, one ``[n_bonds, T_bond]`` float32 array per
+            molecule in RDKit's bond order (per listed edge for graphs); None otherwise.
     """
 
     values: np.ndarray
@@ -84,6 +96,7 @@ class Predictions:
     lower: np.ndarray | None = None
     upper: np.ndarray | None = None
     atoms: list[np.ndarray | None] | None = None
+    bonds: list[np.ndarray | None] | None = None
 
 
 class Predictor:
@@ -118,6 +131,8 @@ class Predictor:
             probabilities for binary tasks, intervals for regression. (default: :obj:`None`)
         atom_task_names (Sequence[str] | None, optional): one name per atom target (issue #18);
             default ``atom_i``. (default: :obj:`None`)
+        bond_task_names (Sequence[str] | None, optional): one name per bond target; default
+            ``bond_i``. (default: :obj:`None`)
 
     The module is put in eval mode and moved to ``device`` (and to the precision's dtype).
 
@@ -146,6 +161,7 @@ class Predictor:
         mc_dropout: int = 0,
         calibration: Calibration | None = None,
         atom_task_names: Sequence[str] | None = None,
+        bond_task_names: Sequence[str] | None = None,
     ) -> None:
         num_tasks = module.task.num_tasks
         names = list(task_names) if task_names else [f"task_{i}" for i in range(num_tasks)]
@@ -155,10 +171,14 @@ class Predictor:
         atom_names = list(atom_task_names or [f"atom_{i}" for i in range(atom_tasks)])
         if len(atom_names) != atom_tasks:
             raise ValueError(f"{len(atom_names)} atom task names for {atom_tasks}: {atom_names}")
-        if atom_tasks and (members or mc_dropout):
+        bond_tasks = module.task.bond_tasks
+        bond_names = list(bond_task_names or [f"bond_{i}" for i in range(bond_tasks)])
+        if len(bond_names) != bond_tasks:
+            raise ValueError(f"{len(bond_names)} bond task names for {bond_tasks}: {bond_names}")
+        if (atom_tasks or bond_tasks) and (members or mc_dropout):
             raise ConfigError(
                 "ensembles and MC dropout predict molecule targets only: give one checkpoint of "
-                "a model of atom targets (issue #18), without mc_dropout"
+                "a model of atom or bond targets (issue #18), without mc_dropout"
             )
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -188,6 +208,7 @@ class Predictor:
         self.task = module.task
         self.task_names = names
         self.atom_task_names = atom_names
+        self.bond_task_names = bond_names
         self.training_smiles_column = training_smiles_column
         self.device = _device(device)
         self.precision = str(precision)
@@ -260,6 +281,7 @@ class Predictor:
             mc_dropout=mc_dropout,
             calibration=calibration_of(found.folder, records),
             atom_task_names=read_atom_task_names(module),
+            bond_task_names=read_bond_task_names(module),
         )
         if refusal is not None:
             predictor.smiles_refusal = f"checkpoint {path} {refusal}"
@@ -280,9 +302,10 @@ class Predictor:
     ) -> pd.DataFrame:
         """One row per SMILES, in order: ``smiles``, one column per task (probabilities for
         binary tasks, original units for regression; empty where there is no prediction) and
-        ``error`` (empty, or why that molecule has no prediction). A model of atom targets adds
-        one list column per atom target (``[v0, v1, ...]`` in RDKit's atom order); with
-        ``layout="long"`` the table has one row per atom instead (:meth:`atom_table`)."""
+        ``error`` (empty, or why that molecule has no prediction). A model of atom (bond)
+        targets adds one list column per atom (bond) target (``[v0, v1, ...]`` in RDKit's atom
+        (bond) order); with ``layout="long"`` the table has one row per atom and bond instead
+        (:meth:`atom_table`)."""
         if layout not in LAYOUTS:
             raise ConfigError(f"layout={layout!r} is not one of {', '.join(LAYOUTS)}")
         smiles = _smiles_list(smiles)
@@ -294,15 +317,75 @@ class Predictor:
         return self.table(inputs, result)
 
     def atom_table(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
-        """One row per atom of every molecule (``layout=long``): ``row`` (the input's position),
-        ``atom_index`` (RDKit's), ``element``, one column per atom target, and ``error``; a
-        molecule without a prediction keeps one row, with an empty ``atom_index`` and the
-        reason in ``error``."""
-        if result.atoms is None:
+        """The long layout (``layout=long``): one row per atom of every molecule (``row``, the
+        input's position; ``atom_index``, RDKit's; ``element``; one column per atom target;
+        ``error``) for a model of atom targets, one row per bond (``row``, ``bond_index``,
+        RDKit's; ``begin_atom``, ``end_atom``; ``bond_type``; one column per bond target;
+        ``error``) for a model of bond targets, and for a model of both, the two stacked with a
+        ``level`` column (``atom`` or ``bond``), each molecule's atoms then its bonds, the
+        other level's columns empty. A molecule without a prediction keeps one row, with empty
+        indices and the reason in ``error``."""
+        if result.atoms is None and result.bonds is None:
             raise ConfigError(
-                "layout=long writes one row per atom, and this model predicts no atom targets: "
-                "use layout=wide"
+                "layout=long writes one row per atom or bond, and this model predicts no atom "
+                "or bond targets: use layout=wide"
             )
+        if result.bonds is None:
+            return self._atom_rows(smiles, result)
+        bonds = self._bond_rows(smiles, result)
+        if result.atoms is None:
+            return bonds
+        atoms = self._atom_rows(smiles, result)
+        atoms.insert(1, "level", "atom")
+        bonds.insert(1, "level", "bond")
+        table = pd.concat([atoms, bonds], ignore_index=True)
+        table = table.sort_values(["row", "level"], kind="stable", ignore_index=True)
+        # A molecule without a prediction has one error row per level: keep one.
+        failed = table["error"].astype(str).ne("") & table.duplicated(["row"], keep="first")
+        table = table[~failed].reset_index(drop=True)
+        columns = ["row", "level", "atom_index", "element", "bond_index", "begin_atom"]
+        columns += ["end_atom", "bond_type", *self.atom_task_names, *self.bond_task_names]
+        return table[[*columns, "error"]]
+
+    def _bond_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
+        """One row per bond of every molecule (see :meth:`atom_table`)."""
+        rows, indices, begins, ends, types, values, errors = [], [], [], [], [], [], []
+        width = len(self.bond_task_names)
+        for position, (text, bonds) in enumerate(zip(smiles, result.bonds, strict=True)):
+            if bonds is None:
+                rows.append(position)
+                indices.append(pd.NA)
+                begins.append(pd.NA)
+                ends.append(pd.NA)
+                types.append(None)
+                values.append(np.full(width, np.nan, dtype=np.float32))
+                errors.append(result.errors[position])
+                continue
+            found = list(Chem.MolFromSmiles(text).GetBonds())
+            rows += [position] * len(bonds)
+            indices += range(len(bonds))
+            begins += [b.GetBeginAtomIdx() for b in found]
+            ends += [b.GetEndAtomIdx() for b in found]
+            types += [str(b.GetBondType()) for b in found]
+            values += list(bonds)
+            errors += [""] * len(bonds)
+        stacked = np.stack(values) if values else np.zeros((0, width))
+        table = pd.DataFrame(
+            {
+                "row": rows,
+                "bond_index": pd.array(indices, dtype="Int64"),
+                "begin_atom": pd.array(begins, dtype="Int64"),
+                "end_atom": pd.array(ends, dtype="Int64"),
+                "bond_type": pd.Series(types, dtype=object),
+            }
+        )
+        for t, name in enumerate(self.bond_task_names):
+            table[name] = stacked[:, t]
+        table["error"] = pd.Series(errors, dtype=object)
+        return table
+
+    def _atom_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
+        """One row per atom of every molecule (see :meth:`atom_table`)."""
         rows, indices, elements, values, errors = [], [], [], [], []
         for position, (text, atoms) in enumerate(zip(smiles, result.atoms, strict=True)):
             if atoms is None:
@@ -351,15 +434,19 @@ class Predictor:
         for i, error in enumerate(featurized.errors):
             if error:
                 raise DataError(f"SMILES {smiles[i]!r} (item {i}): {error}")
+        if self.task.bond_tasks:  # bond k of a molecule is its edge 2k
+            for graph in featurized.graphs:
+                graph.bond_edge = molecule_bond_edges(graph)
         batch = self.collator(featurized.graphs)
-        atoms = None
+        atoms = bonds = None
         with self._inference():
-            if self.task.atom_tasks:
+            if self.task.atom_tasks or self.task.bond_tasks:
                 levels, attention = self.module.forward_levels(
                     batch.to(self.device), return_attention=True
                 )
                 out = levels["molecule"]
-                atoms = self._atom_arrays(levels["atom"], batch.node_mask)
+                per_level = self._level_arrays(levels, batch)
+                atoms, bonds = per_level.get("atom"), per_level.get("bond")
             else:
                 out, attention = self.module(batch.to(self.device), return_attention=True)
         values = self._outputs(out)
@@ -384,6 +471,11 @@ class Predictor:
                         name: atoms[b][:, t].tolist() for t, name in enumerate(self.atom_task_names)
                     }
                     if atoms is not None
+                    else {},
+                    bond_predictions={
+                        name: bonds[b][:, t].tolist() for t, name in enumerate(self.bond_task_names)
+                    }
+                    if bonds is not None
                     else {},
                 )
             )
@@ -415,6 +507,7 @@ class Predictor:
         vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
         errors = [""] * n
         atoms: list | None = [None] * n if self.task.atom_tasks else None
+        bonds: list | None = [None] * n if self.task.bond_tasks else None
         bar = _progress_bar(n, progress)
         try:
             for start in range(0, n, _CHUNK):
@@ -425,13 +518,17 @@ class Predictor:
                 bar.update(len(featurized.errors) - len(featurized.valid))
                 for rows in self._batches(featurized):
                     graphs = [featurized.graphs[i] for i in rows]
-                    out, std, graph_states, per_atom = self._predict_batch(
+                    if bonds is not None:  # bond k of a molecule is its edge 2k
+                        for graph in graphs:
+                            graph.bond_edge = molecule_bond_edges(graph)
+                    out, std, graph_states, per_level = self._predict_batch(
                         graphs, vectors is not None
                     )
                     values[start + rows.numpy()] = out
-                    if atoms is not None:
-                        for i, array in zip(rows.tolist(), per_atom, strict=True):
-                            atoms[start + i] = array
+                    for level, found in (("atom", atoms), ("bond", bonds)):
+                        if found is not None:
+                            for i, array in zip(rows.tolist(), per_level[level], strict=True):
+                                found[start + i] = array
                     if spread is not None:
                         spread[start + rows.numpy()] = std
                     if vectors is not None:
@@ -448,7 +545,8 @@ class Predictor:
                 UnpredictableMoleculeWarning,
                 stacklevel=2,
             )
-        return self._finish(Predictions(values, errors, vectors, spread, atoms=atoms), interval)
+        result = Predictions(values, errors, vectors, spread, atoms=atoms, bonds=bonds)
+        return self._finish(result, interval)
 
     def _finish(self, result: Predictions, interval: float | None) -> Predictions:
         """``result`` with the run's calibration applied: calibrated binary probabilities, and
@@ -513,6 +611,13 @@ class Predictor:
                     [None if a is None else format_atom_list(a[:, t]) for a in result.atoms],
                     dtype=object,
                 )
+        if result.bonds is not None:
+            # Likewise per bond target, in RDKit's bond order.
+            for t, name in enumerate(self.bond_task_names):
+                added[name] = np.array(
+                    [None if a is None else format_atom_list(a[:, t]) for a in result.bonds],
+                    dtype=object,
+                )
         added["error"] = np.array(result.errors, dtype=object)
         taken = set(map(str, out.columns))
         renamed = []
@@ -566,6 +671,7 @@ class Predictor:
         vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
         errors = [""] * n
         atoms: list | None = [None] * n if self.task.atom_tasks else None
+        bonds: list | None = [None] * n if self.task.bond_tasks else None
         inputs: dict[int, Data] = {}
         for i, graph in enumerate(graphs):
             try:
@@ -581,16 +687,18 @@ class Predictor:
         for count in counts:
             rows = np.array(order[start : start + count])
             start += count
-            out, std, states, per_atom = self._predict_batch([inputs[i] for i in rows], embeddings)
+            out, std, states, per_level = self._predict_batch([inputs[i] for i in rows], embeddings)
             values[rows] = out
-            if atoms is not None:
-                for i, array in zip(rows.tolist(), per_atom, strict=True):
-                    atoms[i] = array
+            for level, found in (("atom", atoms), ("bond", bonds)):
+                if found is not None:
+                    for i, array in zip(rows.tolist(), per_level[level], strict=True):
+                        found[i] = array
             if spread is not None:
                 spread[rows] = std
             if vectors is not None:
                 vectors[rows] = states
-        return self._finish(Predictions(values, errors, vectors, spread, atoms=atoms), interval)
+        result = Predictions(values, errors, vectors, spread, atoms=atoms, bonds=bonds)
+        return self._finish(result, interval)
 
     def _graph_input(self, graph: Any) -> Data:
         """One graph as the model reads it, or a DataError saying why it cannot be."""
@@ -627,7 +735,10 @@ class Predictor:
                     f"model's {model_dims[column]} classes of that column"
                 )
         # Structural features are computed per batch by the collator (its on-the-fly mode).
-        return read.data
+        data = read.data
+        if self.task.bond_tasks:  # an edge-level model predicts every listed edge (pyg_file)
+            data.bond_edge = torch.arange(data.edge_index.size(1), dtype=torch.long)
+        return data
 
     def _check_smiles_allowed(self) -> None:
         if self.smiles_refusal is not None:
@@ -648,20 +759,21 @@ class Predictor:
 
     def _predict_batch(
         self, graphs: list, embeddings: bool
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, list[np.ndarray] | None]:
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, list[np.ndarray]]]:
         """The mean prediction of a batch, its spread (members or MC passes; None for one
-        deterministic model), the first model's graph states and, for a model of atom targets,
-        each graph's ``[n_atoms, T_atom]`` atom predictions."""
+        deterministic model), the first model's graph states and, for a model of atom (bond)
+        targets, each graph's ``[n_atoms, T_atom]`` (``[n_bonds, T_bond]``) predictions by
+        level (``atom``, ``bond``)."""
         begin = time.perf_counter()
         batch = self.collator(graphs)
         middle = time.perf_counter()
         captured: list[Tensor] = []
         hook = None
-        per_atom = None
+        per_level: dict[str, list[np.ndarray]] = {}
         if embeddings and self.module.model.head_transform is None:
             raise ConfigError(
                 "embeddings are the graph token's state read by the molecule head, and this "
-                "model predicts atom targets alone"
+                "model predicts atom or bond targets alone"
             )
         if embeddings:
             # The graph token's final state is what the head's first layer reads: captured there,
@@ -673,10 +785,11 @@ class Predictor:
         try:
             with self._inference():
                 batch = batch.to(self.device, non_blocking=True)
-                if self.task.atom_tasks:  # one model (checked when built): every level at once
+                if self.task.atom_tasks or self.task.bond_tasks:
+                    # One model (checked when built): every level at once.
                     levels = self.module.forward_levels(batch)
                     outputs.append(self._outputs(levels["molecule"]))
-                    per_atom = self._atom_arrays(levels["atom"], batch.node_mask)
+                    per_level = self._level_arrays(levels, batch)
                 else:
                     for member in self.modules:
                         for k in range(max(1, self.mc_dropout)):
@@ -690,15 +803,24 @@ class Predictor:
         self.timings["model_s"] += end - middle
         stacked = np.stack(outputs)  # [members x passes, B, T]
         std = stacked.std(0) if len(outputs) > 1 else None
-        return stacked.mean(0), std, states, per_atom
+        return stacked.mean(0), std, states, per_level
 
-    def _atom_arrays(self, atoms: Tensor, node_mask: Tensor) -> list[np.ndarray]:
-        """Each graph's real atoms ``[n_atoms, T_atom]`` (the collator keeps RDKit's order)."""
-        atoms = atoms.float()
-        if self.task.atom_task_type == "binary":
-            atoms = torch.sigmoid(atoms)
-        atoms, counts = atoms.cpu().numpy(), node_mask.sum(1).tolist()
-        return [atoms[b, :n] for b, n in enumerate(counts)]
+    def _level_arrays(self, levels: dict[str, Tensor], batch: Any) -> dict[str, list[np.ndarray]]:
+        """Each graph's real atoms ``[n_atoms, T_atom]`` and bonds ``[n_bonds, T_bond]`` (the
+        collator keeps RDKit's orders; probabilities for binary levels)."""
+        found = {}
+        for level, mask, task_type in (
+            ("atom", batch.node_mask, self.task.atom_task_type),
+            ("bond", batch.bond_mask, self.task.bond_task_type),
+        ):
+            if level not in levels:
+                continue
+            values = levels[level].float()
+            if task_type == "binary":
+                values = torch.sigmoid(values)
+            values, counts = values.cpu().numpy(), mask.sum(1).tolist()
+            found[level] = [values[b, :n] for b, n in enumerate(counts)]
+        return found
 
     def _pass(self, member: Any, batch: Any, k: int) -> np.ndarray:
         """One forward pass; with MC dropout, pass ``k`` has dropout on, seeded by ``k`` so that

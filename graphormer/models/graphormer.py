@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from graphormer.batch import GraphormerBatch
 from graphormer.models.dropout import Dropout
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder
-from graphormer.models.heads import NodeHead
+from graphormer.models.heads import BondHead, NodeHead
 from graphormer.models.layers import GraphormerLayer
 
 __all__ = ["Graphormer", "GraphormerConfig", "ogb_atom_feature_dims", "ogb_bond_feature_dims"]
@@ -75,6 +75,8 @@ class GraphormerConfig:
             ``atom_tasks`` (a model of atom targets alone).
         atom_tasks: outputs per atom of a node head on each atom's final state (issue #18);
             0 (the default) builds no node head, so every existing model is unchanged.
+        bond_tasks: outputs per bond of a bond head on each bond's two atoms' final states and
+            its own edge features (issue #18); 0 (the default) builds none.
     """
 
     num_layers: int = 12
@@ -102,12 +104,14 @@ class GraphormerConfig:
     head_bias: str = "per_task"
     num_tasks: int = 1
     atom_tasks: int = 0
+    bond_tasks: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
             _integer(name, getattr(self, name), 1)
         _integer("atom_tasks", self.atom_tasks, 0)
-        _integer("num_tasks", self.num_tasks, 0 if self.atom_tasks else 1)
+        _integer("bond_tasks", self.bond_tasks, 0)
+        _integer("num_tasks", self.num_tasks, 0 if self.atom_tasks or self.bond_tasks else 1)
         for name in ("max_degree", "max_distance", "node_continuous_dim", "edge_continuous_dim"):
             _integer(name, getattr(self, name), 0)
         _integer("multi_hop_max_dist", self.multi_hop_max_dist, 1)
@@ -174,7 +178,18 @@ class GraphormerConfig:
         tables += (edge_rows + self.max_distance + 3) * heads + self.multi_hop_max_dist * heads**2
         tables += (self.node_continuous_dim + 1) * h + (self.edge_continuous_dim + 1) * heads
         atom_head = (h * h + 3 * h + (h + 1) * self.atom_tasks) if self.atom_tasks else 0
-        return layers * per_layer + tables + 4 * h + h * h + (h + 1) * self.num_tasks + atom_head
+        bond_head = 0
+        if self.bond_tasks:
+            bond_head = 2 * h * h + 3 * h + (h + 1) * self.bond_tasks + edge_rows * h
+        return (
+            layers * per_layer
+            + tables
+            + 4 * h
+            + h * h
+            + (h + 1) * self.num_tasks
+            + atom_head
+            + bond_head
+        )
 
     def _check_size(self) -> None:
         """A network that could never fit in this machine's memory is an error naming the
@@ -329,6 +344,11 @@ class Graphormer(nn.Module):
             self.register_parameter("head_bias", None)
         # Only when asked for: existing models and checkpoints keep exactly their tensors.
         self.atom_head = NodeHead(c.hidden_dim, c.atom_tasks) if c.atom_tasks else None
+        self.bond_head = (
+            BondHead(c.hidden_dim, c.bond_tasks, c.bond_feature_dims, c.feature_stride)
+            if c.bond_tasks
+            else None
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -440,9 +460,19 @@ class Graphormer(nn.Module):
         """Outputs of every level the model predicts, from one pass of the encoder:
         ``molecule`` ``[B, num_tasks]`` (what :meth:`forward` returns) and, with ``atom_tasks``,
         ``atom`` ``[B, N, atom_tasks]`` (values at padding are meaningless; mask them with
-        ``batch.node_mask``)."""
+        ``batch.node_mask``) and, with ``bond_tasks``, ``bond`` ``[B, M, bond_tasks]`` for the
+        batch's ``bond_atoms`` (mask with ``batch.bond_mask``)."""
         h, attentions = self.encode(batch, return_attention, perturb)
         out = {"molecule": self._graph_output(h)}
         if self.atom_head is not None:
             out["atom"] = self.atom_head(h[:, 1:])  # [B, N, T_atom], graph token dropped
+        if self.bond_head is not None:
+            if batch.bond_atoms is None:
+                raise ValueError(
+                    "the model predicts bond targets but the batch lists no bonds (bond_atoms)"
+                )
+            # A batch of bond-less molecules has no edge rows to read (its bonds are padding).
+            readable = batch.edge_attr.size(0) and batch.edge_attr.size(-1)
+            attr = batch.edge_attr[batch.bond_edge] if readable else None  # [B, M, F_e]
+            out["bond"] = self.bond_head(h[:, 1:], batch.bond_atoms, attr)  # [B, M, T_bond]
         return (out, attentions) if return_attention else out

@@ -54,9 +54,11 @@ MC_CALIBRATION_PASSES = 10
 def format_table(results: dict[str, Any], splits: list[str], metric: str | Sequence[str]) -> str:
     """A table of ``metric`` (one name, or every level's names) per split."""
     names = [metric] if isinstance(metric, str) else list(metric)
-    rows = [f"{'split':<8}" + "".join(f"{name:>10}" for name in names)]
+    widths = [max(10, len(name) + 2) for name in names]  # bond_rocauc is wider than 10
+    rows = [f"{'split':<8}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True))]
     rows += [
-        f"{split:<8}" + "".join(f"{results[split][name]:>10.4f}" for name in names)
+        f"{split:<8}"
+        + "".join(f"{results[split][n]:>{w}.4f}" for n, w in zip(names, widths, strict=True))
         for split in splits
     ]
     return "\n".join(rows)
@@ -230,10 +232,11 @@ def score_members(
     modules = [GraphormerModule.from_checkpoint(r) for r in records]
     check_members(records, modules)
     module = modules[0]
-    if module.task.atom_tasks and len(modules) > 1:
+    if (module.task.atom_tasks or module.task.bond_tasks) and len(modules) > 1:
         raise ConfigError(
-            "ensembles score molecule targets only: atom targets (issue #18) are trained and "
-            "evaluated one model at a time; set ensemble.size=1 (or give eval.py one checkpoint)"
+            "ensembles score molecule targets only: atom and bond targets (issue #18) are "
+            "trained and evaluated one model at a time; set ensemble.size=1 (or give eval.py "
+            "one checkpoint)"
         )
     datamodule = _datamodule_of(
         paths[0], module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
@@ -250,11 +253,11 @@ def score_members(
     if task.is_multiclass:
         pass  # class probabilities are not calibrated (issue #19 calibrates binary and regression)
     elif not task.num_tasks:
-        # Atom targets alone: calibration is of molecule predictions (issue #19).
+        # Atom (bond) targets alone: calibration is of molecule predictions (issue #19).
         if fit_calibration not in (None, "none"):
             raise ConfigError(
                 f"calibration={fit_calibration} calibrates molecule targets, and this model "
-                "predicts atom targets alone: set calibration=none"
+                "predicts atom or bond targets alone: set calibration=none"
             )
         found["calibration"] = None
         splits = []

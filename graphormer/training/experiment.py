@@ -40,14 +40,16 @@ def fit(
 
 
 def _refuse_atom_targets(settings: RunSettings) -> None:
-    """Ensembles and resampling score molecule predictions (#19); atom targets (#18) are trained
-    one model at a time, so far."""
+    """Ensembles and resampling score molecule predictions (#19); atom and bond targets (#18)
+    are trained one model at a time, so far."""
     from graphormer.data.sources import build_source
     from graphormer.errors import ConfigError
 
-    if build_source(settings.dataset).task_info().atom_tasks:
+    task = build_source(settings.dataset).task_info()
+    if task.atom_tasks or task.bond_tasks:
+        level = "atom" if task.atom_tasks else "bond"
         raise ConfigError(
-            "ensemble.size > 1 and cv.* train molecule targets only: a model of atom targets "
-            "(dataset.atom_targets) is trained one at a time; set ensemble.size=1 and leave cv "
-            "unset"
+            f"ensemble.size > 1 and cv.* train molecule targets only: a model of {level} targets "
+            f"(dataset.{level}_targets) is trained one at a time; set ensemble.size=1 and leave "
+            "cv unset"
         )

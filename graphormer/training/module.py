@@ -15,7 +15,7 @@ from torch import Tensor
 from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
 from graphormer.data.datamodule import GraphDataModule
-from graphormer.data.tasks import TaskInfo, score, score_atoms
+from graphormer.data.tasks import TaskInfo, score, score_atoms, score_bonds
 from graphormer.errors import UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
@@ -26,7 +26,7 @@ __all__ = ["LEVELS", "GraphormerModule", "NonFiniteError", "auto_loss", "masked_
 
 _LOSSES = ("bce", "ce", "l1", "mse")
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
-LEVELS = ("molecule", "atom")
+LEVELS = ("molecule", "atom", "bond")
 _NONFINITE = ("stop", "skip")
 # The model settings that set tensors' shapes (named when a checkpoint's settings do not fit).
 _SIZE_SETTINGS = (
@@ -161,9 +161,10 @@ class GraphormerModule(pl.LightningModule):
             the run with :class:`NonFiniteError` (the checkpoints already written stay), ``skip``
             skips that update with a warning. (default: :obj:`"stop"`)
         loss_weights (dict | None, optional): weight of each level's loss in the total
-            (``molecule``, ``atom``); a level not named weighs 1. Atom targets (issue #18) are
-            trained with MSE on standardised values (regression) or BCE (binary), averaged over
-            every labelled atom of the batch. (default: :obj:`None`)
+            (``molecule``, ``atom``, ``bond``); a level not named weighs 1. Atom and bond
+            targets (issue #18) are trained with MSE on standardised values (regression) or BCE
+            (binary), averaged over every labelled atom (bond) of the batch.
+            (default: :obj:`None`)
     """
 
     def __init__(
@@ -218,6 +219,8 @@ class GraphormerModule(pl.LightningModule):
         levels = {"num_tasks": self.task.num_outputs}
         if self.task.atom_tasks:
             levels["atom_tasks"] = self.task.atom_tasks
+        if self.task.bond_tasks:
+            levels["bond_tasks"] = self.task.bond_tasks
         self.config = GraphormerConfig.from_dict({**model, **levels})
         self.model = Graphormer(self.config)
         self.evaluator = self.task.evaluator()
@@ -228,9 +231,15 @@ class GraphormerModule(pl.LightningModule):
         if self.task.atom_tasks:  # only then: existing checkpoints keep exactly their tensors
             self.register_buffer("atom_mean", torch.zeros(self.task.atom_tasks))
             self.register_buffer("atom_std", torch.ones(self.task.atom_tasks))
+        self.bond_loss_name = "bce" if self.task.bond_task_type == "binary" else "mse"
+        if self.task.bond_tasks:  # likewise
+            self.register_buffer("bond_mean", torch.zeros(self.task.bond_tasks))
+            self.register_buffer("bond_std", torch.ones(self.task.bond_tasks))
         self._eval_outputs: list[tuple[Tensor, Tensor, Tensor]] = []
         # Per evaluated batch: graph index and position of each real atom, predictions, labels.
         self._atom_outputs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        # The same per real bond: graph index, position in the graph's bond list, values, labels.
+        self._bond_outputs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
 
     @classmethod
     def from_checkpoint(
@@ -289,7 +298,9 @@ class GraphormerModule(pl.LightningModule):
             return
         self._standardise_inputs()
         if self.task.atom_tasks and self.atom_loss_name == "mse":
-            self._standardise_atom_targets()
+            self._standardise_level_targets("y_atom", self.atom_mean, self.atom_std)
+        if self.task.bond_tasks and self.bond_loss_name == "mse":
+            self._standardise_level_targets("y_bond", self.bond_mean, self.bond_std)
         classification = self.task.is_classification or self.task.is_multiclass
         if classification or not self.hparams.normalize_targets or not self.task.num_tasks:
             return
@@ -305,19 +316,19 @@ class GraphormerModule(pl.LightningModule):
         self.target_mean.copy_(torch.nan_to_num(mean, nan=0.0))
         self.target_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
 
-    def _standardise_atom_targets(self) -> None:
-        """Atom regression targets are standardised with the training atoms' statistics, as
-        molecule targets are (``normalize_targets``)."""
+    def _standardise_level_targets(self, key: str, mean_buffer: Tensor, std_buffer: Tensor) -> None:
+        """Atom (bond) regression targets ``key`` are standardised with the training atoms'
+        (bonds') statistics, as molecule targets are (``normalize_targets``)."""
         if not self.hparams.normalize_targets:
             return
         datamodule = self.trainer.datamodule
-        rows = datamodule.train_rows("y_atom") if isinstance(datamodule, GraphDataModule) else None
+        rows = datamodule.train_rows(key) if isinstance(datamodule, GraphDataModule) else None
         if rows is None:
-            raise ValueError("normalize_targets=True needs the training atoms' targets (y_atom)")
+            raise ValueError(f"normalize_targets=True needs the training graphs' targets ({key})")
         mean = torch.nanmean(rows, dim=0)
         std = torch.nanmean((rows - mean) ** 2, dim=0).sqrt()
-        self.atom_mean.copy_(torch.nan_to_num(mean, nan=0.0))
-        self.atom_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
+        mean_buffer.copy_(torch.nan_to_num(mean, nan=0.0))
+        std_buffer.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
 
     def _standardise_inputs(self) -> None:
         """Continuous node and edge inputs are standardised with the training split's mean and
@@ -357,8 +368,9 @@ class GraphormerModule(pl.LightningModule):
     def forward_levels(self, batch: GraphormerBatch, return_attention: bool = False):
         """Predictions of every level in the targets' units (logits for classification):
         ``molecule`` ``[B, T]`` and, for a model of atom targets, ``atom`` ``[B, N, T_atom]``
-        (meaningless at padding: read ``batch.node_mask``); with ``return_attention`` also the
-        attention maps."""
+        (meaningless at padding: read ``batch.node_mask``), for a model of bond targets
+        ``bond`` ``[B, M, T_bond]`` (read ``batch.bond_mask``); with ``return_attention`` also
+        the attention maps."""
         attention = None
         if return_attention:
             raw, attention = self.model.forward_levels(batch, return_attention=True)
@@ -367,6 +379,8 @@ class GraphormerModule(pl.LightningModule):
         out = {"molecule": self._to_units(raw["molecule"])}
         if "atom" in raw:
             out["atom"] = self._atom_units(raw["atom"])
+        if "bond" in raw:
+            out["bond"] = self._bond_units(raw["bond"])
         return (out, attention) if return_attention else out
 
     def _loss(self, raw: Tensor, target: Tensor) -> Tensor:
@@ -377,10 +391,15 @@ class GraphormerModule(pl.LightningModule):
         """Atom outputs in the atom targets' units (logits for binary atom tasks)."""
         return raw.float() * self.atom_std.float() + self.atom_mean.float()
 
+    def _bond_units(self, raw: Tensor) -> Tensor:
+        """Bond outputs in the bond targets' units (logits for binary bond tasks)."""
+        return raw.float() * self.bond_std.float() + self.bond_mean.float()
+
     def _raw_outputs(self, batch: GraphormerBatch, perturb: Tensor | None = None) -> dict:
         """Raw outputs per level: ``molecule`` ``[B, T]``, and ``atom`` ``[B, N, T_atom]`` for
-        a model of atom targets. A molecule-only model runs its plain forward, as before."""
-        if not self.task.atom_tasks:
+        a model of atom targets, ``bond`` ``[B, M, T_bond]`` for one of bond targets. A
+        molecule-only model runs its plain forward, as before."""
+        if not self.task.atom_tasks and not self.task.bond_tasks:
             return {"molecule": self.model(batch, perturb=perturb)}
         return self.model.forward_levels(batch, perturb=perturb)
 
@@ -397,6 +416,14 @@ class GraphormerModule(pl.LightningModule):
             target = (batch.y_atom - self.atom_mean) / self.atom_std  # NaN at padding stays
             pred = raw["atom"].float().flatten(0, 1)  # [B*N, T_atom]
             losses["atom"] = masked_loss(pred, target.flatten(0, 1), self.atom_loss_name)
+        if self.task.bond_tasks:
+            if batch.y_bond is None:
+                raise ValueError(
+                    "the model predicts bond targets but the batch carries none (y_bond)"
+                )
+            target = (batch.y_bond - self.bond_mean) / self.bond_std  # NaN at padding stays
+            pred = raw["bond"].float().flatten(0, 1)  # [B*M, T_bond]
+            losses["bond"] = masked_loss(pred, target.flatten(0, 1), self.bond_loss_name)
         return losses
 
     def _total_loss(self, raw: dict, batch: GraphormerBatch) -> Tensor:
@@ -528,6 +555,12 @@ class GraphormerModule(pl.LightningModule):
             graphs = batch.index.view(-1, 1).expand_as(mask)
             atoms = self._atom_units(raw["atom"].float())[mask].detach()  # [n, T_atom]
             self._atom_outputs.append((graphs[mask], positions[mask], atoms, batch.y_atom[mask]))
+        if self.task.bond_tasks:
+            mask = batch.bond_mask  # [B, M]: real bonds only, never padding
+            positions = torch.arange(mask.size(1), device=mask.device).expand_as(mask)
+            graphs = batch.index.view(-1, 1).expand_as(mask)
+            bonds = self._bond_units(raw["bond"].float())[mask].detach()  # [n, T_bond]
+            self._bond_outputs.append((graphs[mask], positions[mask], bonds, batch.y_bond[mask]))
 
     def validation_step(self, batch: GraphormerBatch, batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -540,10 +573,10 @@ class GraphormerModule(pl.LightningModule):
         return batch.index, self._to_units(self.model(batch).float())
 
     def on_validation_epoch_start(self) -> None:
-        self._eval_outputs, self._atom_outputs = [], []
+        self._eval_outputs, self._atom_outputs, self._bond_outputs = [], [], []
 
     def on_test_epoch_start(self) -> None:
-        self._eval_outputs, self._atom_outputs = [], []
+        self._eval_outputs, self._atom_outputs, self._bond_outputs = [], [], []
 
     def on_validation_epoch_end(self) -> None:
         self._log_metric("val", "valid")
@@ -553,8 +586,9 @@ class GraphormerModule(pl.LightningModule):
 
     def _log_metric(self, stage: str, split: str) -> None:
         index, pred, target = self._gather_outputs()
-        atoms = self._gather_atoms() if self.task.atom_tasks else None
-        self._eval_outputs, self._atom_outputs = [], []
+        atoms = self._gather_items(self._atom_outputs, self.task.atom_tasks)
+        bonds = self._gather_items(self._bond_outputs, self.task.bond_tasks)
+        self._eval_outputs, self._atom_outputs, self._bond_outputs = [], [], []
         if self.trainer.sanity_checking:
             return
         expected = _split_size(self.trainer, split)
@@ -573,7 +607,7 @@ class GraphormerModule(pl.LightningModule):
                     f"{split} graphs (trainer.limit_{stage}_batches={limit}): not comparable "
                     "with a score on the whole split"
                 )
-        if atoms is None:
+        if atoms is None and bonds is None:
             value = score(self.task, self.evaluator, target, pred, split)
             raw = (pred - self.target_mean) / self.target_std
             loss = float(self._loss(raw, target.float()))
@@ -586,11 +620,18 @@ class GraphormerModule(pl.LightningModule):
             values[self.task.metric] = score(self.task, self.evaluator, target, pred, split)
             raw = (pred - self.target_mean) / self.target_std
             losses["molecule"] = self._loss(raw, target.float())
-        atom_pred, atom_target = atoms
-        values.update(score_atoms(self.task, atom_target, atom_pred, split))
-        raw = (atom_pred - self.atom_mean) / self.atom_std
-        atom_target = (atom_target - self.atom_mean) / self.atom_std
-        losses["atom"] = masked_loss(raw, atom_target, self.atom_loss_name)
+        if atoms is not None:
+            atom_pred, atom_target = atoms
+            values.update(score_atoms(self.task, atom_target, atom_pred, split))
+            raw = (atom_pred - self.atom_mean) / self.atom_std
+            atom_target = (atom_target - self.atom_mean) / self.atom_std
+            losses["atom"] = masked_loss(raw, atom_target, self.atom_loss_name)
+        if bonds is not None:
+            bond_pred, bond_target = bonds
+            values.update(score_bonds(self.task, bond_target, bond_pred, split))
+            raw = (bond_pred - self.bond_mean) / self.bond_std
+            bond_target = (bond_target - self.bond_mean) / self.bond_std
+            losses["bond"] = masked_loss(raw, bond_target, self.bond_loss_name)
         loss = sum(self.loss_weights[level] * value for level, value in losses.items())
         self.log(f"{stage}/loss", float(loss), sync_dist=False)
         for name, value in values.items():
@@ -615,14 +656,13 @@ class GraphormerModule(pl.LightningModule):
         keep[1:] = index[1:] != index[:-1]
         return index[keep], pred[keep], target[keep]
 
-    def _gather_atoms(self) -> tuple[Tensor, Tensor]:
-        """Every evaluated atom once, ordered by graph then RDKit's atom order: predictions
-        and labels ``[n_atoms, T_atom]``."""
-        width = self.task.atom_tasks
-        if self._atom_outputs:
-            graphs, positions, pred, target = (
-                torch.cat([o[k] for o in self._atom_outputs]) for k in range(4)
-            )
+    def _gather_items(self, outputs: list, width: int) -> tuple[Tensor, Tensor] | None:
+        """Every evaluated atom (bond) once, ordered by graph then RDKit's atom (bond) order:
+        predictions and labels ``[n_items, width]``; None for a level the model lacks."""
+        if not width:
+            return None
+        if outputs:
+            graphs, positions, pred, target = (torch.cat([o[k] for o in outputs]) for k in range(4))
         else:
             graphs = positions = torch.zeros(0, dtype=torch.long, device=self.device)
             pred = target = torch.zeros(0, width, device=self.device)
@@ -630,7 +670,7 @@ class GraphormerModule(pl.LightningModule):
             graphs, positions, pred, target = _all_gather_rows(
                 self, graphs, positions, pred, target
             )
-        # Unique (graph, atom) keys: a graph evaluated twice (distributed padding) counts once.
+        # Unique (graph, item) keys: a graph evaluated twice (distributed padding) counts once.
         key = graphs * (int(positions.max()) + 1 if len(positions) else 1) + positions
         order = torch.argsort(key)
         key, pred, target = key[order], pred[order], target[order]

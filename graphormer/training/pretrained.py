@@ -51,8 +51,10 @@ def architecture(model: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _is_output_layer(name: str) -> bool:
-    # The molecule output layer, and the heads of atom targets (issue #18): the new task's own.
-    return name.startswith(("model.head.", "model.atom_head.")) or name == "model.head_bias"
+    # The molecule output layer, and the heads of atom and bond targets (issue #18): the new
+    # task's own.
+    heads = ("model.head.", "model.atom_head.", "model.bond_head.")
+    return name.startswith(heads) or name == "model.head_bias"
 
 
 def _is_molecule_head(name: str) -> bool:
@@ -122,10 +124,12 @@ class PretrainedReport:
         heads = sorted({name.split(".")[1] for name in self.output_layer})
         if "atom_head" in heads:
             text += " (new atom head: fine-tuning a molecule-level encoder into atom targets)"
+        if "bond_head" in heads:
+            text += " (new bond head: fine-tuning the encoder into bond targets)"
         if self.unused_head:
             text += (
-                f"; left out (the checkpoint's molecule head; this model predicts atom targets "
-                f"alone): {_listing(self.unused_head)}"
+                f"; left out (the checkpoint's molecule head; this model predicts atom or bond "
+                f"targets alone): {_listing(self.unused_head)}"
             )
         if self.not_in_checkpoint:
             text += f"; re-initialised (not in the checkpoint): {_listing(self.not_in_checkpoint)}"
@@ -173,7 +177,7 @@ def load_pretrained(module: GraphormerModule, path: str, strict: bool = True) ->
     report.setting_differences = _setting_differences(record.model, module.config, path)
     theirs = {k: v for k, v in state.items() if k.startswith("model.") and not _is_output_layer(k)}
     mine = {k: v for k, v in own.items() if k.startswith("model.")}
-    if module.config.num_tasks == 0:  # atom targets alone: no molecule head to copy into
+    if module.config.num_tasks == 0:  # atom/bond targets alone: no molecule head to copy into
         report.unused_head = sorted(k for k in theirs if _is_molecule_head(k))
         theirs = {k: v for k, v in theirs.items() if not _is_molecule_head(k)}
     report.output_layer = sorted(k for k in mine if _is_output_layer(k))
@@ -216,7 +220,12 @@ def _setting_differences(
 ) -> list[str]:
     try:
         theirs = GraphormerConfig.from_dict(
-            {**stored, "num_tasks": config.num_tasks, "atom_tasks": config.atom_tasks}
+            {
+                **stored,
+                "num_tasks": config.num_tasks,
+                "atom_tasks": config.atom_tasks,
+                "bond_tasks": config.bond_tasks,
+            }
         )
     except (TypeError, ValueError) as error:
         raise CheckpointError(

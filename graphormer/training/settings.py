@@ -448,8 +448,10 @@ class RunSettings:
         resume_strict: a resume (``ckpt_path``) refuses command-line changes that would break
             its exactness; the command line applies them (``graphormer.cli.train``).
         monitor: the validation metric that selects the best checkpoint (``val/atom_mae``,
-            ``atom_mae``, ...); None: the first level present (molecules, then atoms).
-        loss_weights: weight of each level's loss (``molecule``, ``atom``); None: all 1.
+            ``atom_mae``, ``bond_rocauc``, ...); None: the first level present (molecules, then
+            atoms, then bonds).
+        loss_weights: weight of each level's loss (``molecule``, ``atom``, ``bond``); None:
+            all 1.
     """
 
     dataset: dict[str, Any]
@@ -501,7 +503,9 @@ class RunSettings:
             raise _bad("monitor", self.monitor, "a validation metric name (val/atom_mae) or null")
         if self.loss_weights is not None:
             if not isinstance(self.loss_weights, Mapping):
-                raise _bad("loss_weights", self.loss_weights, "{molecule: W, atom: W} or null")
+                raise _bad(
+                    "loss_weights", self.loss_weights, "{molecule: W, atom: W, bond: W} or null"
+                )
             object.__setattr__(self, "loss_weights", dict(self.loss_weights))
 
     @classmethod

@@ -9,7 +9,7 @@ from typing import Any
 from graphormer.data.sources import Source, build_source
 from graphormer.errors import ConfigError
 
-__all__ = ["read_atom_task_names", "read_task_names", "stored_source"]
+__all__ = ["read_atom_task_names", "read_bond_task_names", "read_task_names", "stored_source"]
 
 
 def read_task_names(module: Any) -> list[str]:
@@ -31,6 +31,17 @@ def read_atom_task_names(module: Any) -> list[str]:
     names = source.atom_task_names() if source is not None else []
     if len(names) != count or len(set(names)) != count:
         names = [f"atom_{i}" for i in range(count)]
+    return names
+
+
+def read_bond_task_names(module: Any) -> list[str]:
+    """The names of a checkpoint's bond targets (issue #18), its source's bond target columns;
+    ``bond_i`` when it cannot tell."""
+    count = module.task.bond_tasks
+    source = stored_source(module)
+    names = source.bond_task_names() if source is not None else []
+    if len(names) != count or len(set(names)) != count:
+        names = [f"bond_{i}" for i in range(count)]
     return names
 
 

@@ -91,6 +91,10 @@ class Source(ABC):
         """One name per atom-level target (issue #18); empty when the source has none."""
         return []
 
+    def bond_task_names(self) -> list[str]:
+        """One name per bond-level (edge-level) target (issue #18); empty when none."""
+        return []
+
     def writes_predictions(self, split: str) -> bool:  # noqa: ARG002
         """Whether predictions for the unlabelled ``split`` have a file format of their own
         (:meth:`write_predictions`)."""

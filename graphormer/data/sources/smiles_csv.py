@@ -16,7 +16,7 @@ import torch
 from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import InMemoryDataset
 
-from graphormer.data.featurize import featurize_smiles
+from graphormer.data.featurize import featurize_smiles, molecule_bond_edges
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
 from graphormer.data.splits import column_split, file_split, group_split, random_split
@@ -51,6 +51,9 @@ class SmilesCsvDataset(InMemoryDataset):
             ``[0.12, -0.30, ...]`` of one number per atom in RDKit's atom order (hydrogens
             implicit); an empty cell or a ``nan`` entry is a missing label. Stored per graph as
             ``y_atom`` ``[num_nodes, len(atom_targets)]``.
+        bond_targets (Sequence[str]): columns of per-bond targets, the same way: one number per
+            bond in RDKit's bond order. Stored per graph as ``y_bond``
+            ``[num_bonds, len(bond_targets)]`` and ``bond_edge`` (bond ``k`` is edge ``2k``).
     """
 
     def __init__(
@@ -63,21 +66,23 @@ class SmilesCsvDataset(InMemoryDataset):
         columns: Sequence[str] | None = None,
         comment: str | None = None,
         atom_targets: Sequence[str] = (),
+        bond_targets: Sequence[str] = (),
     ) -> None:
         path = resolve_path(path)
         if not osp.isfile(path):
             raise DataError(
                 f"dataset.path={path!r} does not exist; give the path of a CSV file of SMILES"
             )
-        if not targets and not atom_targets:
+        if not targets and not atom_targets and not bond_targets:
             raise ConfigError(
-                "dataset.targets is empty: name at least one target column (or atom target "
-                "columns in dataset.atom_targets)"
+                "dataset.targets is empty: name at least one target column (or atom / bond "
+                "target columns in dataset.atom_targets / dataset.bond_targets)"
             )
         self.csv_path = osp.abspath(path)
         self.smiles_column = smiles_column
         self.targets = [str(t) for t in targets]
         self.atom_targets = [str(t) for t in atom_targets]
+        self.bond_targets = [str(t) for t in bond_targets]
         self.columns = list(columns) if columns else None
         self.comment = comment
         self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
@@ -87,6 +92,8 @@ class SmilesCsvDataset(InMemoryDataset):
         read = [smiles_column, self.targets, self.columns, comment]
         if self.atom_targets:  # so that caches made before atom targets keep their key
             read.append(self.atom_targets)
+        if self.bond_targets:  # likewise before bond targets
+            read.append({"bond_targets": self.bond_targets})
         digest.update(json.dumps(read).encode())
         stem = osp.splitext(osp.basename(path))[0]
         folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
@@ -135,7 +142,10 @@ class SmilesCsvDataset(InMemoryDataset):
         names = (
             [str(c) for c in self.columns] if self.columns else _header(self.csv_path, self.comment)
         )
-        wanted = {str(c) for c in [self.smiles_column, *self.targets, *self.atom_targets]}
+        wanted = {
+            str(c)
+            for c in [self.smiles_column, *self.targets, *self.atom_targets, *self.bond_targets]
+        }
         repeated = sorted({n for n in names if names.count(n) > 1 and n in wanted})
         if repeated:
             raise DataError(
@@ -144,20 +154,27 @@ class SmilesCsvDataset(InMemoryDataset):
             )
 
     def _atom_labels(
-        self, atom_lists: list[list[list[float] | None]], row: int, atoms: int, smiles: str
+        self,
+        atom_lists: list[list[list[float] | None]],
+        row: int,
+        atoms: int,
+        smiles: str,
+        level: str = "atom",
     ) -> torch.Tensor:
-        """``[atoms, T_atom]`` labels of one molecule (NaN = missing)."""
-        y = torch.full((atoms, len(self.atom_targets)), float("nan"))
-        for t, (column, lists) in enumerate(zip(self.atom_targets, atom_lists, strict=True)):
+        """``[atoms, T_atom]`` labels of one molecule (NaN = missing); with ``level="bond"``
+        ``[bonds, T_bond]`` of the bond targets."""
+        columns = self.atom_targets if level == "atom" else self.bond_targets
+        y = torch.full((atoms, len(columns)), float("nan"))
+        for t, (column, lists) in enumerate(zip(columns, atom_lists, strict=True)):
             values = lists[row]
-            if values is None:  # an empty cell: no atom of this molecule is labelled
+            if values is None:  # an empty cell: no atom (bond) of this molecule is labelled
                 continue
             if len(values) != atoms:
                 raise DataError(
-                    f"atom target column {column!r} of {self.csv_path} lists {len(values)} "
+                    f"{level} target column {column!r} of {self.csv_path} lists {len(values)} "
                     f"value(s) at row {row} (0-based, header excluded), but its SMILES "
-                    f"{smiles!r} has {atoms} atoms: give one value per atom, in RDKit's atom "
-                    "order with hydrogens implicit (nan for an unlabelled atom)"
+                    f"{smiles!r} has {atoms} {level}s: give one value per {level}, in RDKit's "
+                    f"{level} order with hydrogens implicit (nan for an unlabelled {level})"
                 )
             y[:, t] = torch.tensor(values, dtype=torch.float32)
         return y
@@ -165,13 +182,13 @@ class SmilesCsvDataset(InMemoryDataset):
     def process(self) -> None:
         table = self._read()
         self._refuse_duplicate_columns(table)
-        read = [self.smiles_column, *self.targets, *self.atom_targets]
+        read = [self.smiles_column, *self.targets, *self.atom_targets, *self.bond_targets]
         missing = [c for c in read if c not in table.columns]
         if missing:
             raise DataError(
                 f"{self.csv_path} has no column(s) {missing}; its columns are "
                 f"{list(table.columns)}. Set dataset.smiles_column / dataset.targets / "
-                "dataset.atom_targets."
+                "dataset.atom_targets / dataset.bond_targets."
             )
         atom_lists = [
             [
@@ -179,6 +196,13 @@ class SmilesCsvDataset(InMemoryDataset):
                 for row, cell in enumerate(table[column])
             ]
             for column in self.atom_targets
+        ]
+        bond_lists = [
+            [
+                _parse_list(cell, row, column, self.csv_path, "bond")
+                for row, cell in enumerate(table[column])
+            ]
+            for column in self.bond_targets
         ]
         labels = np.empty((len(table), len(self.targets)), dtype=np.float32)
         for j, column in enumerate(self.targets):
@@ -223,6 +247,11 @@ class SmilesCsvDataset(InMemoryDataset):
             graph.row = torch.tensor([row])
             if self.atom_targets:
                 graph.y_atom = self._atom_labels(atom_lists, row, graph.num_nodes, column[row])
+            if self.bond_targets:
+                graph.bond_edge = molecule_bond_edges(graph)
+                graph.y_bond = self._atom_labels(
+                    bond_lists, row, len(graph.bond_edge), column[row], "bond"
+                )
             graphs.append(graph)
             scaffolds.append(
                 MurckoScaffold.MurckoScaffoldSmiles(smiles=column[row], includeChirality=True)
@@ -284,7 +313,9 @@ def load_cache(path: str) -> tuple:
     return data, slices
 
 
-def _parse_list(cell: object, row: int, column: str, path: str) -> list[float] | None:
+def _parse_list(
+    cell: object, row: int, column: str, path: str, level: str = "atom"
+) -> list[float] | None:
     """One list cell of per-atom (per-bond) values: ``[0.12, -0.30, nan]``; None for an empty
     cell. Read as text, never evaluated."""
     if cell is None or (isinstance(cell, float) and np.isnan(cell)):
@@ -295,9 +326,10 @@ def _parse_list(cell: object, row: int, column: str, path: str) -> list[float] |
 
     def malformed(why: str) -> DataError:
         return DataError(
-            f"atom target column {column!r} of {path} holds {text[:60]!r} at row {row} (0-based, "
-            f"header excluded), which is not a list of numbers ({why}): write one number per "
-            "atom as [0.12, -0.30, ...], nan for an unlabelled atom, or leave the cell empty"
+            f"{level} target column {column!r} of {path} holds {text[:60]!r} at row {row} "
+            f"(0-based, header excluded), which is not a list of numbers ({why}): write one "
+            f"number per {level} as [0.12, -0.30, ...], nan for an unlabelled {level}, or leave "
+            "the cell empty"
         )
 
     if not (text.startswith("[") and text.endswith("]")):
@@ -379,6 +411,10 @@ class SmilesCsvSource(Source):
         atom_task_type (str, optional): ``"regression"`` (MSE; MAE and RMSE over every
             labelled atom) or ``"binary"`` (0/1 labels, BCE, ROC-AUC). (default:
             :obj:`"regression"`)
+        bond_targets (Sequence[str], optional): columns of per-bond targets, each cell a list
+            of one number per bond in RDKit's bond order (issue #18). (default: :obj:`()`)
+        bond_task_type (str, optional): as ``atom_task_type``, of the bond targets.
+            (default: :obj:`"regression"`)
     """
 
     SPLITS = ("scaffold", "random", "column", "file")
@@ -403,9 +439,15 @@ class SmilesCsvSource(Source):
         split_file: str | None = None,
         atom_targets: Sequence[str] = (),
         atom_task_type: str = "regression",
+        bond_targets: Sequence[str] = (),
+        bond_task_type: str = "regression",
     ) -> None:
         if isinstance(atom_targets, str):
             atom_targets = [atom_targets]
+        if isinstance(bond_targets, str):
+            bond_targets = [bond_targets]
+        self.bond_targets = [str(t) for t in bond_targets or ()]
+        self.bond_task_type = bond_task_type
         self.atom_targets = [str(t) for t in atom_targets or ()]
         self.atom_task_type = atom_task_type
         if split_file is not None and split in ("scaffold", "file"):
@@ -444,10 +486,10 @@ class SmilesCsvSource(Source):
                 f"dataset.metric={metric!r} does not fit task_type={task_type!r}; choose one of "
                 f"{list(self._METRICS[task_type])}"
             )
-        if not targets and not self.atom_targets:
+        if not targets and not self.atom_targets and not self.bond_targets:
             raise ConfigError(
-                "dataset.targets is empty: name at least one target column (or atom target "
-                "columns in dataset.atom_targets)"
+                "dataset.targets is empty: name at least one target column (or atom / bond "
+                "target columns in dataset.atom_targets / dataset.bond_targets)"
             )
         if task_type == "multiclass" and len(targets) != 1:
             raise ConfigError(
@@ -484,6 +526,8 @@ class SmilesCsvSource(Source):
                 self._METRICS,
                 len(self.atom_targets),
                 atom_task_type,
+                len(self.bond_targets),
+                bond_task_type,
             )
 
     def task_info(self) -> TaskInfo:
@@ -510,6 +554,8 @@ class SmilesCsvSource(Source):
                 self._METRICS,
                 len(self.atom_targets),
                 self.atom_task_type,
+                len(self.bond_targets),
+                self.bond_task_type,
             )
         return self._task
 
@@ -520,6 +566,10 @@ class SmilesCsvSource(Source):
     def atom_task_names(self) -> list[str]:
         """The atom target columns."""
         return list(self.atom_targets)
+
+    def bond_task_names(self) -> list[str]:
+        """The bond target columns."""
+        return list(self.bond_targets)
 
     def smiles_column(self) -> str:
         return self.smiles_column_name
@@ -538,10 +588,13 @@ class SmilesCsvSource(Source):
             columns=self.columns,
             comment=self.comment,
             atom_targets=self.atom_targets,
+            bond_targets=self.bond_targets,
         )
         task = self.task_info()
         if task.atom_tasks and task.atom_task_type == "binary":
             _check_binary_atoms(dataset, self.atom_targets, self.path)
+        if task.bond_tasks and task.bond_task_type == "binary":
+            _check_binary_atoms(dataset, self.bond_targets, self.path, "bond")
         if task.is_classification:
             _check_binary_labels(dataset, self.targets, self.path)
         if task.is_multiclass:
@@ -568,6 +621,8 @@ class SmilesCsvSource(Source):
             _check_labelled_splits(dataset, split, self.targets, self.path)
         if self.atom_targets:
             _check_labelled_atoms(dataset, split, self.atom_targets, self.path)
+        if self.bond_targets:
+            _check_labelled_atoms(dataset, split, self.bond_targets, self.path, "bond")
         if task.is_multiclass:
             y = dataset.y.view(len(dataset), -1)
             warn_absent_classes(y[torch.as_tensor(split["train"])], task.num_classes, self.name)
@@ -590,41 +645,49 @@ def _check_binary_labels(dataset: SmilesCsvDataset, targets: list[str], path: st
         )
 
 
-def _atom_rows(dataset: SmilesCsvDataset, graphs: torch.Tensor) -> torch.Tensor:
-    """The ``y_atom`` rows ``[atoms, T_atom]`` of the graphs ``graphs`` (dataset positions)."""
-    ptr = dataset.slices["y_atom"]
+def _atom_rows(
+    dataset: SmilesCsvDataset, graphs: torch.Tensor, level: str = "atom"
+) -> torch.Tensor:
+    """The ``y_atom`` rows ``[atoms, T_atom]`` of the graphs ``graphs`` (dataset positions); with
+    ``level="bond"`` the ``y_bond`` rows."""
+    key = f"y_{level}"
+    ptr = dataset.slices[key]
     starts, ends = ptr[graphs], ptr[graphs + 1]
     counts = ends - starts
     offsets = torch.repeat_interleave(starts - (counts.cumsum(0) - counts), counts)
-    return dataset.y_atom[torch.arange(int(counts.sum())) + offsets]
+    return getattr(dataset, key)[torch.arange(int(counts.sum())) + offsets]
 
 
-def _check_binary_atoms(dataset: SmilesCsvDataset, targets: list[str], path: str) -> None:
-    y = dataset.y_atom
+def _check_binary_atoms(
+    dataset: SmilesCsvDataset, targets: list[str], path: str, level: str = "atom"
+) -> None:
+    y = getattr(dataset, f"y_{level}")
     bad = ~(torch.isnan(y) | (y == 0) | (y == 1))
     if bad.any():
         column = int(bad.any(0).nonzero()[0])
         atom = int(bad[:, column].nonzero()[0])
-        graph = int(torch.searchsorted(dataset.slices["y_atom"], atom, right=True)) - 1
+        graph = int(torch.searchsorted(dataset.slices[f"y_{level}"], atom, right=True)) - 1
         raise DataError(
-            f"atom target column {targets[column]!r} of {path} holds {float(y[atom, column])} "
-            f"at row {int(dataset.row.view(-1)[graph])} (0-based, header excluded), but "
-            "dataset.atom_task_type=binary: use 0/1 labels (nan = unlabelled), or "
-            "dataset.atom_task_type=regression"
+            f"{level} target column {targets[column]!r} of {path} holds "
+            f"{float(y[atom, column])} at row {int(dataset.row.view(-1)[graph])} (0-based, "
+            f"header excluded), but dataset.{level}_task_type=binary: use 0/1 labels (nan = "
+            f"unlabelled), or dataset.{level}_task_type=regression"
         )
 
 
-def _check_labelled_atoms(dataset, split, targets: list[str], path: str) -> None:
-    """Every atom target needs labelled atoms in training, validation and test."""
+def _check_labelled_atoms(
+    dataset, split, targets: list[str], path: str, level: str = "atom"
+) -> None:
+    """Every atom (bond) target needs labelled atoms (bonds) in training, validation and test."""
     for name in ("train", "valid", "test"):
         indices = split.get(name) if isinstance(split, dict) else None
         if indices is None or len(indices) == 0:
             continue
-        labelled = ~torch.isnan(_atom_rows(dataset, torch.as_tensor(indices)))
+        labelled = ~torch.isnan(_atom_rows(dataset, torch.as_tensor(indices), level))
         empty = [targets[t] for t in range(len(targets)) if not labelled[:, t].any()]
         if empty:
             raise DataError(
-                f"atom target column(s) {empty} of {path} have no labelled atom among the "
+                f"{level} target column(s) {empty} of {path} have no labelled {level} among the "
                 f"{len(indices)} molecules of the {name} split, so they cannot be trained or "
                 "scored there: label more molecules, or change dataset.split / "
                 "dataset.split_ratios"
