@@ -28,6 +28,8 @@ __all__ = [
     "nci_ogb_dataset",
     "nci_smiles",
     "nci_pcqm4mv2",
+    "nci_rotatable_bonds",
+    "rotatable_bonds",
     "nci_table",
     "nci_zinc",
     "nci_zinc_molecules",
@@ -492,3 +494,42 @@ def write_lrgb_layout(root: Path, key: str, sizes: tuple[int, int, int] = (160, 
         torch.save(graphs, raw / f"{name}.pt")
         start += size
     return raw
+
+
+def rotatable_bonds(smiles: str) -> list[int]:
+    """1 for each bond (RDKit's bond order) that RDKit's rotatable-bond SMARTS
+    (``Lipinski.RotatableBondSmarts``: single, not in a ring, between two non-terminal atoms,
+    neither of them in a triple bond) matches, else 0: a bond property a model must read from
+    the atoms around the bond (ring membership, degree), not from the bond's own features."""
+    from rdkit.Chem import Lipinski
+
+    mol = Chem.MolFromSmiles(smiles)
+    matched = {frozenset(m) for m in mol.GetSubstructMatches(Lipinski.RotatableBondSmarts)}
+    return [
+        int(frozenset((b.GetBeginAtomIdx(), b.GetEndAtomIdx())) in matched) for b in mol.GetBonds()
+    ]
+
+
+def nci_rotatable_bonds(count: int, max_atoms: int = 40) -> pd.DataFrame:
+    """The first ``count`` NCI molecules of at most ``max_atoms`` atoms: ``smiles``,
+    ``rotatable`` (a ``[0, 1, ...]`` list cell per molecule, :func:`rotatable_bonds`), ``heavy``
+    (heavy atoms, a molecule-level target) and ``bond_type`` (RDKit's bond type per bond, as a
+    ``|``-joined string, for per-bond-type baselines)."""
+    RDLogger.DisableLog("rdApp.*")
+    rows = []
+    for smiles in nci_smiles():
+        mol = Chem.MolFromSmiles(smiles)
+        if mol.GetNumAtoms() > max_atoms:
+            continue
+        labels = rotatable_bonds(smiles)
+        rows.append(
+            {
+                "smiles": smiles,
+                "rotatable": "[" + ", ".join(map(str, labels)) + "]",
+                "heavy": mol.GetNumAtoms(),
+                "bond_type": "|".join(str(b.GetBondType()) for b in mol.GetBonds()),
+            }
+        )
+        if len(rows) == count:
+            break
+    return pd.DataFrame(rows)
