@@ -7,6 +7,11 @@ optional ``split`` string (``train``, ``valid`` or ``test``). Which columns of `
 ``edge_attr`` are categorical is declared (``dataset.categorical_node_columns``, ...); the others
 are continuous. The file is read as data, never code: ``torch.load(weights_only=True)`` with only
 PyG's data classes allowed.
+
+Node- and edge-level targets (issue #18): with ``dataset.y_level=node`` each graph's ``y`` is
+``[num_nodes, T]`` (or ``[num_nodes]``), one row per node (the atom level of molecules); an
+``edge_y`` ``[num_edges, T]`` (or ``[num_edges]``) holds one row per edge of ``edge_index`` (the
+bond level), read whenever the graphs carry it. NaN marks a missing label.
 """
 
 from __future__ import annotations
@@ -157,8 +162,11 @@ def read_graphs(
     categorical_node_columns: Sequence[int] = (),
     categorical_edge_columns: Sequence[int] = (),
     with_labels: bool = True,
+    y_level: str = "graph",
 ) -> GraphFile:
-    """Checks and flattens ``graphs`` (see :class:`GraphFile`); ``where`` names them in errors."""
+    """Checks and flattens ``graphs`` (see :class:`GraphFile`); ``where`` names them in errors.
+    With labels, ``y_level="node"`` reads ``y`` as node-level targets (``y_atom``), and an
+    ``edge_y`` of the graphs as edge-level targets (``y_bond``, one per edge: ``bond_edge``)."""
     num_nodes, num_edges, edge_index = [], [], []
     for i, g in enumerate(graphs):
         ei = g.get("edge_index")
@@ -210,10 +218,74 @@ def read_graphs(
     if "edge_attr_continuous" in parts:
         slices["edge_attr_continuous"] = edge_ptr.clone()
     if with_labels:
-        data.y = _labels(graphs, where)
-        slices["y"] = torch.arange(len(graphs) + 1)
+        _level_labels(graphs, where, y_level, data, slices, nodes, edges)
     splits = _splits(graphs, where)
     return GraphFile.of_parts(data, slices, splits, parts)
+
+
+def _level_labels(
+    graphs: list[Data],
+    where: str,
+    y_level: str,
+    data: Data,
+    slices: dict[str, Tensor],
+    nodes: Tensor,
+    edges: Tensor,
+) -> None:
+    """The targets of every level into ``data`` and ``slices``: ``y`` ``[G, T]`` per graph (``[G,
+    0]`` when the graphs' labels are per node or per edge alone), ``y_atom`` ``[N_total, T_node]``
+    with ``y_level="node"``, ``y_bond`` ``[E_total, T_edge]`` and ``bond_edge`` (each graph's
+    edge ids) when the graphs carry ``edge_y``."""
+    has_edge_y = any(g.get("edge_y") is not None for g in graphs)
+    if y_level == "node":
+        data.y_atom = _per_item(graphs, "y", nodes, where, "node")
+        slices["y_atom"] = torch.cat([torch.zeros(1, dtype=torch.long), nodes.cumsum(0)])
+        data.y = torch.zeros(len(graphs), 0)
+    elif has_edge_y and all(g.get("y") is None for g in graphs):
+        data.y = torch.zeros(len(graphs), 0)  # edge targets alone
+    else:
+        data.y = _labels(graphs, where)
+    slices["y"] = torch.arange(len(graphs) + 1)
+    if has_edge_y:
+        edge_ptr = torch.cat([torch.zeros(1, dtype=torch.long), edges.cumsum(0)])
+        data.y_bond = _per_item(graphs, "edge_y", edges, where, "edge")
+        data.bond_edge = torch.cat([torch.arange(int(e)) for e in edges])
+        slices["y_bond"] = edge_ptr
+        slices["bond_edge"] = edge_ptr.clone()
+
+
+def _per_item(graphs: list[Data], key: str, counts: Tensor, where: str, kind: str) -> Tensor:
+    """The per-node (per-edge) labels ``key`` of every graph, ``[rows, T]`` float (NaN =
+    missing): one row per node (edge), the same width everywhere."""
+    rows = []
+    for i, g in enumerate(graphs):
+        value = g.get(key)
+        if not isinstance(value, Tensor):
+            raise DataError(
+                f"{where}: graph {i} has no {key} tensor, but the graphs' {kind}-level labels "
+                f"are read from {key}: give every graph one ([{kind}s, T], NaN = missing)"
+            )
+        value = value.view(-1, 1) if value.dim() == 1 else value
+        if value.dim() != 2 or value.size(0) != int(counts[i]):
+            raise DataError(
+                f"{where}: graph {i}'s {key} has shape {list(value.shape)}, but it has "
+                f"{int(counts[i])} {kind}s: {kind}-level labels are [{kind}s, T], one row per "
+                f"{kind}"
+                + (" (graph-level labels: leave dataset.y_level=graph)" if key == "y" else "")
+            )
+        rows.append(value.double())
+    widths = {r.size(1) for r in rows}
+    if len(widths) != 1:
+        raise DataError(
+            f"{where}: graphs hold {sorted(widths)} {kind}-level targets ({key}) each; every "
+            "graph needs the same number (NaN for a missing one)"
+        )
+    values = torch.cat(rows)
+    if torch.isinf(values).any():
+        row = int(torch.isinf(values).any(-1).nonzero()[0])
+        graph = int(torch.searchsorted(counts.cumsum(0), row, right=True))
+        raise DataError(f"{where}: graph {graph} has an infinite {key} label")
+    return values.float()
 
 
 def _labels(graphs: list[Data], where: str) -> Tensor:
@@ -229,7 +301,7 @@ def _labels(graphs: list[Data], where: str) -> Tensor:
     if len(widths) != 1:
         raise DataError(
             f"{where}: graphs hold {sorted(widths)} targets each; every graph needs the same "
-            "number (NaN for a missing one)"
+            "number (NaN for a missing one; a y of one row per node: dataset.y_level=node)"
         )
     y = torch.stack(rows)
     if torch.isinf(y).any():
@@ -278,6 +350,11 @@ class PygFileSource(Source):
         split_seed (int, optional): its seed. (default: :obj:`0`)
         root (str, optional): folder for lock files. (default: :obj:`"data"`)
         name (str, optional): label used in outputs. (default: :obj:`"pyg_file"`)
+        y_level (str, optional): ``graph`` (``y`` holds each graph's targets) or ``node``
+            (``y`` is ``[num_nodes, T]``: node-level targets, issue #18). (default:
+            :obj:`"graph"`)
+        node_task_type, edge_task_type (str, optional): ``regression`` or ``binary``, of the
+            node-level ``y`` and of the edge-level ``edge_y``. (default: :obj:`"regression"`)
     """
 
     def __init__(
@@ -292,7 +369,18 @@ class PygFileSource(Source):
         split_seed: int = 0,
         root: str = "data",
         name: str = "pyg_file",
+        y_level: str = "graph",
+        node_task_type: str = "regression",
+        edge_task_type: str = "regression",
     ) -> None:
+        if y_level not in ("graph", "node"):
+            raise ConfigError(f"dataset.y_level must be graph | node, got {y_level!r}")
+        for key, value in (("node_task_type", node_task_type), ("edge_task_type", edge_task_type)):
+            if value not in ("regression", "binary"):
+                raise ConfigError(f"dataset.{key} must be regression | binary, got {value!r}")
+        self.y_level = y_level
+        self.node_task_type = node_task_type
+        self.edge_task_type = edge_task_type
         for key, columns in (
             ("categorical_node_columns", categorical_node_columns),
             ("categorical_edge_columns", categorical_edge_columns),
@@ -330,6 +418,7 @@ class PygFileSource(Source):
                 f"dataset.path={self.path}",
                 self.categorical_node_columns,
                 self.categorical_edge_columns,
+                y_level=self.y_level,
             )
         return self._graphs
 
@@ -339,6 +428,11 @@ class PygFileSource(Source):
         if self._task is None:
             y = self.graphs().data.y
             where = f"dataset.path={self.path}"
+            if not y.size(1) and self.task_type == "multiclass":
+                raise ConfigError(
+                    "dataset.task_type=multiclass is of graph-level labels, and these graphs "
+                    "hold node- or edge-level labels alone: leave dataset.task_type=regression"
+                )
             classes = None
             if self.task_type == "multiclass":
                 classes = check_class_labels(y, self.num_classes, where)
@@ -351,7 +445,23 @@ class PygFileSource(Source):
                         "dataset.task_type=binary takes 0/1 labels (NaN = missing); use "
                         "dataset.task_type=multiclass or regression"
                     )
-            self._task = user_task(self.name, self.task_type, self.metric, y.size(1), classes)
+            data = self.graphs().data
+            levels = {}
+            for level, key, task_type in (
+                ("atom", "y_atom", self.node_task_type),
+                ("bond", "y_bond", self.edge_task_type),
+            ):
+                labels = data.get(key)
+                if labels is None:
+                    continue
+                levels[f"{level}_tasks"] = labels.size(1)
+                levels[f"{level}_task_type"] = task_type
+                _check_binary_items(labels, task_type, key, where)
+            if not y.size(1) and not levels:
+                raise DataError(f"{where}: the graphs hold no targets (y, or edge_y)")
+            self._task = user_task(
+                self.name, self.task_type, self.metric, y.size(1), classes, **levels
+            )
         return self._task
 
     def feature_dims(self) -> tuple[list[int], list[int]]:
@@ -388,8 +498,28 @@ class PygFileSource(Source):
             warn_absent_classes(graphs.data.y[split["train"]], task.num_classes, self.name)
         return LoadedDataset(dataset, split, task)
 
+    def atom_task_names(self) -> list[str]:
+        """Node-level targets are named ``node_<i>`` (the columns of the graphs' ``y``)."""
+        return [f"node_{i}" for i in range(self.task_info().atom_tasks)]
+
+    def bond_task_names(self) -> list[str]:
+        """Edge-level targets are named ``edge_<i>`` (the columns of the graphs' ``edge_y``)."""
+        return [f"edge_{i}" for i in range(self.task_info().bond_tasks)]
+
     def smiles_refusal(self) -> str:
         return (
             f"was trained on graphs from a file ({self.path}), not on molecules featurised from "
             "SMILES: predict graphs with predict.py input=graphs.pt, or Predictor.predict_graphs"
+        )
+
+
+def _check_binary_items(labels: Tensor, task_type: str, key: str, where: str) -> None:
+    """Binary node (edge) labels are 0/1 (NaN = missing)."""
+    bad = ~(torch.isnan(labels) | (labels == 0) | (labels == 1))
+    if task_type == "binary" and bad.any():
+        level = "node" if key == "y_atom" else "edge"
+        raise DataError(
+            f"{where}: a {level}-level label is {float(labels[bad][0])}, but "
+            f"dataset.{level}_task_type=binary takes 0/1 labels (NaN = missing); use "
+            f"dataset.{level}_task_type=regression"
         )
