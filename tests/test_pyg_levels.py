@@ -84,7 +84,8 @@ def test_eval_and_predict_graphs_reproduce_every_level(levels_run, tmp_path):
     for name in ("atom_mae", "atom_rmse", "bond_rocauc"):
         assert found["test"][name] == pytest.approx(results["test"][name], rel=1e-5)
     predictor = Predictor.from_checkpoint(results["best_checkpoint"], device="cpu")
-    assert predictor.atom_task_names == ["node_0"] and predictor.bond_task_names == ["edge_0"]
+    # Named by position (prediction never needs the training file, so names are not read there).
+    assert predictor.atom_task_names == ["atom_0"] and predictor.bond_task_names == ["bond_0"]
     source = build_source({"source": "pyg_file", "path": str(path), "y_level": "node"})
     test = source.load().split["test"].tolist()
     graphs = torch.load(path, weights_only=False)

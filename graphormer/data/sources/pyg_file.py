@@ -498,14 +498,6 @@ class PygFileSource(Source):
             warn_absent_classes(graphs.data.y[split["train"]], task.num_classes, self.name)
         return LoadedDataset(dataset, split, task)
 
-    def atom_task_names(self) -> list[str]:
-        """Node-level targets are named ``node_<i>`` (the columns of the graphs' ``y``)."""
-        return [f"node_{i}" for i in range(self.task_info().atom_tasks)]
-
-    def bond_task_names(self) -> list[str]:
-        """Edge-level targets are named ``edge_<i>`` (the columns of the graphs' ``edge_y``)."""
-        return [f"edge_{i}" for i in range(self.task_info().bond_tasks)]
-
     def smiles_refusal(self) -> str:
         return (
             f"was trained on graphs from a file ({self.path}), not on molecules featurised from "
