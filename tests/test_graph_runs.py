@@ -71,7 +71,24 @@ def test_an_interrupted_run_resumes_exactly(graph_data, kind, tmp_path):
     # dropout streams continued where they stopped.
     (scores, state), (expected, theirs) = final(out), final(reference)
     assert scores == expected
+    # A binary TU task reports accuracy beside its ROC-AUC (TU results are compared by it).
+    assert set(scores["test"]) == ({"rocauc", "acc"} if kind == "tu" else {"acc"})
     assert state.keys() == theirs.keys()
     assert all(torch.equal(state[k], theirs[k]) for k in state), [
         k for k in state if not torch.equal(state[k], theirs[k])
     ]
+
+
+def test_accuracy_is_reported_beside_a_binary_metric_and_stored_with_the_task():
+    from graphormer.data.tasks import TaskInfo, score_reported, with_accuracy
+
+    task = with_accuracy(TaskInfo("t", "binary classification", 2, "rocauc"))
+    assert task.level_metrics == ("rocauc", "acc") and task.monitor == "val/rocauc"
+    assert TaskInfo(**task.to_dict()) == task  # a checkpoint's copy
+    y = torch.tensor([[1.0, 0.0], [0.0, float("nan")], [1.0, 1.0]])
+    logits = torch.tensor([[2.0, 0.5], [-1.0, 9.0], [-0.1, 3.0]])
+    assert score_reported(task, y, logits) == {"acc": 3 / 5}
+    plain = TaskInfo("t", "binary classification", 1, "rocauc")
+    assert "reported" not in plain.to_dict() and score_reported(plain, y, logits) == {}
+    regression = TaskInfo("r", "regression", 1, "rmse")
+    assert with_accuracy(regression) == regression

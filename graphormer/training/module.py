@@ -15,7 +15,7 @@ from torch import Tensor
 from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
 from graphormer.data.datamodule import GraphDataModule
-from graphormer.data.tasks import TaskInfo, score, score_atoms
+from graphormer.data.tasks import TaskInfo, score, score_atoms, score_reported
 from graphormer.errors import UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
@@ -580,10 +580,13 @@ class GraphormerModule(pl.LightningModule):
             # Every rank holds the same gathered values: no further sync needed.
             self.log(f"{stage}/loss", loss, sync_dist=False)
             self.log(f"{stage}/{self.task.metric}", value, prog_bar=True, sync_dist=False)
+            for name, value in score_reported(self.task, target, pred).items():
+                self.log(f"{stage}/{name}", value, sync_dist=False)
             return
         values, losses = {}, {}
         if self.task.num_tasks:
             values[self.task.metric] = score(self.task, self.evaluator, target, pred, split)
+            values.update(score_reported(self.task, target, pred))
             raw = (pred - self.target_mean) / self.target_std
             losses["molecule"] = self._loss(raw, target.float())
         atom_pred, atom_target = atoms

@@ -28,6 +28,7 @@ from graphormer.data.tasks import (
     check_class_labels,
     user_task,
     warn_absent_classes,
+    with_accuracy,
 )
 from graphormer.errors import ConfigError, DataError
 from graphormer.safe_io import PYG_DATA, load_data, unpickling_reason, unsafe_globals
@@ -351,7 +352,8 @@ class PygFileSource(Source):
                         "dataset.task_type=binary takes 0/1 labels (NaN = missing); use "
                         "dataset.task_type=multiclass or regression"
                     )
-            self._task = user_task(self.name, self.task_type, self.metric, y.size(1), classes)
+            task = user_task(self.name, self.task_type, self.metric, y.size(1), classes)
+            self._task = with_accuracy(task)  # binary: accuracy reported beside the metric
         return self._task
 
     def feature_dims(self) -> tuple[list[int], list[int]]:

@@ -28,7 +28,7 @@ from graphormer.data.sources.folders import DatasetNotFoundError, remove_empty_t
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
 from graphormer.data.splits import random_split, stratified_split
 from graphormer.data.structure import StructuralFeatures, add_structural_features
-from graphormer.data.tasks import TaskInfo, user_task, warn_absent_classes
+from graphormer.data.tasks import TaskInfo, user_task, warn_absent_classes, with_accuracy
 from graphormer.errors import ConfigError, DataError
 from graphormer.safe_io import download_timeout
 
@@ -104,8 +104,8 @@ def read_tu_graphs(
 
 class TUSource(Source):
     """A TU dataset: node/edge labels categorical, attributes continuous; task from the labels
-    (two classes: binary, ROC-AUC; more: multi-class, accuracy; graph attributes: regression,
-    RMSE); a seeded split, stratified by class or random.
+    (two classes: binary, ROC-AUC, with accuracy reported beside it; more: multi-class,
+    accuracy; graph attributes: regression, RMSE); a seeded split, stratified by class or random.
 
     Args:
         name (str): the TU name (``PROTEINS``, ``NCI1``, ...).
@@ -168,7 +168,8 @@ class TUSource(Source):
                 kind = "binary" if classes == 2 else "multiclass"
             if classes is not None and classes < 2:
                 raise DataError(f"{self.name}: every graph has the same label; nothing to learn")
-            self._task = user_task(self.name, kind, self.metric, y.size(1), classes)
+            task = user_task(self.name, kind, self.metric, y.size(1), classes)
+            self._task = with_accuracy(task)
         return self._graphs
 
     def _download(self) -> None:
