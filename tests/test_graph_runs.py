@@ -1,5 +1,6 @@
 """Runs on graphs that are not OGB molecules (issue #17): an interrupted `tu` or `pyg_file` run
-resumed from its checkpoint ends exactly like the uninterrupted one."""
+resumed from its checkpoint ends exactly like the uninterrupted one; splits from a file and
+stratified cross-validation folds; a TU dataset of structure alone trains and predicts."""
 
 import json
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 
 from graphormer import checkpoint
-from graphormer.testing import nci_tu, shape_graphs
+from graphormer.data import build_source
+from graphormer.errors import ConfigError, DataError
+from graphormer.testing import nci_tu, protein_like_graphs, shape_graphs, write_tu_layout
 from graphormer.training.run import RunInterrupted
 
 from helpers import TINY, compose_train, train_config
@@ -23,6 +26,7 @@ def graph_data(tmp_path_factory):
     shapes with continuous node and edge features."""
     root = tmp_path_factory.mktemp("graphs")
     nci_tu(root, "NCI_TU2", limit=96, classes=2)
+    nci_tu(root, "NCI_TU3", limit=60, classes=3)
     torch.save(shape_graphs(96, seed=3), root / "graphs.pt")
     return root
 
@@ -92,3 +96,88 @@ def test_accuracy_is_reported_beside_a_binary_metric_and_stored_with_the_task():
     assert "reported" not in plain.to_dict() and score_reported(plain, y, logits) == {}
     regression = TaskInfo("r", "regression", 1, "rmse")
     assert with_accuracy(regression) == regression
+
+
+def write_split(path, train, valid, test):
+    path.write_text(json.dumps({"train": train, "valid": valid, "test": test}))
+    return str(path)
+
+
+def test_a_split_file_chooses_the_graphs_of_each_split(graph_data, tmp_path):
+    listed = write_split(tmp_path / "split.json", list(range(3, 60)), [0, 1], [2, 60, 61])
+    for settings in (
+        {"source": "tu", "name": "NCI_TU2", "root": str(graph_data)},
+        {"source": "pyg_file", "path": str(graph_data / "graphs.pt"), "root": str(graph_data)},
+    ):
+        source = build_source({**settings, "split_file": listed})
+        split = source.load().split
+        assert split["valid"].tolist() == [0, 1] and split["test"].tolist() == [2, 60, 61]
+        with pytest.warns(UserWarning, match="34 graphs are in no split"):
+            source.load()
+    bad = write_split(tmp_path / "bad.json", [0], [1], [500])
+    with pytest.raises(DataError, match=r"'test' lists graphs 500, outside the input's 96 graphs"):
+        build_source(
+            {"source": "tu", "name": "NCI_TU2", "root": str(graph_data), "split_file": bad}
+        ).load()
+    with pytest.raises(ConfigError, match="both choose the split"):
+        build_source({"source": "tu", "name": "NCI_TU2", "split": "random", "split_file": listed})
+
+
+def test_cross_validation_folds_of_a_multiclass_tu_dataset_are_stratified(graph_data, tmp_path):
+    from graphormer.cli.train import settings_from
+    from graphormer.training.crossval import _fold_splits
+
+    cfg = compose_train(
+        [*TINY, "dataset=tu", "dataset.name=NCI_TU3", f"dataset.root={graph_data}", "cv.folds=3"]
+        + [f"output_dir={tmp_path}"]
+    )
+    settings = settings_from(cfg)
+    source = build_source(settings.dataset)
+    datasets, grouped = _fold_splits(settings, source, tmp_path)
+    assert not grouped and len(datasets) == 3
+    labels = source.graphs().data.y.view(-1)
+    tests = []
+    for k, values in enumerate(datasets):
+        assert values["split"] == "file"
+        split = build_source(values).load().split  # each fold is an ordinary run's split
+        tests.append(split["test"].tolist())
+        assert (
+            split["valid"].tolist()
+            == json.loads((tmp_path / "folds" / str((k + 1) % 3) / "split.json").read_text())[
+                "test"
+            ]
+        )
+        counts = torch.bincount(labels[split["test"]].long(), minlength=3)
+        assert counts.sum() == 20 and counts.min() >= 6, counts  # about a third of each class
+    assert sorted(sum(tests, [])) == list(range(60))  # the test folds partition the graphs
+
+
+def test_a_tu_dataset_of_structure_alone_trains_and_predicts(tmp_path):
+    from torch_geometric.data import Data
+
+    from graphormer import Predictor
+
+    graphs, labels = protein_like_graphs(60, seed=4, max_nodes=30)
+    bare = [Data(edge_index=g.edge_index, num_nodes=g.num_nodes) for g in graphs]
+    raw = write_tu_layout(tmp_path, "BARE", bare, labels)
+    assert sorted(p.name for p in raw.iterdir()) == [
+        "BARE_A.txt", "BARE_graph_indicator.txt", "BARE_graph_labels.txt"
+    ]  # fmt: skip
+    source = build_source({"source": "tu", "name": "BARE", "root": str(tmp_path)})
+    assert source.feature_dims() == ([], []) and source.continuous_dims() == (0, 0)
+    cfg = compose_train(
+        [
+            *TINY,
+            "dataset=tu",
+            "dataset.name=BARE",
+            f"dataset.root={tmp_path}",
+            "trainer.max_epochs=1",
+            f"output_dir={tmp_path / 'run'}",
+        ]
+    )
+    metrics = train_config(cfg)
+    assert set(metrics["test"]) == {"rocauc", "acc"}
+    predictor = Predictor.from_checkpoint(metrics["best_checkpoint"], device="cpu")
+    result = predictor.predict_graphs(bare[:5])
+    assert not any(result.errors) and result.values.shape == (5, 1)
+    assert ((result.values > 0) & (result.values < 1)).all()
