@@ -181,3 +181,22 @@ def test_a_tu_dataset_of_structure_alone_trains_and_predicts(tmp_path):
     result = predictor.predict_graphs(bare[:5])
     assert not any(result.errors) and result.values.shape == (5, 1)
     assert ((result.values > 0) & (result.values < 1)).all()
+
+
+def test_feature_statistics_in_chunks_equal_those_of_all_rows_at_once(graph_data):
+    from graphormer.cli.train import settings_from
+    from graphormer.training.run import build_datamodule
+
+    settings = settings_from(
+        compose_train([*TINY, *dataset_args("pyg_file", graph_data), "output_dir=unused"])
+    )
+    datamodule = build_datamodule(settings.dataset, settings.datamodule, settings.seed)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    for key in ("x_continuous", "edge_attr_continuous"):
+        rows = datamodule.train_rows(key).double()
+        for chunk in (7, 1000, 1 << 22):  # chunks that cut graphs, several graphs, all at once
+            mean, std = datamodule.train_statistics(key, chunk_rows=chunk)
+            torch.testing.assert_close(mean, rows.mean(0), rtol=0, atol=1e-9)
+            torch.testing.assert_close(std, rows.std(0, correction=0), rtol=0, atol=1e-9)
+    assert datamodule.train_statistics("no_such_feature") is None

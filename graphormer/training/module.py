@@ -331,17 +331,17 @@ class GraphormerModule(pl.LightningModule):
         for key, projection in projections.items():
             if projection is None:
                 continue
-            rows = datamodule.train_rows(key) if isinstance(datamodule, GraphDataModule) else None
-            if rows is None or rows.size(-1) != projection.mean.numel():
-                width = None if rows is None else rows.size(-1)
+            # In chunks: ogbg-ppa's training edges would be GBs of rows at once.
+            found = None
+            if isinstance(datamodule, GraphDataModule):
+                found = datamodule.train_statistics(key)
+            if found is None or found[0].numel() != projection.mean.numel():
+                width = None if found is None else found[0].numel()
                 raise ValueError(
                     f"the model reads {projection.mean.numel()} continuous {key} column(s) but "
                     f"the training graphs carry {width}"
                 )
-            if len(rows):
-                mean = rows.double().mean(0)
-                std = rows.double().std(0, correction=0)
-                projection.set_statistics(mean.float(), std.float())
+            projection.set_statistics(found[0].float(), found[1].float())
 
     def _to_units(self, raw: Tensor) -> Tensor:
         # float32 whatever the trainer's precision (bf16-true keeps these buffers in bf16).
