@@ -2,6 +2,7 @@
 
     python benchmarks/preprocess.py               # molecules, then PROTEINS-sized graphs
     python benchmarks/preprocess.py --proteins    # PROTEINS-sized graphs only
+    python benchmarks/preprocess.py --tu-cache    # dataset=tu setup, first run vs cached
 
 Prints graphs/second for our batched preprocessing and for a straightforward per-graph reference
 (scipy's BFS with predecessors plus a Python path walk, the usual way to write it), the cost of
@@ -13,6 +14,10 @@ PROTEINS-sized graphs (issue #17): 1,113 graphs as TU's PROTEINS has, mean ~39 n
 620, ~3.7 directed edges per node (a chain of neighbours plus local contacts, as protein contact
 graphs are), made with a fixed seed; graphs/s and the peak memory (tracemalloc) of the batched
 structural preprocessing, and the structural cache's size.
+
+``--tu-cache``: the setup of ``dataset=tu`` (reading TU's raw text files, flattening, structural
+features) on 1,113 PROTEINS-like graphs (:func:`graphormer.testing.protein_like_graphs`, written
+in TU's layout), on a first run (empty cache) and on a second run (the disk cache of issue #17).
 """
 
 from __future__ import annotations
@@ -139,6 +144,46 @@ def proteins_benchmark() -> None:
     )
 
 
+def tu_cache_benchmark(repeats: int = 3) -> None:
+    import shutil
+    import tempfile
+
+    from graphormer.data import build_source
+    from graphormer.testing import protein_like_graphs, write_tu_layout
+
+    graphs, labels = protein_like_graphs(1113, seed=0)
+    with tempfile.TemporaryDirectory() as folder:
+        write_tu_layout(Path(folder), "PROTEINS_LIKE", graphs, labels)
+        settings = {"source": "tu", "name": "PROTEINS_LIKE", "root": folder}
+        processed = Path(folder) / "PROTEINS_LIKE" / "processed"
+
+        def setup() -> float:
+            start = time.perf_counter()
+            source = build_source(settings)
+            source.task_info()
+            source.load(StructuralFeatures(MAX_HOPS))
+            return time.perf_counter() - start
+
+        first, second = [], []
+        for _ in range(repeats):
+            shutil.rmtree(processed, ignore_errors=True)
+            first.append(setup())
+            second.append(setup())
+        size = sum(f.stat().st_size for f in processed.rglob("*.pt"))
+    sizes = np.array([g.num_nodes for g in graphs])
+    print(
+        f"\ndataset=tu setup, {len(graphs)} PROTEINS-like graphs (mean nodes {sizes.mean():.1f}, "
+        f"max {sizes.max()}), best of {repeats}, one core:"
+    )
+    print(
+        f"  first run (raw text, flattening, structural features, cache written): {min(first):.2f} s"
+    )
+    print(
+        f"  second run (read from the disk cache)                               : {min(second):.2f} s"
+    )
+    print(f"  cache on disk: {size / 2**20:.1f} MiB")
+
+
 def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -146,8 +191,12 @@ def nbytes(t: torch.Tensor) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--proteins", action="store_true", help="PROTEINS-sized graphs only")
+    parser.add_argument("--tu-cache", action="store_true", help="dataset=tu setup: cold vs cached")
     args = parser.parse_args()
     single_thread()
+    if args.tu_cache:
+        tu_cache_benchmark()
+        return
     if args.proteins:
         proteins_benchmark()
         return

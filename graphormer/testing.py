@@ -35,6 +35,7 @@ __all__ = [
     "nci_zinc_molecules",
     "nci_tu",
     "nci_zinc_splits",
+    "protein_like_graphs",
     "shape_graphs",
     "to_data",
     "write_ogb_layout",
@@ -362,7 +363,8 @@ def shape_graphs(num_graphs: int, seed: int = 0, regression: bool = False) -> li
 def write_tu_layout(root: Path, name: str, graphs: list[Data], labels: list[int]) -> Path:
     """``graphs`` in TU's raw layout, ``root/name/raw/name_*.txt``: 1-based edges (as given:
     both directions), graph indicator, graph labels, and node labels (``x[:, 0]``), node
-    attributes (``x[:, 1:]``, floats), edge labels (``edge_attr[:, 0]``) when present."""
+    attributes (``x[:, 1:]``, floats), edge labels (``edge_attr[:, 0]``) when present: graphs
+    without ``x`` (``num_nodes`` only) or ``edge_attr`` get no such files."""
     raw = Path(root) / name / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     edges, indicator, node_labels, attributes, edge_labels = [], [], [], [], []
@@ -372,22 +374,98 @@ def write_tu_layout(root: Path, name: str, graphs: list[Data], labels: list[int]
         for a, b in graph.edge_index.t().tolist():
             edges.append(f"{a + 1 + offset}, {b + 1 + offset}")
         indicator += [str(g + 1)] * n
-        node_labels += [str(int(v)) for v in graph.x[:, 0].tolist()]
-        attributes += [", ".join(f"{v:.6g}" for v in row) for row in graph.x[:, 1:].tolist()]
-        edge_labels += [str(int(v)) for v in graph.edge_attr[:, 0].tolist()]
+        if graph.x is not None:
+            node_labels += [str(int(v)) for v in graph.x[:, 0].tolist()]
+            attributes += [", ".join(f"{v:.6g}" for v in row) for row in graph.x[:, 1:].tolist()]
+        if graph.edge_attr is not None:
+            edge_labels += [str(int(v)) for v in graph.edge_attr[:, 0].tolist()]
         offset += n
     files = {
         "A": edges,
         "graph_indicator": indicator,
         "graph_labels": [str(int(v)) for v in labels],
-        "node_labels": node_labels,
-        "edge_labels": edge_labels,
     }
-    if graphs[0].x.size(1) > 1:
-        files["node_attributes"] = attributes
+    if graphs[0].x is not None:
+        files["node_labels"] = node_labels
+        if graphs[0].x.size(1) > 1:
+            files["node_attributes"] = attributes
+    if graphs[0].edge_attr is not None:
+        files["edge_labels"] = edge_labels
     for key, lines in files.items():
         (raw / f"{name}_{key}.txt").write_text("\n".join(lines) + "\n")
     return raw
+
+
+CONTACT = 5.0
+
+
+def _triangles(adjacency: np.ndarray, keep: np.ndarray) -> float:
+    """Triangles of the graph ``adjacency`` ``[n, n]`` (bool) induced by the nodes ``keep``."""
+    a = adjacency[np.ix_(keep, keep)].astype(np.float32)
+    return float(((a @ a) * a).sum()) / 6
+
+
+def protein_like_graphs(
+    num_graphs: int, seed: int = 0, max_nodes: int = 620, noise: float = 0.1
+) -> tuple[list[Data], list[int]]:
+    """PROTEINS-like graphs with a label that depends on their structure (issue #17), made
+    by a documented generator (TU's PROTEINS itself needs a download).
+
+    As in PROTEINS (Borgwardt et al., 2005), a node is a secondary-structure element: ``x[:, 0]``
+    its type (0 helix, 1 strand, 2 turn; drawn 45/35/20 %), ``x[:, 1]`` its length in residues
+    (continuous: helix ~ N(11, 3), strand ~ N(5, 1.5), turn ~ N(3, 1), at least 1). Sizes are
+    lognormal (mean ~39 nodes, 4 to ``max_nodes``). The elements follow a chain folded in 3D (a
+    persistent random walk of 3.8-unit steps pulled towards its centre); edges join chain
+    neighbours and elements closer than 6.5 units (both directions), ~4 directed edges per node.
+    The label is 1 when the graph's density of mixed triangles (three elements in mutual
+    contact, at least one helix and one strand: a packed alpha/beta motif) per node is above
+    the median of the ``num_graphs``, then a ``noise`` share of labels is flipped (real labels
+    are noisy too): a classifier's accuracy is capped near ``1 - noise``.
+
+    Returns:
+        the graphs (``x`` ``[N, 2]``, ``edge_index``, ``y``) and their labels.
+    """
+    rng = np.random.default_rng(seed)
+    sizes = np.clip(rng.lognormal(3.5, 0.6, num_graphs).astype(int), 4, max_nodes)
+    sizes[0] = max_nodes  # PROTEINS' largest graph has 620 nodes
+    graphs, density = [], []
+    for n in sizes:
+        kind = rng.choice(3, size=n, p=rng.dirichlet([4.5, 3.5, 2.0]))
+        length = np.choose(kind, [rng.normal(11, 3, n), rng.normal(5, 1.5, n), rng.normal(3, 1, n)])
+        steps = np.zeros((n, 3))
+        direction = rng.normal(size=3)
+        position = np.zeros(3)
+        for k in range(n):
+            direction = 0.6 * direction / np.linalg.norm(direction) + rng.normal(size=3) * 0.8
+            position = 0.9 * position + 3.8 * direction / np.linalg.norm(direction)
+            steps[k] = position
+        distance = np.linalg.norm(steps[:, None] - steps[None], axis=-1)
+        adjacency = distance < CONTACT
+        chain = np.arange(n - 1)
+        adjacency[chain, chain + 1] = adjacency[chain + 1, chain] = True
+        np.fill_diagonal(adjacency, False)
+
+        every = np.ones(n, dtype=bool)
+        total = _triangles(adjacency, every)
+        # Inclusion-exclusion: all, less those without a helix, less those without a strand,
+        # plus those with neither (turns only).
+        mixed = (
+            total
+            - _triangles(adjacency, kind != 0)
+            - _triangles(adjacency, kind != 1)
+            + _triangles(adjacency, kind == 2)
+        )
+        density.append(mixed / (total + 1))
+        edge_index = torch.from_numpy(np.stack(np.nonzero(adjacency))).long()
+        x = torch.tensor(np.stack([kind, np.maximum(length, 1.0)], 1), dtype=torch.float)
+        graphs.append(Data(x=x, edge_index=edge_index, num_nodes=int(n)))
+    density = np.asarray(density)
+    labels = (density > np.median(density)).astype(int)
+    flip = rng.random(num_graphs) < noise
+    labels = np.where(flip, 1 - labels, labels).tolist()
+    for graph, label in zip(graphs, labels, strict=True):
+        graph.y = torch.tensor([label])
+    return graphs, labels
 
 
 def nci_tu(root: Path, name: str = "NCI_TU", limit: int = 400, classes: int = 2) -> list[int]:

@@ -89,7 +89,7 @@ def test_splits_are_seeded_and_stratified_by_class(tu_root):
         assert (shares - 1 / 3).abs().max() < 0.05, (name, shares)
     other = tu(root, "NCI_TU3", split="random", split_seed=1).load().split
     assert not torch.equal(other["test"], split["test"])
-    with pytest.raises(ConfigError, match="dataset.split must be 'stratified' or 'random'"):
+    with pytest.raises(ConfigError, match="dataset.split must be 'stratified', 'random' or 'file'"):
         tu(root, "NCI_TU3", split="scaffold")
 
 

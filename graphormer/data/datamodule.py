@@ -366,6 +366,46 @@ class GraphDataModule(pl.LightningDataModule):
         rows = torch.arange(int(counts.sum())) + offsets
         return values[rows].float()
 
+    def train_statistics(
+        self, key: str, chunk_rows: int = 1 << 22
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Mean and standard deviation (population) ``[F]`` float64 of the feature ``key``
+        over the graphs training uses, as :meth:`train_rows` would give them, computed over
+        chunks of about ``chunk_rows`` rows (ogbg-ppa's edge features would be GBs at once:
+        issue #17); None when the graphs have no such feature."""
+        dataset = self.loaded.dataset
+        slices = getattr(dataset, "slices", None)
+        if slices is None or key not in slices:
+            return None
+        ptr, values = slices[key], dataset._data[key]
+        index = self.train_index
+        counts = ptr[index + 1] - ptr[index]
+        width = values.size(-1)
+        total = torch.zeros((), dtype=torch.float64)
+        mean = torch.zeros(width, dtype=torch.float64)
+        spread = torch.zeros(width, dtype=torch.float64)  # sum of squared deviations
+        # Whole graphs per chunk: each chunk ends with the graph that crosses a multiple of
+        # chunk_rows (a graph larger than that is a chunk of its own).
+        marks = torch.arange(1, int(counts.sum()) // chunk_rows + 1) * chunk_rows
+        ends = torch.searchsorted(counts.cumsum(0), marks)
+        for part in torch.tensor_split(torch.arange(len(index)), (ends + 1).tolist()):
+            starts, sizes = ptr[index[part]], counts[part]
+            if not int(sizes.sum()):
+                continue
+            offsets = torch.repeat_interleave(starts - (sizes.cumsum(0) - sizes), sizes)
+            rows = values[torch.arange(int(sizes.sum())) + offsets].double()
+            n = torch.tensor(float(len(rows)), dtype=torch.float64)
+            chunk_mean = rows.mean(0)
+            chunk_spread = ((rows - chunk_mean) ** 2).sum(0)
+            # Chan et al.'s pairwise update: exact to rounding, whatever the chunks.
+            delta = chunk_mean - mean
+            spread += chunk_spread + delta**2 * total * n / (total + n)
+            mean += delta * n / (total + n)
+            total += n
+        if not total:
+            return torch.zeros(width, dtype=torch.float64), torch.ones(width, dtype=torch.float64)
+        return mean, (spread / total).sqrt()
+
     def split_targets(self, split: str) -> torch.Tensor:
         """Targets ``[n, T]`` of every graph of ``split``, in the split's order (NaN = missing)."""
         y = self.loaded.dataset.y

@@ -14,6 +14,7 @@ __all__ = [
     "SPLIT_NAMES",
     "column_split",
     "file_split",
+    "file_split_setting",
     "group_split",
     "random_split",
     "scaffold_split",
@@ -108,7 +109,7 @@ def _shown(rows: Sequence[int]) -> str:
 
 
 def _rows_to_graphs(
-    rows_of: dict[str, list[int]], graph_rows: Sequence[int], what: str
+    rows_of: dict[str, list[int]], graph_rows: Sequence[int], what: str, items: str = "molecules"
 ) -> dict[str, torch.Tensor]:
     """Graph indices of each split from the input rows it lists. Rows without a graph (SMILES
     rdkit could not parse, already reported) are left out with a warning; rows that no split
@@ -127,7 +128,7 @@ def _rows_to_graphs(
     empty = [name for name in SPLIT_NAMES if len(split[name]) == 0]
     if empty:
         raise ConfigError(
-            f"{what} leaves the {' and '.join(empty)} split(s) empty: training needs molecules "
+            f"{what} leaves the {' and '.join(empty)} split(s) empty: training needs {items} "
             "in train, valid and test; list some in each"
         )
     if unusable:
@@ -140,7 +141,7 @@ def _rows_to_graphs(
     unlisted = sorted(set(graph_of) - listed)
     if unlisted:
         warnings.warn(
-            f"{what}: {len(unlisted)} molecule(s) are in no split (rows {_shown(unlisted)}) and "
+            f"{what}: {len(unlisted)} {items} are in no split (rows {_shown(unlisted)}) and "
             "are not used",
             stacklevel=3,
         )
@@ -177,7 +178,24 @@ def column_split(
     return _rows_to_graphs(rows_of, graph_rows, f"dataset.split_column={column!r}")
 
 
-def file_split(path: str, num_rows: int, graph_rows: Sequence[int]) -> dict[str, torch.Tensor]:
+def file_split_setting(split: str, split_file: str | None, default: str) -> str:
+    """``dataset.split`` once ``dataset.split_file`` is considered: a file given alone (the
+    split left at its ``default``) implies ``file``; a file and another split is an error."""
+    if split_file is not None and split in (default, "file"):
+        return "file"
+    if split_file is not None:
+        raise ConfigError(
+            f"dataset.split_file={split_file} and dataset.split={split} both choose the split: "
+            "give one (split_file alone implies dataset.split=file)"
+        )
+    if split == "file":
+        raise ConfigError("dataset.split=file needs dataset.split_file=FILE.json")
+    return split
+
+
+def file_split(
+    path: str, num_rows: int, graph_rows: Sequence[int], unit: str = "row"
+) -> dict[str, torch.Tensor]:
     """The split a JSON file lists: ``{"train": [rows], "valid": [rows], "test": [rows]}``,
     rows 0-based in the input file (header excluded). A row out of range, a row in two splits,
     a missing or empty split, another key, or anything but integers is an error naming the file.
@@ -186,6 +204,8 @@ def file_split(path: str, num_rows: int, graph_rows: Sequence[int]) -> dict[str,
         path (str): the JSON file (``dataset.split_file``).
         num_rows (int): rows of the input file.
         graph_rows (Sequence[int]): the input row of each graph, in graph order.
+        unit (str, optional): ``row`` (of a CSV) or ``graph`` (0-based graph numbers of a
+            graph dataset), for messages. (default: :obj:`"row"`)
     """
     import json
     import os.path as osp
@@ -193,6 +213,10 @@ def file_split(path: str, num_rows: int, graph_rows: Sequence[int]) -> dict[str,
     from graphormer.errors import DataError
 
     what = f"dataset.split_file={path}"
+    # What the file lists: CSV rows, or the graphs of a graph dataset.
+    rows_text = "0-based input rows" if unit == "row" else "0-based graph numbers"
+    range_text = "0-based, header excluded" if unit == "row" else "0-based"
+    noun = "rows" if unit == "row" else "graphs"
     if not osp.isfile(path):
         raise DataError(f"{what} does not exist; give a JSON file of row indices per split")
     try:
@@ -201,13 +225,13 @@ def file_split(path: str, num_rows: int, graph_rows: Sequence[int]) -> dict[str,
     except (ValueError, UnicodeDecodeError) as error:
         raise DataError(
             f'{what} is not JSON ({error}): write {{"train": [0, 1, ...], "valid": [...], '
-            '"test": [...]}} (0-based input rows)'
+            f'"test": [...]}} ({rows_text})'
         ) from error
     if not isinstance(listed, dict) or set(listed) != set(SPLIT_NAMES):
         keys = sorted(listed) if isinstance(listed, dict) else type(listed).__name__
         raise DataError(
             f"{what} holds {keys}: it must be a JSON object with exactly the keys train, valid "
-            "and test, each a list of 0-based input rows"
+            f"and test, each a list of {rows_text}"
         )
     rows_of: dict[str, list[int]] = {}
     seen: dict[int, str] = {}
@@ -216,12 +240,12 @@ def file_split(path: str, num_rows: int, graph_rows: Sequence[int]) -> dict[str,
         if not isinstance(rows, list) or not all(
             isinstance(r, int) and not isinstance(r, bool) for r in rows
         ):
-            raise DataError(f"{what}: {name!r} must be a list of integers (0-based input rows)")
+            raise DataError(f"{what}: {name!r} must be a list of integers ({rows_text})")
         outside = [r for r in rows if not 0 <= r < num_rows]
         if outside:
             raise DataError(
-                f"{what}: {name!r} lists rows {_shown(outside)}, outside the input's {num_rows} "
-                f"rows (0-based, header excluded: 0 to {num_rows - 1})"
+                f"{what}: {name!r} lists {noun} {_shown(outside)}, outside the input's {num_rows} "
+                f"{noun} ({range_text}: 0 to {num_rows - 1})"
             )
         counts = Counter(rows)
         twice = sorted({r for r in rows if r in seen or counts[r] > 1})
@@ -233,4 +257,4 @@ def file_split(path: str, num_rows: int, graph_rows: Sequence[int]) -> dict[str,
             )
         seen.update((r, name) for r in rows)
         rows_of[name] = list(rows)
-    return _rows_to_graphs(rows_of, graph_rows, what)
+    return _rows_to_graphs(rows_of, graph_rows, what, "molecules" if unit == "row" else "graphs")

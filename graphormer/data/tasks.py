@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -29,8 +29,10 @@ __all__ = [
     "score",
     "score_atoms",
     "score_bonds",
+    "score_reported",
     "user_task",
     "warn_absent_classes",
+    "with_accuracy",
 ]
 
 # Metrics whose larger value is better; OGB's rmse (and anything else) is minimised.
@@ -48,6 +50,8 @@ USER_METRICS = {
     "multiclass": ("acc", "f1"),
     "regression": ("rmse", "mae"),
 }
+# Metrics a task may report beside its own (``TaskInfo.reported``), per task type.
+REPORTED_METRICS = {"binary classification": ("acc",)}
 # Atom-level metrics per ``dataset.atom_task_type`` (issue #18), over every labelled atom.
 ATOM_METRICS = {"regression": ("mae", "rmse"), "binary": ("rocauc",)}
 # Bond-level metrics per ``dataset.bond_task_type``, over every labelled bond: the atoms' rule.
@@ -71,6 +75,8 @@ class TaskInfo:
         atom_task_type: ``"regression"`` or ``"binary"`` (user wording), with ``atom_tasks``.
         bond_tasks: targets per bond (issue #18; 0: none), as ``atom_tasks``.
         bond_task_type: ``"regression"`` or ``"binary"``, with ``bond_tasks``.
+        reported: metrics scored and logged beside ``metric`` (never replacing it): ``acc`` of
+            a binary task (threshold 0.5), which TU datasets are compared by (issue #17).
     """
 
     name: str
@@ -82,8 +88,18 @@ class TaskInfo:
     atom_task_type: str | None = None
     bond_tasks: int = 0
     bond_task_type: str | None = None
+    reported: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # A checkpoint stores a list; the task stays hashable and immutable.
+        object.__setattr__(self, "reported", tuple(self.reported))
+        unknown = [m for m in self.reported if m not in REPORTED_METRICS.get(self.task_type, ())]
+        if unknown or self.metric in self.reported:
+            raise ValueError(
+                f"reported metrics {list(self.reported)} of {self.name} ({self.task_type}, "
+                f"metric {self.metric}): allowed {list(REPORTED_METRICS.get(self.task_type, ()))}"
+                ", the metric itself excluded"
+            )
         if self.task_type not in TASK_TYPES:
             raise ValueError(
                 f"unsupported task type {self.task_type!r} of {self.name}: graphormer trains "
@@ -157,7 +173,7 @@ class TaskInfo:
     def level_metrics(self) -> tuple[str, ...]:
         """Every metric logged per evaluation split, molecule level first, then atoms, then
         bonds (``val/<name>``)."""
-        molecule = (self.metric,) if self.num_tasks else ()
+        molecule = (self.metric, *self.reported) if self.num_tasks else ()
         return molecule + self.atom_metrics + self.bond_metrics
 
     @property
@@ -183,6 +199,10 @@ class TaskInfo:
             del values["atom_tasks"], values["atom_task_type"]
         if not values["bond_tasks"]:  # as checkpoints before bond targets stored it
             del values["bond_tasks"], values["bond_task_type"]
+        if values["reported"]:
+            values["reported"] = list(values["reported"])
+        else:  # as checkpoints before reported metrics stored it
+            del values["reported"]
         return values
 
     def evaluator(self) -> Evaluator:
@@ -282,6 +302,27 @@ def _score_level(
         items = TaskInfo(f"{task.name} ({level}s)", USER_TASK_TYPES[task_type], tasks, metric)
         found[name] = score(items, items.evaluator(), y_true, y_pred, split)
     return found
+
+
+def score_reported(task: TaskInfo, y_true: torch.Tensor, y_pred: torch.Tensor) -> dict[str, float]:
+    """The :attr:`TaskInfo.reported` metrics of logits ``y_pred`` against labels ``y_true``
+    ``[n, T]`` (NaN = unlabelled). ``acc``: the share of labelled entries whose logit is on the
+    label's side of 0 (probability 0.5), over all tasks; NaN when nothing is labelled."""
+    if not task.reported:
+        return {}
+    y_true = y_true.float().cpu()
+    y_pred = y_pred.float().cpu().view(y_true.shape)
+    labelled = ~torch.isnan(y_true)
+    right = ((y_pred[labelled] > 0).float() == y_true[labelled]).double()
+    return {"acc": float(right.mean()) if labelled.any() else float("nan")}
+
+
+def with_accuracy(task: TaskInfo) -> TaskInfo:
+    """``task``, reporting accuracy beside its metric when it is a binary one (TU datasets and
+    a user's graphs, whose results are compared by accuracy; issue #17)."""
+    if task.is_classification and task.metric != "acc":
+        return replace(task, reported=("acc",))
+    return task
 
 
 class TaskEvaluator(Evaluator):

@@ -24,6 +24,10 @@ class RunCheckpoint(ModelCheckpoint):
       continues; Lightning forgets them when the folder changes, so "best" would count only the
       later epochs. Files outside this run's folder are never deleted (Lightning's own rule).
     - One ``last.ckpt``, replaced in place, also in a run folder that was moved or copied.
+    - ``last.ckpt`` is rewritten at every validation (every epoch), not only when the monitored
+      metric improves: Lightning 2.6 saves it only beside a new best checkpoint, so a run
+      stopped after epochs without improvement resumed from an older epoch, and the run's final
+      weights were not in ``last.ckpt`` at all (found by tests/test_graph_runs.py, issue #17).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -39,6 +43,21 @@ class RunCheckpoint(ModelCheckpoint):
             os.replace(partial, filepath)
         trainer.strategy.barrier("RunCheckpoint._save_checkpoint")
         self._last_checkpoint_saved = filepath
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_unsaved(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_unsaved(trainer)
+
+    def _save_last_if_unsaved(self, trainer: pl.Trainer) -> None:
+        # Skipped when this step was saved already (a new best, and last.ckpt beside it).
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)

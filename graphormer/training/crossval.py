@@ -3,7 +3,7 @@
 ``RUN/cv_metrics.json``.
 
 Folds keep each Bemis-Murcko scaffold whole (the source's :meth:`split_groups`) and, for binary
-tasks, spread the positives evenly where the groups allow. Fold ``k`` is the test split, fold
+and multi-class tasks, spread the positives (each class) evenly where the groups allow. Fold ``k`` is the test split, fold
 ``k + 1`` the validation split and the others train; the split is written as the run's
 ``split.json`` (``dataset.split_file``), so each fold is a normal run that ``eval.py`` rebuilds.
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from graphormer.console import report
 from graphormer.data.sources import build_source
@@ -36,7 +37,10 @@ def assign_folds(
     groups: Sequence[str], folds: int, positives: np.ndarray | None = None
 ) -> np.ndarray:
     """The fold of each item: whole groups, the largest first, each to the fold that is
-    furthest below its share of items (and of positives, when ``positives`` marks them)."""
+    furthest below its share of items (and of positives, when ``positives`` ``[n]`` marks them;
+    of each class, when ``positives`` ``[n, C]`` marks the classes)."""
+    if positives is not None and positives.ndim == 2:
+        return _assign_folds_by_class(groups, folds, positives)
     members: dict[str, list[int]] = defaultdict(list)
     for i, key in enumerate(groups):
         members[key].append(i)
@@ -58,6 +62,30 @@ def assign_folds(
     return fold_of
 
 
+def _assign_folds_by_class(groups: Sequence[str], folds: int, classes: np.ndarray) -> np.ndarray:
+    """:func:`assign_folds` with classes ``[n, C]`` (one-hot): each fold gets about its share
+    of every class (stratified folds of a multi-class task)."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, key in enumerate(groups):
+        members[key].append(i)
+    ordered = sorted(members.values(), key=lambda g: (-len(g), g[0]))
+    share = np.maximum(classes.sum(0), 1.0) / folds  # [C]
+    size = np.zeros(folds)
+    count = np.zeros((folds, classes.shape[1]))
+    fold_of = np.empty(len(groups), dtype=np.int64)
+    for group in ordered:
+        group_classes = classes[group].sum(0)  # [C]
+        # Fill after adding the group, in the classes it holds, plus the fold's size.
+        fill = size / (len(groups) / folds) + ((count + group_classes) / share) @ (
+            group_classes > 0
+        )
+        f = int(np.argmin(fill))
+        fold_of[group] = f
+        size[f] += len(group)
+        count[f] += group_classes
+    return fold_of
+
+
 def _resampled_source(settings: Any) -> Any:
     source = build_source(settings.dataset)
     cv = settings.cv
@@ -73,7 +101,7 @@ def _resampled_source(settings: Any) -> Any:
     if needed not in accepted:
         raise ConfigError(
             f"{key}: dataset.source={settings.dataset.get('source')} cannot take another split "
-            f"(it has no dataset.{needed}); cross-validate a smiles_csv dataset"
+            f"(it has no dataset.{needed}); cross-validate a smiles_csv, tu or pyg_file dataset"
         )
     return source
 
@@ -94,9 +122,13 @@ def _fold_splits(settings: Any, source: Any, folder: Path) -> tuple[list[dict[st
     positives = None
     if task.is_classification and task.num_tasks == 1:
         positives = (dataset.y.view(len(dataset), -1)[:, 0] == 1).numpy()
+    elif task.is_multiclass:  # stratified: each class spread over the folds
+        y = dataset.y.view(len(dataset), -1)[:, 0]
+        labels = torch.nan_to_num(y, nan=-1).long()
+        positives = (labels[:, None] == torch.arange(task.num_classes)).double().numpy()
     k = settings.cv.folds
     fold_of = assign_folds(groups, k, positives)
-    rows = dataset.row.view(-1).numpy()
+    rows = source.input_rows(dataset).numpy()
     out = []
     for f in range(k):
         test, valid = f, (f + 1) % k
@@ -108,7 +140,9 @@ def _fold_splits(settings: Any, source: Any, folder: Path) -> tuple[list[dict[st
         file = folder / FOLDS_DIR / str(f) / "split.json"
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text(json.dumps(split) + "\n")
-        values = {**settings.dataset, "split": "file", "split_file": str(file.resolve())}
+        values = {**settings.dataset, "split_file": str(file.resolve())}
+        if "split" in inspect.signature(type(source)).parameters:
+            values["split"] = "file"
         values.pop("split_column", None)
         out.append(values)
     return out, grouped

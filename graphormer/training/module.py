@@ -15,7 +15,7 @@ from torch import Tensor
 from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
 from graphormer.data.datamodule import GraphDataModule
-from graphormer.data.tasks import TaskInfo, score, score_atoms, score_bonds
+from graphormer.data.tasks import TaskInfo, score, score_atoms, score_bonds, score_reported
 from graphormer.errors import UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
@@ -342,17 +342,17 @@ class GraphormerModule(pl.LightningModule):
         for key, projection in projections.items():
             if projection is None:
                 continue
-            rows = datamodule.train_rows(key) if isinstance(datamodule, GraphDataModule) else None
-            if rows is None or rows.size(-1) != projection.mean.numel():
-                width = None if rows is None else rows.size(-1)
+            # In chunks: ogbg-ppa's training edges would be GBs of rows at once.
+            found = None
+            if isinstance(datamodule, GraphDataModule):
+                found = datamodule.train_statistics(key)
+            if found is None or found[0].numel() != projection.mean.numel():
+                width = None if found is None else found[0].numel()
                 raise ValueError(
                     f"the model reads {projection.mean.numel()} continuous {key} column(s) but "
                     f"the training graphs carry {width}"
                 )
-            if len(rows):
-                mean = rows.double().mean(0)
-                std = rows.double().std(0, correction=0)
-                projection.set_statistics(mean.float(), std.float())
+            projection.set_statistics(found[0].float(), found[1].float())
 
     def _to_units(self, raw: Tensor) -> Tensor:
         # float32 whatever the trainer's precision (bf16-true keeps these buffers in bf16).
@@ -614,10 +614,13 @@ class GraphormerModule(pl.LightningModule):
             # Every rank holds the same gathered values: no further sync needed.
             self.log(f"{stage}/loss", loss, sync_dist=False)
             self.log(f"{stage}/{self.task.metric}", value, prog_bar=True, sync_dist=False)
+            for name, value in score_reported(self.task, target, pred).items():
+                self.log(f"{stage}/{name}", value, sync_dist=False)
             return
         values, losses = {}, {}
         if self.task.num_tasks:
             values[self.task.metric] = score(self.task, self.evaluator, target, pred, split)
+            values.update(score_reported(self.task, target, pred))
             raw = (pred - self.target_mean) / self.target_std
             losses["molecule"] = self._loss(raw, target.float())
         if atoms is not None:

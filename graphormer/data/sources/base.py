@@ -110,6 +110,12 @@ class Source(ABC):
         molecules), one per graph of ``dataset``; None when graphs are independent."""
         return None
 
+    def input_rows(self, dataset: Dataset) -> torch.Tensor:
+        """``[G]`` what a ``split_file`` calls each graph of ``dataset`` (what :meth:`load`
+        returned): by default its position, 0-based (a graph file's list, a TU dataset's ids
+        less one)."""
+        return torch.arange(len(dataset))
+
     def smiles_column(self) -> str | None:
         """The column of the training file that holds SMILES, which prediction reads from a
         user's file by default; None when the source has no such file."""

@@ -20,7 +20,9 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import DatasetNotFoundError, remove_empty_tree
-from graphormer.data.structure import StructuralFeatures, add_structural_features
+from graphormer.data.sources.graph_cache import GraphCache, input_digest
+from graphormer.data.sources.pyg_file import GraphFile
+from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import TaskInfo
 from graphormer.errors import ConfigError, DataError
 from graphormer.safe_io import download_timeout, load_data, unpickling_reason
@@ -122,8 +124,8 @@ class LRGBSource(Source):
                 f"folder that holds {self.key}/raw/"
             ) from error
 
-    def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
-        self._download()
+    def _read(self) -> tuple[GraphFile, dict]:
+        """The three split files' graphs, flattened, and each split's size."""
         parts: dict[str, list[Tensor]] = {"x": [], "edge_attr": [], "edge_index": [], "y": []}
         sizes = []
         num_tasks = self._task.num_tasks
@@ -155,10 +157,23 @@ class LRGBSource(Source):
             "edge_attr": edge_ptr.clone(),
             "y": torch.arange(len(nodes) + 1),
         }
+        flat = {"x": data.x, "edge_attr": data.edge_attr}
+        return GraphFile.of_parts(data, slices, None, flat), {"sizes": sizes}
+
+    def _cache(self) -> GraphCache:
+        """``root/peptides-*/processed/<digest>/``, keyed by the split files' contents."""
+        files = [osp.join(self.raw_dir, f"{s}.pt") for s in SPLITS.values()]
+        digest = input_digest(files, {"name": self.key})
+        return GraphCache(osp.join(self.root, self.key, "processed", digest))
+
+    def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
+        self._download()
+        cache = self._cache()
+        graphs, extra = cache.graphs(self._read, GraphFile)
         if pre_transform is not None:
-            add_structural_features(data, slices, pre_transform)
-        bounds = torch.tensor([0, *sizes]).cumsum(0)
+            cache.add_structure(graphs, pre_transform)
+        bounds = torch.tensor([0, *extra["sizes"]]).cumsum(0)
         split = {
             ours: torch.arange(int(bounds[i]), int(bounds[i + 1])) for i, ours in enumerate(SPLITS)
         }
-        return LoadedDataset(_Peptides(data, slices), split, self._task)
+        return LoadedDataset(_Peptides(graphs.data, graphs.slices), split, self._task)

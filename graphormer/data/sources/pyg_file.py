@@ -26,13 +26,15 @@ from torch_geometric.data import Data, InMemoryDataset
 
 from graphormer.data.features import CONTINUOUS_KEYS, split_columns, vocabulary_sizes
 from graphormer.data.sources.base import LoadedDataset, Source
-from graphormer.data.splits import random_split
-from graphormer.data.structure import StructuralFeatures, add_structural_features
+from graphormer.data.sources.graph_cache import GraphCache, input_digest
+from graphormer.data.splits import file_split, random_split
+from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import (
     TaskInfo,
     check_class_labels,
     user_task,
     warn_absent_classes,
+    with_accuracy,
 )
 from graphormer.errors import ConfigError, DataError
 from graphormer.safe_io import PYG_DATA, load_data, unpickling_reason, unsafe_globals
@@ -85,6 +87,15 @@ class GraphFile:
         )
 
 
+def read_graph_file_exists(path: str, key: str = "dataset.path") -> None:
+    """Raises the :class:`DataError` that names ``key`` when there is no file ``path``."""
+    if not osp.isfile(path):
+        raise DataError(
+            f"{key}={path} does not exist; give a file written with "
+            "torch.save(list_of_torch_geometric_Data, path)"
+        )
+
+
 def read_graph_file(path: str, key: str = "dataset.path") -> list[Data]:
     """The list of graphs ``path`` holds, read as data only (``key`` names the setting in
     messages).
@@ -93,11 +104,7 @@ def read_graph_file(path: str, key: str = "dataset.path") -> list[Data]:
         DataError: the file is missing, names anything but tensors and PyG's data classes, or
             does not hold a list of ``Data``.
     """
-    if not osp.isfile(path):
-        raise DataError(
-            f"{key}={path} does not exist; give a file written with "
-            "torch.save(list_of_torch_geometric_Data, path)"
-        )
+    read_graph_file_exists(path, key)
     try:
         graphs = load_data(path, [PYG_DATA])
     except Exception as error:  # refused globals, a truncated file, not a torch file ...
@@ -348,7 +355,11 @@ class PygFileSource(Source):
         split_ratios (Sequence[float], optional): train/valid/test fractions of the seeded
             random split, for graphs without a ``split``. (default: :obj:`(0.8, 0.1, 0.1)`)
         split_seed (int, optional): its seed. (default: :obj:`0`)
-        root (str, optional): folder for lock files. (default: :obj:`"data"`)
+        split_file (str | None, optional): a JSON file ``{"train": [graphs], "valid": [...],
+            "test": [...]}`` of 0-based positions in the file's list; it replaces the graphs'
+            own ``split`` and the random split (``cv.folds`` writes one per fold). (default: None)
+        root (str, optional): folder for the cache of the graphs and their structural
+            features, and lock files. (default: :obj:`"data"`)
         name (str, optional): label used in outputs. (default: :obj:`"pyg_file"`)
         y_level (str, optional): ``graph`` (``y`` holds each graph's targets) or ``node``
             (``y`` is ``[num_nodes, T]``: node-level targets, issue #18). (default:
@@ -372,6 +383,7 @@ class PygFileSource(Source):
         y_level: str = "graph",
         node_task_type: str = "regression",
         edge_task_type: str = "regression",
+        split_file: str | None = None,
     ) -> None:
         if y_level not in ("graph", "node"):
             raise ConfigError(f"dataset.y_level must be graph | node, got {y_level!r}")
@@ -407,20 +419,38 @@ class PygFileSource(Source):
         self.split_seed = split_seed
         self.root = root
         self.name = name
+        self.split_file = split_file
         self._graphs: GraphFile | None = None
         self._task: TaskInfo | None = None
+        self._graph_cache: GraphCache | None = None
 
     def graphs(self) -> GraphFile:
-        """The file's graphs, read and checked once."""
+        """The file's graphs, read and checked once (from the cache when an earlier run read
+        this file's content with these settings)."""
         if self._graphs is None:
-            self._graphs = read_graphs(
-                read_graph_file(self.path),
-                f"dataset.path={self.path}",
-                self.categorical_node_columns,
-                self.categorical_edge_columns,
-                y_level=self.y_level,
-            )
+            self._graphs, _ = self._cache().graphs(self._read, GraphFile)
         return self._graphs
+
+    def _read(self) -> tuple[GraphFile, dict]:
+        graphs = read_graphs(
+            read_graph_file(self.path),
+            f"dataset.path={self.path}",
+            self.categorical_node_columns,
+            self.categorical_edge_columns,
+            y_level=self.y_level,
+        )
+        return graphs, {}
+
+    def _cache(self) -> GraphCache:
+        """The cache of the file's graphs, ``root/pyg_file/<stem>_<digest>/``: keyed by the
+        file's content and every setting :meth:`_read` passes to :func:`read_graphs`."""
+        if self._graph_cache is None:
+            read_graph_file_exists(self.path)
+            settings = [self.categorical_node_columns, self.categorical_edge_columns, self.y_level]
+            digest = input_digest([self.path], settings)
+            stem = osp.splitext(osp.basename(self.path))[0]
+            self._graph_cache = GraphCache(osp.join(self.root, "pyg_file", f"{stem}_{digest}"))
+        return self._graph_cache
 
     def task_info(self) -> TaskInfo:
         # Targets and classes come from the file: read once (a user's file is small next to
@@ -459,9 +489,8 @@ class PygFileSource(Source):
                 _check_binary_items(labels, task_type, key, where)
             if not y.size(1) and not levels:
                 raise DataError(f"{where}: the graphs hold no targets (y, or edge_y)")
-            self._task = user_task(
-                self.name, self.task_type, self.metric, y.size(1), classes, **levels
-            )
+            task = user_task(self.name, self.task_type, self.metric, y.size(1), classes, **levels)
+            self._task = with_accuracy(task)  # binary: accuracy reported beside the metric
         return self._task
 
     def feature_dims(self) -> tuple[list[int], list[int]]:
@@ -481,12 +510,14 @@ class PygFileSource(Source):
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         graphs = self.graphs()
         task = self.task_info()
-        # Structural features are computed for all graphs at once in memory (vectorised, tens
-        # of thousands of graphs per second), not cached: the file is the user's, and may change.
+        # Cached beside the graphs, keyed by the file's content: a changed file is read again.
         if pre_transform is not None:
-            add_structural_features(graphs.data, graphs.slices, pre_transform)
+            self._cache().add_structure(graphs, pre_transform)
         dataset = InMemoryGraphs(graphs)
-        if graphs.splits is None:
+        if self.split_file is not None:
+            n = graphs.num_graphs
+            split = file_split(self.split_file, n, range(n), unit="graph")
+        elif graphs.splits is None:
             split = random_split(graphs.num_graphs, self.split_ratios, self.split_seed)
         else:
             names = graphs.splits

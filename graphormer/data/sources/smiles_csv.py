@@ -574,6 +574,10 @@ class SmilesCsvSource(Source):
     def smiles_column(self) -> str:
         return self.smiles_column_name
 
+    def input_rows(self, dataset: SmilesCsvDataset) -> torch.Tensor:
+        """The CSV row of each molecule (rows rdkit could not parse have none)."""
+        return dataset.row.view(-1)
+
     def split_groups(self, dataset: SmilesCsvDataset) -> list[str]:
         """Bemis-Murcko scaffolds: a scaffold's molecules stay in one fold."""
         return list(dataset.scaffolds)

@@ -25,10 +25,16 @@ from torch_geometric.io.tu import read_file, read_tu_data
 from graphormer.data.features import check_finite
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import DatasetNotFoundError, remove_empty_tree
+from graphormer.data.sources.graph_cache import GraphCache, input_digest
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
-from graphormer.data.splits import random_split, stratified_split
-from graphormer.data.structure import StructuralFeatures, add_structural_features
-from graphormer.data.tasks import TaskInfo, user_task, warn_absent_classes
+from graphormer.data.splits import (
+    file_split,
+    file_split_setting,
+    random_split,
+    stratified_split,
+)
+from graphormer.data.structure import StructuralFeatures
+from graphormer.data.tasks import TaskInfo, user_task, warn_absent_classes, with_accuracy
 from graphormer.errors import ConfigError, DataError
 from graphormer.safe_io import download_timeout
 
@@ -104,19 +110,23 @@ def read_tu_graphs(
 
 class TUSource(Source):
     """A TU dataset: node/edge labels categorical, attributes continuous; task from the labels
-    (two classes: binary, ROC-AUC; more: multi-class, accuracy; graph attributes: regression,
-    RMSE); a seeded split, stratified by class or random.
+    (two classes: binary, ROC-AUC, with accuracy reported beside it; more: multi-class,
+    accuracy; graph attributes: regression, RMSE); a seeded split, stratified by class or random.
 
     Args:
         name (str): the TU name (``PROTEINS``, ``NCI1``, ...).
         root (str, optional): the folder holding ``<name>/raw/``. (default: :obj:`"data"`)
-        split (str, optional): ``stratified`` or ``random``. (default: :obj:`"stratified"`)
+        split (str, optional): ``stratified``, ``random`` or ``file`` (the graphs ``split_file``
+            lists). (default: :obj:`"stratified"`)
         split_ratios (Sequence[float], optional): train/valid/test fractions.
         split_seed (int, optional): the split's seed. (default: :obj:`0`)
         use_node_attr, use_edge_attr (bool, optional): read node / edge attributes when the
             dataset has them. (default: :obj:`True`)
         metric (str | None, optional): binary ``rocauc`` | ``ap``; multi-class ``acc`` | ``f1``;
             regression ``rmse`` | ``mae``; None for the first. (default: :obj:`None`)
+        split_file (str | None, optional): a JSON file ``{"train": [graphs], "valid": [...],
+            "test": [...]}`` of 0-based graph numbers (TU's graph ids less one); given alone it
+            implies ``split="file"``; ``cv.folds`` writes one per fold. (default: None)
     """
 
     def __init__(
@@ -129,13 +139,17 @@ class TUSource(Source):
         use_node_attr: bool = True,
         use_edge_attr: bool = True,
         metric: str | None = None,
+        split_file: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             raise ConfigError(
                 f"dataset.name must be a TU dataset name (e.g. PROTEINS), got {name!r}"
             )
-        if split not in ("stratified", "random"):
-            raise ConfigError(f"dataset.split must be 'stratified' or 'random', got {split!r}")
+        split = file_split_setting(split, split_file, default="stratified")
+        if split not in ("stratified", "random", "file"):
+            raise ConfigError(
+                f"dataset.split must be 'stratified', 'random' or 'file', got {split!r}"
+            )
         for key, value in (("use_node_attr", use_node_attr), ("use_edge_attr", use_edge_attr)):
             if not isinstance(value, bool):
                 raise ConfigError(f"dataset.{key} must be true or false, got {value!r}")
@@ -147,8 +161,10 @@ class TUSource(Source):
         self.use_node_attr = use_node_attr
         self.use_edge_attr = use_edge_attr
         self.metric = metric
+        self.split_file = split_file
         self._graphs: GraphFile | None = None
         self._task: TaskInfo | None = None
+        self._graph_cache: GraphCache | None = None
 
     @property
     def raw_dir(self) -> str:
@@ -157,9 +173,8 @@ class TUSource(Source):
     def graphs(self) -> GraphFile:
         if self._graphs is None:
             self._download()
-            self._graphs, regression = read_tu_graphs(
-                self.raw_dir, self.name, self.use_node_attr, self.use_edge_attr
-            )
+            self._graphs, extra = self._cache().graphs(self._read, GraphFile)
+            regression = extra["regression"]
             y = self._graphs.data.y
             if regression:
                 kind, classes = "regression", None
@@ -168,8 +183,29 @@ class TUSource(Source):
                 kind = "binary" if classes == 2 else "multiclass"
             if classes is not None and classes < 2:
                 raise DataError(f"{self.name}: every graph has the same label; nothing to learn")
-            self._task = user_task(self.name, kind, self.metric, y.size(1), classes)
+            task = user_task(self.name, kind, self.metric, y.size(1), classes)
+            self._task = with_accuracy(task)
         return self._graphs
+
+    def _read(self) -> tuple[GraphFile, dict]:
+        graphs, regression = read_tu_graphs(
+            self.raw_dir, self.name, self.use_node_attr, self.use_edge_attr
+        )
+        return graphs, {"regression": regression}
+
+    def _cache(self) -> GraphCache:
+        """The cache of this dataset's graphs: keyed by its raw files' contents and the
+        attributes read (``root/NAME/processed/<digest>/``)."""
+        if self._graph_cache is None:
+            files = sorted(
+                osp.join(self.raw_dir, f)
+                for f in os.listdir(self.raw_dir)
+                if f.startswith(f"{self.name}_") and f.endswith(".txt")
+            )
+            settings = {"use_node_attr": self.use_node_attr, "use_edge_attr": self.use_edge_attr}
+            digest = input_digest(files, settings)
+            self._graph_cache = GraphCache(osp.join(self.root, self.name, "processed", digest))
+        return self._graph_cache
 
     def _download(self) -> None:
         if osp.isfile(osp.join(self.raw_dir, f"{self.name}_A.txt")):
@@ -227,9 +263,12 @@ class TUSource(Source):
         graphs = self.graphs()
         task = self._task
         if pre_transform is not None:
-            add_structural_features(graphs.data, graphs.slices, pre_transform)
+            self._cache().add_structure(graphs, pre_transform)
         y = graphs.data.y.view(-1)
-        if self.split == "stratified":
+        if self.split == "file":
+            n = graphs.num_graphs
+            split = file_split(self.split_file, n, range(n), unit="graph")
+        elif self.split == "stratified":
             if task.task_type == "regression":
                 raise ConfigError(
                     f"dataset.split=stratified needs class labels, but {self.name} is a "
