@@ -29,6 +29,8 @@ class GraphormerBatch:
         edge_attr_continuous: ``[E, F_ec]`` float edge features, or None.
         y_atom: ``[B, N, T_atom]`` float per-atom (per-node) targets, NaN where missing and at
             padding (so padding never counts in a loss or a metric), or None.
+        molecule_features: ``[B, D]`` float raw molecule-level features (RDKit descriptors,
+            a file's columns; NaN where missing), or None (issue #22).
     """
 
     x: Tensor
@@ -43,6 +45,7 @@ class GraphormerBatch:
     x_continuous: Tensor | None = None
     edge_attr_continuous: Tensor | None = None
     y_atom: Tensor | None = None
+    molecule_features: Tensor | None = None
 
     @property
     def num_graphs(self) -> int:

@@ -147,6 +147,7 @@ class GraphormerCollator:
             x_continuous=x_continuous,
             edge_attr_continuous=_continuous(stores, "edge_attr_continuous"),
             y_atom=y_atom,
+            molecule_features=_continuous(stores, "molecule_features"),
         )
 
     def _structure(

@@ -21,6 +21,7 @@ from torch_geometric.data import Data
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.data.collate import GraphormerCollator
+from graphormer.data.descriptors import MoleculeFeatures
 from graphormer.data.featurize import FeaturizedMolecules, featurize_smiles, smiles_feature_dims
 from graphormer.data.sampling import pack_by_tokens
 from graphormer.data.sources.pyg_file import read_graphs
@@ -146,6 +147,7 @@ class Predictor:
         mc_dropout: int = 0,
         calibration: Calibration | None = None,
         atom_task_names: Sequence[str] | None = None,
+        molecule_features: MoleculeFeatures | None = None,
     ) -> None:
         num_tasks = module.task.num_tasks
         names = list(task_names) if task_names else [f"task_{i}" for i in range(num_tasks)]
@@ -189,6 +191,16 @@ class Predictor:
         self.task_names = names
         self.atom_task_names = atom_names
         self.training_smiles_column = training_smiles_column
+        width = len(molecule_features.names()) if molecule_features is not None else 0
+        if width != module.config.molecule_features_dim:
+            raise ConfigError(
+                f"the model reads {module.config.molecule_features_dim} molecule feature(s) per "
+                f"molecule (issue #22) but {width} are described: build the Predictor with "
+                "Predictor.from_checkpoint, which reads them from the checkpoint"
+            )
+        # What the model reads besides the graph, computed from each SMILES (and an input
+        # table's columns) as the training data's were; the checkpoint holds the statistics.
+        self.molecule_features = molecule_features
         self.device = _device(device)
         self.precision = str(precision)
         if self.precision not in PRECISIONS:
@@ -260,6 +272,7 @@ class Predictor:
             mc_dropout=mc_dropout,
             calibration=calibration_of(found.folder, records),
             atom_task_names=read_atom_task_names(module),
+            molecule_features=_stored_molecule_features(source, data, path),
         )
         if refusal is not None:
             predictor.smiles_refusal = f"checkpoint {path} {refusal}"
@@ -276,17 +289,23 @@ class Predictor:
     # -- the public calls -------------------------------------------------------------------
 
     def predict(
-        self, smiles: Sequence[str], progress: bool = False, layout: str = "wide"
+        self,
+        smiles: Sequence[str],
+        progress: bool = False,
+        layout: str = "wide",
+        features: pd.DataFrame | None = None,
     ) -> pd.DataFrame:
         """One row per SMILES, in order: ``smiles``, one column per task (probabilities for
         binary tasks, original units for regression; empty where there is no prediction) and
         ``error`` (empty, or why that molecule has no prediction). A model of atom targets adds
         one list column per atom target (``[v0, v1, ...]`` in RDKit's atom order); with
-        ``layout="long"`` the table has one row per atom instead (:meth:`atom_table`)."""
+        ``layout="long"`` the table has one row per atom instead (:meth:`atom_table`).
+        ``features``: a table with one row per SMILES holding the columns a model trained with
+        ``dataset.feature_columns`` reads (issue #22)."""
         if layout not in LAYOUTS:
             raise ConfigError(f"layout={layout!r} is not one of {', '.join(LAYOUTS)}")
         smiles = _smiles_list(smiles)
-        result = self.run(smiles, progress=progress)
+        result = self.run(smiles, progress=progress, features=features)
         # object dtype: the SMILES come back exactly as given (None stays None).
         inputs = pd.DataFrame({"smiles": pd.Series(list(smiles), dtype=object)})
         if layout == "long":
@@ -351,6 +370,7 @@ class Predictor:
         for i, error in enumerate(featurized.errors):
             if error:
                 raise DataError(f"SMILES {smiles[i]!r} (item {i}): {error}")
+        self._attach_molecule_features(featurized, smiles, None)
         batch = self.collator(featurized.graphs)
         atoms = None
         with self._inference():
@@ -402,10 +422,14 @@ class Predictor:
         embeddings: bool = False,
         progress: bool = False,
         interval: float | None = None,
+        features: pd.DataFrame | None = None,
     ) -> Predictions:
         """Predictions (and embeddings) of every SMILES, in input order; ``interval`` (a
-        coverage level such as 0.9) adds calibrated intervals (regression)."""
+        coverage level such as 0.9) adds calibrated intervals (regression); ``features``: the
+        input table (one row per SMILES) of a model trained with ``dataset.feature_columns``."""
         smiles = _smiles_list(smiles)
+        if features is not None and len(features) != len(smiles):
+            raise ValueError(f"{len(features)} feature rows for {len(smiles)} SMILES")
         self._check_smiles_allowed()
         if interval is not None:
             self._check_interval(interval)
@@ -420,6 +444,8 @@ class Predictor:
             for start in range(0, n, _CHUNK):
                 begin = time.perf_counter()
                 featurized = featurize_smiles(smiles[start : start + _CHUNK], self.max_atoms)
+                part = None if features is None else features.iloc[start : start + _CHUNK]
+                self._attach_molecule_features(featurized, smiles[start : start + _CHUNK], part)
                 self.timings["featurize_s"] += time.perf_counter() - begin
                 errors[start : start + len(featurized.errors)] = featurized.errors
                 bar.update(len(featurized.errors) - len(featurized.valid))
@@ -635,6 +661,19 @@ class Predictor:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _attach_molecule_features(
+        self, featurized: FeaturizedMolecules, smiles: Sequence[str], table: pd.DataFrame | None
+    ) -> None:
+        """Gives each valid graph its raw ``molecule_features`` ``[1, D]``, computed as the
+        training data's were (the model applies the training statistics)."""
+        if self.molecule_features is None or not len(featurized.valid):
+            return
+        if table is not None:
+            table = table.reset_index(drop=True)
+        values = self.molecule_features.compute(smiles, table, "the input")
+        for i in featurized.valid.tolist():
+            featurized.graphs[i].molecule_features = torch.from_numpy(values[i]).view(1, -1)
+
     def _batches(self, featurized: FeaturizedMolecules) -> Iterator[Tensor]:
         """Positions of the valid molecules in batches of similar size (smallest first)."""
         valid = featurized.valid
@@ -736,6 +775,23 @@ class Predictor:
 def format_atom_list(values: np.ndarray) -> str:
     """Per-atom values as one CSV cell, ``[0.123, -0.3]``: the format training reads."""
     return "[" + ", ".join("nan" if v != v else f"{float(v):.6g}" for v in values) + "]"
+
+
+def _stored_molecule_features(source: Any, data: dict, path: Any) -> MoleculeFeatures | None:
+    """The molecule features a checkpoint's model reads (issue #22), checked against what this
+    installation computes under the same names (another RDKit may list other descriptors)."""
+    features = source.molecule_features() if source is not None else None
+    if features is None:
+        return None
+    stored = list((data.get("molecule_features") or {}).get("names") or [])
+    if stored and stored != features.names():
+        differ = sorted(set(stored) ^ set(features.names()))[:5]
+        raise CheckpointError(
+            f"checkpoint {path} reads molecule features this installation computes "
+            f"differently (RDKit's descriptor list differs: {differ}); predict with the RDKit "
+            "version it was trained with"
+        )
+    return features
 
 
 def _smiles_list(smiles: Sequence[str]) -> list:

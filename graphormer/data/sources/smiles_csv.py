@@ -16,6 +16,7 @@ import torch
 from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import InMemoryDataset
 
+from graphormer.data.descriptors import MoleculeFeatures, rdkit2d_names, rdkit2d_values
 from graphormer.data.featurize import featurize_smiles
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
@@ -51,6 +52,11 @@ class SmilesCsvDataset(InMemoryDataset):
             ``[0.12, -0.30, ...]`` of one number per atom in RDKit's atom order (hydrogens
             implicit); an empty cell or a ``nan`` entry is a missing label. Stored per graph as
             ``y_atom`` ``[num_nodes, len(atom_targets)]``.
+        molecule_features (MoleculeFeatures | None): molecule-level input features (issue
+            #22), stored raw per graph as ``molecule_features`` ``[1, D]`` (NaN = missing).
+        descriptor_targets (bool): the targets are RDKit's 2D descriptors of each molecule
+            (descriptor pre-training, issue #22), as ``sign(v) * log(1 + |v|)`` so that
+            heavy-tailed ones (Ipc reaches 1e40) do not swamp the others; ``targets`` names them.
     """
 
     def __init__(
@@ -63,6 +69,8 @@ class SmilesCsvDataset(InMemoryDataset):
         columns: Sequence[str] | None = None,
         comment: str | None = None,
         atom_targets: Sequence[str] = (),
+        molecule_features: MoleculeFeatures | None = None,
+        descriptor_targets: bool = False,
     ) -> None:
         path = resolve_path(path)
         if not osp.isfile(path):
@@ -80,6 +88,8 @@ class SmilesCsvDataset(InMemoryDataset):
         self.atom_targets = [str(t) for t in atom_targets]
         self.columns = list(columns) if columns else None
         self.comment = comment
+        self.molecule_features = molecule_features
+        self.descriptor_targets = descriptor_targets
         self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
         # The cache is keyed by the file's content and the columns read, never by its name alone.
         with open(self.csv_path, "rb") as f:
@@ -87,6 +97,10 @@ class SmilesCsvDataset(InMemoryDataset):
         read = [smiles_column, self.targets, self.columns, comment]
         if self.atom_targets:  # so that caches made before atom targets keep their key
             read.append(self.atom_targets)
+        if molecule_features is not None and molecule_features.enabled:  # likewise (#22)
+            read.append(["molecule_features", molecule_features.names()])
+        if descriptor_targets:
+            read.append("descriptor_targets")
         digest.update(json.dumps(read).encode())
         stem = osp.splitext(osp.basename(path))[0]
         folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
@@ -135,13 +149,19 @@ class SmilesCsvDataset(InMemoryDataset):
         names = (
             [str(c) for c in self.columns] if self.columns else _header(self.csv_path, self.comment)
         )
-        wanted = {str(c) for c in [self.smiles_column, *self.targets, *self.atom_targets]}
+        wanted = {str(c) for c in [self.smiles_column, *self._read_columns()]}
         repeated = sorted({n for n in names if names.count(n) > 1 and n in wanted})
         if repeated:
             raise DataError(
                 f"{self.csv_path} has more than one column named {', '.join(map(repr, repeated))}: "
                 "which one to use is ambiguous; rename the columns so that each name is unique"
             )
+
+    def _read_columns(self) -> list[str]:
+        """The columns read besides SMILES: targets (unless computed), atom targets, features."""
+        targets = [] if self.descriptor_targets else self.targets
+        features = self.molecule_features.columns if self.molecule_features else []
+        return [*targets, *self.atom_targets, *features]
 
     def _atom_labels(
         self, atom_lists: list[list[list[float] | None]], row: int, atoms: int, smiles: str
@@ -165,13 +185,13 @@ class SmilesCsvDataset(InMemoryDataset):
     def process(self) -> None:
         table = self._read()
         self._refuse_duplicate_columns(table)
-        read = [self.smiles_column, *self.targets, *self.atom_targets]
+        read = [self.smiles_column, *self._read_columns()]
         missing = [c for c in read if c not in table.columns]
         if missing:
             raise DataError(
                 f"{self.csv_path} has no column(s) {missing}; its columns are "
                 f"{list(table.columns)}. Set dataset.smiles_column / dataset.targets / "
-                "dataset.atom_targets."
+                "dataset.atom_targets / dataset.feature_columns."
             )
         atom_lists = [
             [
@@ -180,8 +200,15 @@ class SmilesCsvDataset(InMemoryDataset):
             ]
             for column in self.atom_targets
         ]
+        smiles = table[self.smiles_column].tolist()
+        features = None
+        if self.molecule_features is not None and self.molecule_features.enabled:
+            features = self.molecule_features.compute(smiles, table, self.csv_path)
         labels = np.empty((len(table), len(self.targets)), dtype=np.float32)
-        for j, column in enumerate(self.targets):
+        if self.descriptor_targets:
+            raw = rdkit2d_values(smiles)
+            labels[:] = np.sign(raw) * np.log1p(np.abs(raw))  # NaN stays NaN (a missing label)
+        for j, column in enumerate([] if self.descriptor_targets else self.targets):
             values = pd.to_numeric(table[column], errors="coerce")
             bad = values.isna() & table[column].notna()
             if bad.any():
@@ -221,6 +248,8 @@ class SmilesCsvDataset(InMemoryDataset):
                 continue
             graph.y = torch.from_numpy(labels[row]).view(1, -1)
             graph.row = torch.tensor([row])
+            if features is not None:
+                graph.molecule_features = torch.from_numpy(features[row]).view(1, -1)
             if self.atom_targets:
                 graph.y_atom = self._atom_labels(atom_lists, row, graph.num_nodes, column[row])
             graphs.append(graph)
@@ -379,6 +408,13 @@ class SmilesCsvSource(Source):
         atom_task_type (str, optional): ``"regression"`` (MSE; MAE and RMSE over every
             labelled atom) or ``"binary"`` (0/1 labels, BCE, ROC-AUC). (default:
             :obj:`"regression"`)
+        molecule_features (str | None, optional): ``"rdkit2d"``: RDKit's 2D descriptors of each
+            molecule as extra model inputs (issue #22). (default: :obj:`None`)
+        feature_columns (Sequence[str], optional): numeric columns of the CSV given to the model
+            as molecule features too (empty cells are missing). (default: :obj:`()`)
+        descriptor_targets (bool, optional): the targets are RDKit's 2D descriptors computed
+            from the SMILES (``experiment=descriptor_pretrain``); ``targets`` must then be empty.
+            (default: :obj:`False`)
     """
 
     SPLITS = ("scaffold", "random", "column", "file")
@@ -403,7 +439,19 @@ class SmilesCsvSource(Source):
         split_file: str | None = None,
         atom_targets: Sequence[str] = (),
         atom_task_type: str = "regression",
+        molecule_features: str | None = None,
+        feature_columns: Sequence[str] = (),
+        descriptor_targets: bool = False,
     ) -> None:
+        self.features = MoleculeFeatures(molecule_features, list(feature_columns or ()))
+        self.descriptor_targets = bool(descriptor_targets)
+        if self.descriptor_targets:
+            if targets or task_type != "regression":
+                raise ConfigError(
+                    "dataset.descriptor_targets=true computes the targets (RDKit's 2D "
+                    "descriptors): leave dataset.targets empty and dataset.task_type=regression"
+                )
+            targets = rdkit2d_names()
         if isinstance(atom_targets, str):
             atom_targets = [atom_targets]
         self.atom_targets = [str(t) for t in atom_targets or ()]
@@ -524,6 +572,10 @@ class SmilesCsvSource(Source):
     def smiles_column(self) -> str:
         return self.smiles_column_name
 
+    def molecule_features(self) -> MoleculeFeatures | None:
+        """The molecule-level input features (issue #22), or None."""
+        return self.features if self.features.enabled else None
+
     def split_groups(self, dataset: SmilesCsvDataset) -> list[str]:
         """Bemis-Murcko scaffolds: a scaffold's molecules stay in one fold."""
         return list(dataset.scaffolds)
@@ -538,6 +590,8 @@ class SmilesCsvSource(Source):
             columns=self.columns,
             comment=self.comment,
             atom_targets=self.atom_targets,
+            molecule_features=self.molecule_features(),
+            descriptor_targets=self.descriptor_targets,
         )
         task = self.task_info()
         if task.atom_tasks and task.atom_task_type == "binary":
