@@ -163,7 +163,7 @@ def read_feature_columns(
                 f"{cells.iloc[row]!r} at row {row} (0-based, header excluded); feature columns "
                 "must be numbers or empty (empty = missing, filled with the training median)"
             )
-        array = values.to_numpy(dtype=np.float64)
+        array = np.array(values, dtype=np.float64)  # a copy: pandas may hand out a read-only view
         array[~np.isfinite(array) | (np.abs(array) > np.finfo(np.float32).max)] = np.nan
         out[:, j] = array
     return out

@@ -311,7 +311,11 @@ class GraphormerModule(pl.LightningModule):
         mean = torch.nanmean(targets, dim=0)
         std = torch.nanmean((targets - mean) ** 2, dim=0).sqrt()
         self.target_mean.copy_(torch.nan_to_num(mean, nan=0.0))
-        self.target_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
+        std = torch.nan_to_num(std, nan=1.0)
+        # A target constant on the training split (a descriptor of descriptor pre-training,
+        # issue #22) is centred but not scaled: dividing by its ~0 spread would turn any other
+        # value in validation into a loss of 1e12.
+        self.target_std.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
 
     def _standardise_atom_targets(self) -> None:
         """Atom regression targets are standardised with the training atoms' statistics, as
