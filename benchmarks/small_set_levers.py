@@ -84,7 +84,9 @@ def main() -> None:
                 start = time.perf_counter()
                 result = subprocess.run(command, capture_output=True, text=True, env=env)
                 if result.returncode:
-                    raise SystemExit(f"{name} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+                    raise SystemExit(
+                        f"{name} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+                    )
                 (out / "wall.json").write_text(json.dumps({"wall_s": time.perf_counter() - start}))
             values.append(json.loads((out / "metrics.json").read_text())["test"]["rmse"])
             walls.append(json.loads((out / "wall.json").read_text())["wall_s"])

@@ -583,6 +583,12 @@ class Predictor:
         the model (other feature columns, a class id beyond its tables, a NaN, too many nodes)
         keeps its row with NaN predictions and the reason in ``errors``. An ensemble or MC
         dropout adds ``std``; ``interval`` calibrated intervals (regression), as :meth:`run`."""
+        if self.molecule_features is not None:
+            raise ConfigError(
+                "this model reads molecule features (RDKit descriptors or a file's columns, "
+                "issue #22), which are computed from SMILES: predict with SMILES (predict.py "
+                "input=FILE.csv, or Predictor.predict)"
+            )
         if interval is not None:
             self._check_interval(interval)
         graphs = list(graphs)
