@@ -178,3 +178,17 @@ def test_descriptor_pretraining_runs_and_fine_tunes_with_pretrained(tmp_path):
     mine = checkpoint.load(tuned["best_checkpoint"]).state_dict
     assert encoder and encoder <= set(mine) and math.isfinite(tuned["test"]["rmse"])
     assert "model.molecule_input.keep" in mine
+
+
+def test_ogb_molecules_get_descriptors_from_their_mapping_smiles(tmp_path):
+    from graphormer.data.sources.ogb import OGBSource
+    from graphormer.testing import nci_ogb_dataset
+
+    nci_ogb_dataset(tmp_path, "ogbg-molesol", limit=40)
+    source = OGBSource("ogbg-molesol", str(tmp_path), molecule_features="rdkit2d")
+    first = source.load().dataset
+    again = source.load().dataset  # from the cached tensor file
+    assert first[5].molecule_features.shape == (1, len(rdkit2d_names()))
+    smiles = pd.read_csv(tmp_path / "ogbg_molesol" / "mapping" / "mol.csv.gz")["smiles"]
+    expected = rdkit2d_values([smiles[5]])
+    torch.testing.assert_close(again[5].molecule_features, torch.from_numpy(expected))
