@@ -235,6 +235,9 @@ def main() -> None:
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     parser.add_argument("--chemprop", default="chemprop", help="the chemprop command")
+    parser.add_argument(
+        "--report", action="store_true", help="print the table of the finished runs; run nothing"
+    )
     args = parser.parse_args()
     args.work = args.work.resolve()
     pretrained, pretrain_wall = None, None
@@ -245,6 +248,8 @@ def main() -> None:
             for seed in args.seeds:
                 out = args.work / "runs" / name / row / f"seed{seed}"
                 done = out / "result.json"
+                if args.report and not done.is_file():
+                    continue
                 if not done.is_file():
                     out.mkdir(parents=True, exist_ok=True)
                     if row.startswith("chemprop"):
@@ -269,7 +274,10 @@ def main() -> None:
         values = np.array([r["rmse"] for r in runs])
         wall = np.mean([r["wall_s"] for r in runs])
         spread = f"{values.mean():.3f} ± {values.std():.3f}"
-        print(f"{name:<12}{row:<32}{spread:>18}{wall:>14.0f}")
+        print(f"{name:<12}{row:<32}{spread:>18}{wall:>14.0f}  ({len(runs)} seed(s))")
+    done = args.work / "pretrain" / "wall.json"
+    if pretrain_wall is None and done.is_file():
+        pretrain_wall = json.loads(done.read_text())["wall_s"]
     if pretrain_wall is not None:
         print(f"descriptor pre-training (once, NCI 5K SMILES): {pretrain_wall:.0f} s")
 
