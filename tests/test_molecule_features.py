@@ -13,8 +13,7 @@ from graphormer import Predictor, checkpoint
 from graphormer.data.descriptors import MoleculeFeatures, rdkit2d_names, rdkit2d_values
 from graphormer.data.sources.smiles_csv import SmilesCsvSource
 from graphormer.errors import DataError
-from graphormer.models import Graphormer, GraphormerConfig
-from graphormer.models.molecule_features import MoleculeFeatureInput
+from graphormer.models import Graphormer, GraphormerConfig, MoleculeFeatureInput
 from graphormer.training import GraphormerModule, build_datamodule
 
 from helpers import TINY, compose_train, evaluate_run, nci_table, train_config
