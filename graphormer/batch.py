@@ -36,6 +36,8 @@ class GraphormerBatch:
         bond_mask: ``[B, M]`` bool, True at real bonds, or None.
         y_bond: ``[B, M, T_bond]`` float per-bond targets, NaN where missing and at padding, or
             None (a prediction batch of a bond model carries the bonds without labels).
+        molecule_features: ``[B, D]`` float raw molecule-level features (RDKit descriptors,
+            a file's columns; NaN where missing), or None (issue #22).
     """
 
     x: Tensor
@@ -54,6 +56,7 @@ class GraphormerBatch:
     bond_edge: Tensor | None = None
     bond_mask: Tensor | None = None
     y_bond: Tensor | None = None
+    molecule_features: Tensor | None = None
 
     @property
     def num_graphs(self) -> int:

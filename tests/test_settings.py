@@ -60,8 +60,11 @@ def test_a_bad_value_is_one_message_naming_key_value_and_what_is_allowed(tmp_pat
 def test_the_defaults_and_every_recipe_are_accepted(tmp_path):
     from helpers import options
 
+    # Recipes over the user's own file (issue #22's descriptor pre-training) need its path.
+    needs = {"descriptor_pretrain": ["dataset.path=smiles.csv"]}
     for name in options("experiment"):
-        settings = settings_from(compose_train([f"output_dir={tmp_path}", f"experiment={name}"]))
+        given = [f"output_dir={tmp_path}", f"experiment={name}", *needs.get(name, [])]
+        settings = settings_from(compose_train(given))
         assert settings.optim.lr > 0
     settings = settings_from(compose_train([f"output_dir={tmp_path}"]))
     assert settings.trainer.precision == "32-true" and settings.seed == 42

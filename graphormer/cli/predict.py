@@ -93,6 +93,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
                 embeddings=embeddings is not None,
                 progress=cfg["progress"],
                 interval=interval,
+                features=table,
             )
     layout = cfg.get("layout") or "wide"
     if layout not in LAYOUTS:

@@ -149,6 +149,7 @@ class GraphormerCollator:
             edge_attr_continuous=_continuous(stores, "edge_attr_continuous"),
             y_atom=y_atom,
             **bonds,
+            molecule_features=_continuous(stores, "molecule_features"),
         )
 
     def _structure(

@@ -21,6 +21,7 @@ from torch_geometric.data import Data
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.data.collate import GraphormerCollator
+from graphormer.data.descriptors import MoleculeFeatures
 from graphormer.data.featurize import (
     FeaturizedMolecules,
     featurize_smiles,
@@ -162,6 +163,7 @@ class Predictor:
         calibration: Calibration | None = None,
         atom_task_names: Sequence[str] | None = None,
         bond_task_names: Sequence[str] | None = None,
+        molecule_features: MoleculeFeatures | None = None,
     ) -> None:
         num_tasks = module.task.num_tasks
         names = list(task_names) if task_names else [f"task_{i}" for i in range(num_tasks)]
@@ -210,6 +212,16 @@ class Predictor:
         self.atom_task_names = atom_names
         self.bond_task_names = bond_names
         self.training_smiles_column = training_smiles_column
+        width = len(molecule_features.names()) if molecule_features is not None else 0
+        if width != module.config.molecule_features_dim:
+            raise ConfigError(
+                f"the model reads {module.config.molecule_features_dim} molecule feature(s) per "
+                f"molecule (issue #22) but {width} are described: build the Predictor with "
+                "Predictor.from_checkpoint, which reads them from the checkpoint"
+            )
+        # What the model reads besides the graph, computed from each SMILES (and an input
+        # table's columns) as the training data's were; the checkpoint holds the statistics.
+        self.molecule_features = molecule_features
         self.device = _device(device)
         self.precision = str(precision)
         if self.precision not in PRECISIONS:
@@ -282,6 +294,7 @@ class Predictor:
             calibration=calibration_of(found.folder, records),
             atom_task_names=read_atom_task_names(module),
             bond_task_names=read_bond_task_names(module),
+            molecule_features=_stored_molecule_features(source, data, path),
         )
         if refusal is not None:
             predictor.smiles_refusal = f"checkpoint {path} {refusal}"
@@ -298,18 +311,23 @@ class Predictor:
     # -- the public calls -------------------------------------------------------------------
 
     def predict(
-        self, smiles: Sequence[str], progress: bool = False, layout: str = "wide"
+        self,
+        smiles: Sequence[str],
+        progress: bool = False,
+        layout: str = "wide",
+        features: pd.DataFrame | None = None,
     ) -> pd.DataFrame:
         """One row per SMILES, in order: ``smiles``, one column per task (probabilities for
         binary tasks, original units for regression; empty where there is no prediction) and
         ``error`` (empty, or why that molecule has no prediction). A model of atom (bond)
         targets adds one list column per atom (bond) target (``[v0, v1, ...]`` in RDKit's atom
         (bond) order); with ``layout="long"`` the table has one row per atom and bond instead
-        (:meth:`atom_table`)."""
+        (:meth:`atom_table`). ``features``: a table with one row per SMILES holding the columns
+        a model trained with ``dataset.feature_columns`` reads (issue #22)."""
         if layout not in LAYOUTS:
             raise ConfigError(f"layout={layout!r} is not one of {', '.join(LAYOUTS)}")
         smiles = _smiles_list(smiles)
-        result = self.run(smiles, progress=progress)
+        result = self.run(smiles, progress=progress, features=features)
         # object dtype: the SMILES come back exactly as given (None stays None).
         inputs = pd.DataFrame({"smiles": pd.Series(list(smiles), dtype=object)})
         if layout == "long":
@@ -437,6 +455,7 @@ class Predictor:
         if self.task.bond_tasks:  # bond k of a molecule is its edge 2k
             for graph in featurized.graphs:
                 graph.bond_edge = molecule_bond_edges(graph)
+        self._attach_molecule_features(featurized, smiles, None)
         batch = self.collator(featurized.graphs)
         atoms = bonds = None
         with self._inference():
@@ -494,10 +513,14 @@ class Predictor:
         embeddings: bool = False,
         progress: bool = False,
         interval: float | None = None,
+        features: pd.DataFrame | None = None,
     ) -> Predictions:
         """Predictions (and embeddings) of every SMILES, in input order; ``interval`` (a
-        coverage level such as 0.9) adds calibrated intervals (regression)."""
+        coverage level such as 0.9) adds calibrated intervals (regression); ``features``: the
+        input table (one row per SMILES) of a model trained with ``dataset.feature_columns``."""
         smiles = _smiles_list(smiles)
+        if features is not None and len(features) != len(smiles):
+            raise ValueError(f"{len(features)} feature rows for {len(smiles)} SMILES")
         self._check_smiles_allowed()
         if interval is not None:
             self._check_interval(interval)
@@ -513,6 +536,8 @@ class Predictor:
             for start in range(0, n, _CHUNK):
                 begin = time.perf_counter()
                 featurized = featurize_smiles(smiles[start : start + _CHUNK], self.max_atoms)
+                part = None if features is None else features.iloc[start : start + _CHUNK]
+                self._attach_molecule_features(featurized, smiles[start : start + _CHUNK], part)
                 self.timings["featurize_s"] += time.perf_counter() - begin
                 errors[start : start + len(featurized.errors)] = featurized.errors
                 bar.update(len(featurized.errors) - len(featurized.valid))
@@ -662,6 +687,12 @@ class Predictor:
         the model (other feature columns, a class id beyond its tables, a NaN, too many nodes)
         keeps its row with NaN predictions and the reason in ``errors``. An ensemble or MC
         dropout adds ``std``; ``interval`` calibrated intervals (regression), as :meth:`run`."""
+        if self.molecule_features is not None:
+            raise ConfigError(
+                "this model reads molecule features (RDKit descriptors or a file's columns, "
+                "issue #22), which are computed from SMILES: predict with SMILES (predict.py "
+                "input=FILE.csv, or Predictor.predict)"
+            )
         if interval is not None:
             self._check_interval(interval)
         graphs = list(graphs)
@@ -745,6 +776,19 @@ class Predictor:
             raise CheckpointError(self.smiles_refusal)
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _attach_molecule_features(
+        self, featurized: FeaturizedMolecules, smiles: Sequence[str], table: pd.DataFrame | None
+    ) -> None:
+        """Gives each valid graph its raw ``molecule_features`` ``[1, D]``, computed as the
+        training data's were (the model applies the training statistics)."""
+        if self.molecule_features is None or not len(featurized.valid):
+            return
+        if table is not None:
+            table = table.reset_index(drop=True)
+        values = self.molecule_features.compute(smiles, table, "the input")
+        for i in featurized.valid.tolist():
+            featurized.graphs[i].molecule_features = torch.from_numpy(values[i]).view(1, -1)
 
     def _batches(self, featurized: FeaturizedMolecules) -> Iterator[Tensor]:
         """Positions of the valid molecules in batches of similar size (smallest first)."""
@@ -858,6 +902,23 @@ class Predictor:
 def format_atom_list(values: np.ndarray) -> str:
     """Per-atom values as one CSV cell, ``[0.123, -0.3]``: the format training reads."""
     return "[" + ", ".join("nan" if v != v else f"{float(v):.6g}" for v in values) + "]"
+
+
+def _stored_molecule_features(source: Any, data: dict, path: Any) -> MoleculeFeatures | None:
+    """The molecule features a checkpoint's model reads (issue #22), checked against what this
+    installation computes under the same names (another RDKit may list other descriptors)."""
+    features = source.molecule_features() if source is not None else None
+    if features is None:
+        return None
+    stored = list((data.get("molecule_features") or {}).get("names") or [])
+    if stored and stored != features.names():
+        differ = sorted(set(stored) ^ set(features.names()))[:5]
+        raise CheckpointError(
+            f"checkpoint {path} reads molecule features this installation computes "
+            f"differently (RDKit's descriptor list differs: {differ}); predict with the RDKit "
+            "version it was trained with"
+        )
+    return features
 
 
 def _smiles_list(smiles: Sequence[str]) -> list:

@@ -7,6 +7,7 @@ from graphormer.models.graphormer import (
     ogb_bond_feature_dims,
 )
 from graphormer.models.layers import GraphormerLayer
+from graphormer.models.molecule_features import MoleculeFeatureInput
 
 __all__ = [
     "BiasedMultiheadAttention",
@@ -15,6 +16,7 @@ __all__ = [
     "Graphormer",
     "GraphormerConfig",
     "GraphormerLayer",
+    "MoleculeFeatureInput",
     "NodeEncoder",
     "ogb_atom_feature_dims",
     "ogb_bond_feature_dims",

@@ -17,6 +17,7 @@ from graphormer.models.dropout import Dropout
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder
 from graphormer.models.heads import BondHead, NodeHead
 from graphormer.models.layers import GraphormerLayer
+from graphormer.models.molecule_features import MoleculeFeatureInput
 
 __all__ = ["Graphormer", "GraphormerConfig", "ogb_atom_feature_dims", "ogb_bond_feature_dims"]
 
@@ -77,6 +78,12 @@ class GraphormerConfig:
             0 (the default) builds no node head, so every existing model is unchanged.
         bond_tasks: outputs per bond of a bond head on each bond's two atoms' final states and
             its own edge features (issue #18); 0 (the default) builds none.
+        molecule_features_dim: raw molecule-level features per graph (RDKit descriptors, a
+            file's columns; issue #22), read through :class:`MoleculeFeatureInput`; 0 (the
+            default) builds nothing, so every existing model is unchanged.
+        molecule_features_at: where they enter: ``"head"`` (beside the graph token's final
+            state: the head's first layer reads both, which is a learned linear map of their
+            concatenation) or ``"token"`` (a projection added to the graph token's input).
     """
 
     num_layers: int = 12
@@ -105,6 +112,8 @@ class GraphormerConfig:
     num_tasks: int = 1
     atom_tasks: int = 0
     bond_tasks: int = 0
+    molecule_features_dim: int = 0
+    molecule_features_at: str = "head"
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -112,7 +121,13 @@ class GraphormerConfig:
         _integer("atom_tasks", self.atom_tasks, 0)
         _integer("bond_tasks", self.bond_tasks, 0)
         _integer("num_tasks", self.num_tasks, 0 if self.atom_tasks or self.bond_tasks else 1)
-        for name in ("max_degree", "max_distance", "node_continuous_dim", "edge_continuous_dim"):
+        for name in (
+            "max_degree",
+            "max_distance",
+            "node_continuous_dim",
+            "edge_continuous_dim",
+            "molecule_features_dim",
+        ):
             _integer(name, getattr(self, name), 0)
         _integer("multi_hop_max_dist", self.multi_hop_max_dist, 1)
         _integer("feature_stride", self.feature_stride, 1, optional=True)
@@ -142,6 +157,11 @@ class GraphormerConfig:
             raise ValueError(
                 f"model.edge_encoding must be 'multi_hop' or 'single_hop', got "
                 f"{self.edge_encoding!r}"
+            )
+        if self.molecule_features_at not in ("head", "token"):
+            raise ValueError(
+                f"model.molecule_features_at must be 'head' or 'token', got "
+                f"{self.molecule_features_at!r}"
             )
         if self.head_bias not in ("per_task", "shared"):
             raise ValueError(
@@ -181,15 +201,9 @@ class GraphormerConfig:
         bond_head = 0
         if self.bond_tasks:
             bond_head = 2 * h * h + 3 * h + (h + 1) * self.bond_tasks + edge_rows * h
-        return (
-            layers * per_layer
-            + tables
-            + 4 * h
-            + h * h
-            + (h + 1) * self.num_tasks
-            + atom_head
-            + bond_head
-        )
+        molecule = (self.molecule_features_dim + 1) * h if self.molecule_features_dim else 0
+        heads = (h + 1) * self.num_tasks + atom_head + bond_head + molecule
+        return layers * per_layer + tables + 4 * h + h * h + heads
 
     def _check_size(self) -> None:
         """A network that could never fit in this machine's memory is an error naming the
@@ -349,6 +363,12 @@ class Graphormer(nn.Module):
             if c.bond_tasks
             else None
         )
+        # Likewise only when asked for (issue #22).
+        self.molecule_input = (
+            MoleculeFeatureInput(c.molecule_features_dim, c.hidden_dim)
+            if c.molecule_features_dim
+            else None
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -384,7 +404,9 @@ class Graphormer(nn.Module):
         )  # [B, N, d]
         if perturb is not None:
             h = h + perturb.to(h.dtype) * node_mask.unsqueeze(-1).to(h.dtype)
-        token = self.graph_token.expand(h.size(0), -1, -1).to(h.dtype)
+        token = self.graph_token.expand(h.size(0), -1, -1).to(h.dtype)  # [B, 1, d]
+        if self.molecule_input is not None and self.config.molecule_features_at == "token":
+            token = token + self._molecule_vector(batch).unsqueeze(1).to(h.dtype)
         h = torch.cat([token, h], dim=1)  # [B, N+1, d]
         h = self.input_dropout(self.input_norm(h))
 
@@ -439,14 +461,33 @@ class Graphormer(nn.Module):
         perturb: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         h, attentions = self.encode(batch, return_attention, perturb)
-        out = self._graph_output(h)
+        out = self._graph_output(h, batch)
         return (out, attentions) if return_attention else out
 
-    def _graph_output(self, h: Tensor) -> Tensor:
+    def _molecule_vector(self, batch: GraphormerBatch) -> Tensor:
+        """``[B, d]`` learned projection of the batch's molecule features."""
+        if batch.molecule_features is None:
+            raise ValueError(
+                f"the model reads {self.config.molecule_features_dim} molecule features per "
+                "graph (issue #22) but the batch carries none"
+            )
+        width = batch.molecule_features.size(-1)
+        if width != self.config.molecule_features_dim:
+            raise ValueError(
+                f"the batch carries {width} molecule feature(s) per graph but the model reads "
+                f"{self.config.molecule_features_dim}"
+            )
+        return self.molecule_input(batch.molecule_features)
+
+    def _graph_output(self, h: Tensor, batch: GraphormerBatch) -> Tensor:
         if self.head is None:  # atom targets alone
             return h.new_zeros(h.size(0), 0)
         graph = h[:, 0]  # [B, d], the graph token's final state
-        out = self.head(self.head_norm(F.gelu(self.head_transform(graph))))  # [B, T]
+        hidden = self.head_transform(graph)  # [B, d]
+        if self.molecule_input is not None and self.config.molecule_features_at == "head":
+            # W [state; features] + b, written as a sum of two linear maps.
+            hidden = hidden + self._molecule_vector(batch).to(hidden.dtype)
+        out = self.head(self.head_norm(F.gelu(hidden)))  # [B, T]
         if self.head_bias is not None:
             out = out + self.head_bias
         return out
@@ -463,7 +504,7 @@ class Graphormer(nn.Module):
         ``batch.node_mask``) and, with ``bond_tasks``, ``bond`` ``[B, M, bond_tasks]`` for the
         batch's ``bond_atoms`` (mask with ``batch.bond_mask``)."""
         h, attentions = self.encode(batch, return_attention, perturb)
-        out = {"molecule": self._graph_output(h)}
+        out = {"molecule": self._graph_output(h, batch)}
         if self.atom_head is not None:
             out["atom"] = self.atom_head(h[:, 1:])  # [B, N, T_atom], graph token dropped
         if self.bond_head is not None:

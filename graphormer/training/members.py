@@ -180,6 +180,7 @@ _INPUT_KEYS = (
     "bond_feature_dims",
     "node_continuous_dim",
     "edge_continuous_dim",
+    "molecule_features_dim",
 )
 
 

@@ -9,11 +9,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from torch import Tensor
 
 from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
+from graphormer.console import report
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.tasks import TaskInfo, score, score_atoms, score_bonds, score_reported
 from graphormer.errors import UserFacingError
@@ -42,7 +43,13 @@ _SIZE_SETTINGS = (
     "edge_encoding",
     "node_continuous_dim",
     "edge_continuous_dim",
+    "molecule_features_dim",
 )
+
+
+def _short(items: list[str], limit: int = 6) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 class NonFiniteError(UserFacingError, FloatingPointError):
@@ -297,6 +304,7 @@ class GraphormerModule(pl.LightningModule):
         if stage != "fit":
             return
         self._standardise_inputs()
+        self._fit_molecule_features()
         if self.task.atom_tasks and self.atom_loss_name == "mse":
             self._standardise_level_targets("y_atom", self.atom_mean, self.atom_std)
         if self.task.bond_tasks and self.bond_loss_name == "mse":
@@ -314,7 +322,11 @@ class GraphormerModule(pl.LightningModule):
         mean = torch.nanmean(targets, dim=0)
         std = torch.nanmean((targets - mean) ** 2, dim=0).sqrt()
         self.target_mean.copy_(torch.nan_to_num(mean, nan=0.0))
-        self.target_std.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
+        std = torch.nan_to_num(std, nan=1.0)
+        # A target constant on the training split (a descriptor of descriptor pre-training,
+        # issue #22) is centred but not scaled: dividing by its ~0 spread would turn any other
+        # value in validation into a loss of 1e12.
+        self.target_std.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
 
     def _standardise_level_targets(self, key: str, mean_buffer: Tensor, std_buffer: Tensor) -> None:
         """Atom (bond) regression targets ``key`` are standardised with the training atoms'
@@ -353,6 +365,35 @@ class GraphormerModule(pl.LightningModule):
                     f"the training graphs carry {width}"
                 )
             projection.set_statistics(found[0].float(), found[1].float())
+
+    def _fit_molecule_features(self) -> None:
+        """Molecule features (issue #22) get the training split's statistics
+        (:data:`~graphormer.models.molecule_features.MOLECULE_FEATURE_RULE`), kept as buffers
+        in the checkpoint; the columns the rule drops are reported once."""
+        block = self.model.molecule_input
+        if block is None:
+            return
+        datamodule = self.trainer.datamodule
+        key = "molecule_features"
+        rows = datamodule.train_rows(key) if isinstance(datamodule, GraphDataModule) else None
+        if rows is None or rows.size(-1) != block.mean.numel():
+            width = None if rows is None else rows.size(-1)
+            raise ValueError(
+                f"the model reads {block.mean.numel()} molecule feature(s) per graph but the "
+                f"training graphs carry {width}"
+            )
+        dropped = block.fit(rows)
+        names = list((self.hparams.get("data") or {}).get(key, {}).get("names") or [])
+        message = (
+            f"molecule features: {rows.size(-1)} per molecule, statistics of {len(rows)} "
+            f"training molecules; {int(rows.isnan().sum())} missing or non-finite value(s) "
+            "filled with the training median"
+        )
+        for reason, columns in dropped.items():
+            if columns:
+                shown = [names[c] if c < len(names) else str(c) for c in columns]
+                message += f"; dropped ({reason.replace('_', ' ')}): {_short(shown)}"
+        rank_zero_only(report)(message)
 
     def _to_units(self, raw: Tensor) -> Tensor:
         # float32 whatever the trainer's precision (bf16-true keeps these buffers in bf16).

@@ -51,10 +51,11 @@ def architecture(model: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _is_output_layer(name: str) -> bool:
-    # The molecule output layer, and the heads of atom and bond targets (issue #18): the new
-    # task's own.
-    heads = ("model.head.", "model.atom_head.", "model.bond_head.")
-    return name.startswith(heads) or name == "model.head_bias"
+    # The molecule output layer, the heads of atom and bond targets (issue #18) and the
+    # molecule-feature input (issue #22: its features and training statistics are the new
+    # dataset's): the new task's own.
+    prefixes = ("model.head.", "model.atom_head.", "model.bond_head.", "model.molecule_input.")
+    return name.startswith(prefixes) or name == "model.head_bias"
 
 
 def _is_molecule_head(name: str) -> bool:

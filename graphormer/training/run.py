@@ -22,6 +22,7 @@ from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.sources import build_source
 from graphormer.devices import on_gpu, resolve_pad_to_multiple, resolve_precision
 from graphormer.errors import ConfigError
+from graphormer.models.molecule_features import MOLECULE_FEATURE_RULE
 from graphormer.rundir import is_first_process, newest_checkpoint
 from graphormer.training.callbacks import EpochSummary, RunCheckpoint
 from graphormer.training.module import GraphormerModule
@@ -75,6 +76,11 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
             "pad_to_multiple": datamodule.pad_to_multiple,
         },
     }
+    features = datamodule.source.molecule_features()
+    if features is not None:
+        # What the model's molecule features are and how they are transformed (issue #22): the
+        # statistics themselves are the model's buffers.
+        data["molecule_features"] = {"names": features.names(), "rule": MOLECULE_FEATURE_RULE}
     try:
         module = GraphormerModule(
             model=model,
@@ -99,15 +105,17 @@ def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule
     types), where the config leaves them null; the filled values are saved with the checkpoint's
     model settings, so eval.py and fine-tuning rebuild the same tables. Sources featurised like
     OGB (``feature_dims()`` is None) keep the model's default, OGB's featurisation."""
-    widths = datamodule.source.continuous_dims()
-    for key, width in zip(("node_continuous_dim", "edge_continuous_dim"), widths, strict=True):
+    features = datamodule.source.molecule_features()
+    widths = (*datamodule.source.continuous_dims(), len(features.names()) if features else 0)
+    keys = ("node_continuous_dim", "edge_continuous_dim", "molecule_features_dim")
+    for key, width in zip(keys, widths, strict=True):
         given = model_cfg.get(key)
         if given is None and width:
             model_cfg[key] = int(width)
         elif given is not None and int(given) != int(width):
             raise ConfigError(
                 f"model.{key}={given} does not fit {datamodule.task.name}: its graphs carry "
-                f"{width} continuous column(s); leave model.{key} unset to follow the data"
+                f"{width} column(s) of such features; leave model.{key} unset to follow the data"
             )
     dims = datamodule.source.feature_dims()
     if dims is None:
@@ -143,6 +151,13 @@ def feature_mismatch(config: Any, source: Any) -> str | None:
                 f"its graphs carry {width} continuous {kind} feature column(s) but the model "
                 f"reads {model_width}"
             )
+    features = source.molecule_features()
+    width = len(features.names()) if features is not None else 0
+    if width != config.molecule_features_dim:
+        return (
+            f"its molecules carry {width} molecule feature(s) (dataset.molecule_features, "
+            f"dataset.feature_columns) but the model reads {config.molecule_features_dim}"
+        )
     dims = source.feature_dims()
     if dims is None:
         return None

@@ -12,12 +12,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset
 
 from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import TaskInfo
+
+if TYPE_CHECKING:
+    from graphormer.data.descriptors import MoleculeFeatures
 
 __all__ = ["LoadedDataset", "Source"]
 
@@ -119,6 +123,11 @@ class Source(ABC):
     def smiles_column(self) -> str | None:
         """The column of the training file that holds SMILES, which prediction reads from a
         user's file by default; None when the source has no such file."""
+        return None
+
+    def molecule_features(self) -> MoleculeFeatures | None:
+        """The molecule-level input features its graphs carry as ``molecule_features``
+        ``[1, D]`` (a :class:`~graphormer.data.descriptors.MoleculeFeatures`), or None."""
         return None
 
     def smiles_refusal(self) -> str | None:

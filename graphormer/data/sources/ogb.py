@@ -12,6 +12,8 @@ Everything else (raw CSV parsing, labels, official splits) is OGB's code, unchan
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import os.path as osp
 import pickle
@@ -20,9 +22,11 @@ import zipfile
 from collections.abc import Callable
 
 import pandas as pd
+import torch
 from ogb.graphproppred import PygGraphPropPredDataset
 from torch_geometric.data import Data, InMemoryDataset
 
+from graphormer.data.descriptors import MoleculeFeatures
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import (
     DatasetCacheError,
@@ -34,8 +38,8 @@ from graphormer.data.sources.folders import (
 )
 from graphormer.data.structure import StructuralFeatures, add_structural_features
 from graphormer.data.tasks import TaskInfo, ogb_master_table
-from graphormer.errors import ConfigError
-from graphormer.safe_io import PYG_DATA, allow, download_timeout
+from graphormer.errors import ConfigError, DataError
+from graphormer.safe_io import PYG_DATA, allow, download_timeout, load_data
 
 __all__ = [
     "OGB_MOLECULE_DATASETS",
@@ -170,14 +174,22 @@ class OGBSource(Source):
     Args:
         name (str): e.g. ``ogbg-molhiv``.
         root (str, optional): folder holding datasets. (default: :obj:`"data"`)
+        molecule_features (str | None, optional): ``"rdkit2d"``: RDKit's 2D descriptors of each
+            molecule (from the SMILES of ``mapping/mol.csv.gz``) as extra model inputs (issue
+            #22), computed once and cached beside the processed graphs. (default: :obj:`None`)
     """
 
     official_split = "OGB's official split (the one its leaderboard compares)"
 
-    def __init__(self, name: str, root: str = "data") -> None:
+    def __init__(self, name: str, root: str = "data", molecule_features: str | None = None) -> None:
         self.name = name
         self.root = root
+        self.features = MoleculeFeatures(molecule_features)
         self._task = ogb_task_info(name)
+
+    def molecule_features(self) -> MoleculeFeatures | None:
+        """The molecule-level input features (issue #22), or None."""
+        return self.features if self.features.enabled else None
 
     def task_info(self) -> TaskInfo:
         return self._task
@@ -185,7 +197,40 @@ class OGBSource(Source):
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         dataset = OGBGraphDataset(self.name, self.root, pre_transform=pre_transform)
         split = dataset.get_idx_split()
+        if self.molecule_features() is not None:
+            self._attach_molecule_features(dataset)
         return LoadedDataset(dataset, {k: split[k] for k in ("train", "valid", "test")}, self._task)
+
+    def _attach_molecule_features(self, dataset: OGBGraphDataset) -> None:
+        """Gives every graph its raw ``molecule_features`` ``[1, D]``, computed from the
+        folder's SMILES once and cached (keyed by the feature names) as a tensor file."""
+        folder = ogb_folder(self.name, self.root)
+        names = self.features.names()
+        key = hashlib.sha1(json.dumps(names).encode()).hexdigest()[:12]
+        path = osp.join(folder, "processed", f"molecule_features_{key}.pt")
+        values = None
+        if osp.isfile(path):
+            try:
+                values = load_data(path, [])
+            except Exception as error:  # truncated or not a tensor file
+                raise DataError(corrupt_cache_message(path, error)) from error
+        if values is None:
+            mapping = osp.join(folder, "mapping", "mol.csv.gz")
+            if not osp.isfile(mapping):
+                raise DataError(
+                    f"dataset.molecule_features needs each molecule's SMILES, but {mapping} does "
+                    "not exist: re-download the dataset (delete its folder)"
+                )
+            smiles = pd.read_csv(mapping)["smiles"].tolist()
+            values = torch.from_numpy(self.features.compute(smiles, None, mapping))
+            torch.save(values, path)
+        count = len(dataset)
+        if values.shape != (count, len(names)):
+            raise DataError(corrupt_cache_message(path, ValueError(f"shape {tuple(values.shape)}")))
+        # One [1, D] row per graph, through the collated storage's slices.
+        dataset._data.molecule_features = values
+        dataset.slices["molecule_features"] = torch.arange(count + 1)
+        dataset._data_list = None  # graphs built before would lack the new attribute
 
     def task_names(self) -> list[str] | None:
         """OGB's label columns: every column of the dataset folder's ``mapping/mol.csv.gz`` but

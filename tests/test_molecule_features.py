@@ -1,0 +1,193 @@
+"""Molecule-level features and descriptor pre-training (issue #22): RDKit 2D descriptors and a
+file's own numeric columns as model inputs, their training-split rule kept in the checkpoint,
+and ``experiment=descriptor_pretrain`` feeding ``pretrained=``."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from graphormer import Predictor, checkpoint
+from graphormer.data.descriptors import MoleculeFeatures, rdkit2d_names, rdkit2d_values
+from graphormer.data.sources.smiles_csv import SmilesCsvSource
+from graphormer.errors import DataError
+from graphormer.models import Graphormer, GraphormerConfig, MoleculeFeatureInput
+from graphormer.training import GraphormerModule, build_datamodule
+
+from helpers import TINY, compose_train, evaluate_run, nci_table, train_config
+
+FIXTURES_CKPT = "format1_tiny.ckpt"
+
+
+def test_the_rule_fills_with_the_training_median_drops_constant_columns_and_clips():
+    rows = torch.tensor(
+        [
+            [1.0, 7.0, float("nan"), 0.0],
+            [2.0, 7.0, float("nan"), 0.0],
+            [float("inf"), 7.0, float("nan"), 1.0],
+            [4.0, 7.0, float("nan"), 1e6],
+        ]
+    )
+    block = MoleculeFeatureInput(4, 8)
+    dropped = block.fit(rows)
+    assert dropped == {"no_finite_value": [2], "constant": [1]}
+    assert block.fill[0] == 2.0  # the median of the finite training values 1, 2, 4
+    assert block.keep.tolist() == [1.0, 0.0, 0.0, 1.0]
+    standard = block.standardise(torch.tensor([[float("nan"), 123.0, 5.0, 1e30]]))
+    filled = (2.0 - block.mean[0]) / block.std[0]
+    assert torch.allclose(standard[0, 0], filled)
+    assert standard[0, 1] == 0 and standard[0, 2] == 0  # dropped columns read as zero
+    assert standard[0, 3] == block.clip  # far out: clipped
+
+
+def test_rdkit2d_values_are_float32_nan_for_what_is_not_a_number():
+    values = rdkit2d_values(["CCO", "not_a_smiles", "c1ccccc1O"])
+    assert values.dtype == np.float32 and values.shape == (3, len(rdkit2d_names()))
+    assert np.isnan(values[1]).all() and np.isfinite(values[0]).sum() > 150
+    logp = rdkit2d_names().index("MolLogP")
+    assert math.isclose(values[0, logp], -0.0014, abs_tol=1e-3)
+
+
+def _csv(tmp_path, n=40):
+    table = nci_table().iloc[:n].copy()
+    table["mw"] = np.linspace(100, 500, n)
+    table.loc[3, "mw"] = float("nan")
+    path = tmp_path / "mols.csv"
+    table.to_csv(path, index=False)
+    return path, table
+
+
+def test_feature_columns_errors_name_the_column_and_row(tmp_path):
+    path, table = _csv(tmp_path)
+    root = str(tmp_path / "cache")
+    missing = SmilesCsvSource(str(path), ["tpsa"], root=root, feature_columns=["weight"])
+    with pytest.raises(DataError, match=r"no column\(s\) \['weight'\]"):
+        missing.load()
+    table["mw"] = table["mw"].astype(object)
+    table.loc[7, "mw"] = "heavy"
+    table.to_csv(path, index=False)
+    source = SmilesCsvSource(str(path), ["tpsa"], root=root, feature_columns=["mw"])
+    with pytest.raises(DataError, match=r"feature column 'mw' .* 'heavy' at row 7"):
+        source.load()
+    features = MoleculeFeatures(columns=["mw"])
+    with pytest.raises(DataError, match="gives only SMILES"):
+        features.compute(["CCO"], None)
+
+
+@pytest.fixture(scope="module")
+def featured_run(tmp_path_factory):
+    """A tiny model trained 1 epoch with RDKit descriptors and a column of the file."""
+    work = tmp_path_factory.mktemp("features")
+    path, _ = _csv(work, 60)
+    cfg = compose_train(
+        [
+            *TINY,
+            "dataset=smiles_csv",
+            f"dataset.path={path}",
+            "dataset.targets=[tpsa]",
+            "dataset.molecule_features=rdkit2d",
+            "dataset.feature_columns=[mw]",
+            f"dataset.root={work / 'cache'}",
+            "trainer.max_epochs=1",
+            f"output_dir={work / 'run'}",
+        ]
+    )
+    return train_config(cfg), work, path
+
+
+def test_a_featured_model_keeps_its_statistics_and_predicts_as_it_evaluates(featured_run):
+    metrics, work, path = featured_run
+    record = checkpoint.load(metrics["best_checkpoint"])
+    names = record.data["molecule_features"]["names"]
+    assert names == [*(f"rdkit2d:{n}" for n in rdkit2d_names()), "mw"]
+    assert "median" in record.data["molecule_features"]["rule"]
+    assert record.model["molecule_features_dim"] == len(names)
+    keep = record.state_dict["model.molecule_input.keep"]
+    assert 0 < int(keep.sum()) < len(names)  # NCI's constant descriptors dropped, others kept
+    # The training median of mw fills row 3's empty cell: the statistics are the training split's.
+    fill = record.state_dict["model.molecule_input.fill"][-1]
+    assert 100 < float(fill) < 500
+    # Prediction recomputes the features from SMILES and the file's column: the test split's
+    # predictions are the ones evaluation scores.
+    module = GraphormerModule.from_checkpoint(record)
+    settings = module.hparams["data"]
+    datamodule = build_datamodule(settings["dataset"], settings["datamodule"])
+    datamodule.setup("test")
+    expected, rows = [], []
+    for batch in datamodule.test_dataloader():
+        with torch.inference_mode():
+            expected.append(module(batch)[:, 0])
+    rows = datamodule.loaded.dataset.row.view(-1)[datamodule.loaded.split["test"]].tolist()
+    expected = torch.cat(expected).numpy()
+    table = pd.read_csv(path)
+    predictor = Predictor.from_checkpoint(metrics["best_checkpoint"], device="cpu")
+    got = predictor.predict(table.smiles.iloc[rows].tolist(), features=table.iloc[rows])
+    order = datamodule.loaded.split["test"]
+    assert len(expected) == len(order)
+    np.testing.assert_allclose(np.sort(got["tpsa"].to_numpy()), np.sort(expected), rtol=1e-5)
+    result, _ = evaluate_run(metrics, work)
+    assert math.isclose(result["test"]["rmse"], metrics["test"]["rmse"], rel_tol=1e-5)
+
+
+def test_a_model_without_molecule_features_has_exactly_its_old_tensors():
+    from pathlib import Path
+
+    old = checkpoint.load(Path(__file__).parent / "fixtures" / FIXTURES_CKPT)
+    module = GraphormerModule.from_checkpoint(old)
+    assert set(module.state_dict()) == set(old.state_dict)
+    assert module.model.molecule_input is None
+    plain = Graphormer(GraphormerConfig(num_layers=1, hidden_dim=8, ffn_dim=8, num_heads=2))
+    assert not any("molecule" in name for name in plain.state_dict())
+
+
+def test_descriptor_pretraining_runs_and_fine_tunes_with_pretrained(tmp_path):
+    table = nci_table().iloc[:60]
+    table[["smiles"]].to_csv(tmp_path / "smiles.csv", index=False)
+    table.to_csv(tmp_path / "labelled.csv", index=False)
+    common = [*TINY, "trainer.max_epochs=1", f"dataset.root={tmp_path / 'cache'}"]
+    pre = train_config(
+        compose_train(
+            [
+                *common,
+                "experiment=descriptor_pretrain",
+                f"dataset.path={tmp_path / 'smiles.csv'}",
+                f"output_dir={tmp_path / 'pre'}",
+            ]
+        )
+    )
+    record = checkpoint.load(pre["best_checkpoint"])
+    assert record.task["num_tasks"] == len(rdkit2d_names())
+    assert math.isfinite(pre["test"]["rmse"])
+    tuned = train_config(
+        compose_train(
+            [
+                *common,
+                "dataset=smiles_csv",
+                f"dataset.path={tmp_path / 'labelled.csv'}",
+                "dataset.targets=[tpsa]",
+                "dataset.molecule_features=rdkit2d",
+                f"pretrained={pre['best_checkpoint']}",
+                f"output_dir={tmp_path / 'tuned'}",
+            ]
+        )
+    )
+    encoder = {k for k in record.state_dict if k.startswith("model.layers.")}
+    mine = checkpoint.load(tuned["best_checkpoint"]).state_dict
+    assert encoder and encoder <= set(mine) and math.isfinite(tuned["test"]["rmse"])
+    assert "model.molecule_input.keep" in mine
+
+
+def test_ogb_molecules_get_descriptors_from_their_mapping_smiles(tmp_path):
+    from graphormer.data.sources.ogb import OGBSource
+    from graphormer.testing import nci_ogb_dataset
+
+    nci_ogb_dataset(tmp_path, "ogbg-molesol", limit=40)
+    source = OGBSource("ogbg-molesol", str(tmp_path), molecule_features="rdkit2d")
+    first = source.load().dataset
+    again = source.load().dataset  # from the cached tensor file
+    assert first[5].molecule_features.shape == (1, len(rdkit2d_names()))
+    smiles = pd.read_csv(tmp_path / "ogbg_molesol" / "mapping" / "mol.csv.gz")["smiles"]
+    expected = rdkit2d_values([smiles[5]])
+    torch.testing.assert_close(again[5].molecule_features, torch.from_numpy(expected))
