@@ -382,6 +382,37 @@ def test_atom_and_bond_long_rows_are_stacked_with_a_level_column():
     assert long[long.row == 1].error.iloc[0]
 
 
+def test_molecules_without_bonds_keep_their_rows_in_long_tables():
+    from graphormer.inference import Predictor
+
+    model = {"num_layers": 1, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
+    bonds = TaskInfo("t", "regression", 0, "rmse", None, 0, None, 1, "binary")
+    predictor = Predictor(
+        GraphormerModule(model=model, task=bonds.to_dict()),
+        [],
+        device="cpu",
+        bond_task_names=["rot"],
+    )
+    long = predictor.predict(["CCO", "[Na+]", "O"], layout="long")
+    # Ethanol's two bonds, then one row each for the ion and water: no bond, no error.
+    assert long.row.tolist() == [0, 0, 1, 2]
+    assert long.bond_index.isna().tolist() == [False, False, True, True]
+    assert long.error.fillna("").eq("").all() and long.rot.isna().tolist()[2:] == [True, True]
+
+    both = TaskInfo("t", "regression", 0, "rmse", None, 1, "regression", 1, "binary")
+    predictor = Predictor(
+        GraphormerModule(model=model, task=both.to_dict()),
+        [],
+        device="cpu",
+        atom_task_names=["charge"],
+        bond_task_names=["rot"],
+    )
+    long = predictor.predict(["CCO", "[Na+]"], layout="long")
+    # The ion keeps its atom row and gets no empty bond row beside it.
+    assert long.level.tolist() == ["atom"] * 3 + ["bond"] * 2 + ["atom"]
+    assert long.row.tolist() == [0] * 5 + [1]
+
+
 def test_predict_script_writes_bond_columns(bond_run, tmp_path):
     from helpers import run_script
 

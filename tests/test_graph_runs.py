@@ -151,6 +151,28 @@ def test_cross_validation_folds_of_a_multiclass_tu_dataset_are_stratified(graph_
     assert sorted(sum(tests, [])) == list(range(60))  # the test folds partition the graphs
 
 
+def test_cross_validation_of_a_binary_tu_dataset_summarises_its_accuracy(graph_data, tmp_path):
+    from graphormer.cli.train import settings_from
+    from graphormer.training.crossval import cross_validate
+
+    cfg = compose_train(
+        [*TINY, "dataset=tu", "dataset.name=NCI_TU2", f"dataset.root={graph_data}", "cv.folds=3"]
+        + [f"output_dir={tmp_path}"]
+    )
+    scores = iter([(0.8, 0.7), (0.9, 0.8), (0.7, 0.9)])
+
+    def fit(run):  # each fold's metrics, as a run reports them
+        auc, acc = next(scores)
+        return {s: {"rocauc": auc, "acc": acc} for s in ("valid", "test")}
+
+    summary = cross_validate(settings_from(cfg), fit)
+    assert summary["test"]["mean"] == pytest.approx(0.8)
+    acc = summary["reported"]["acc"]["test"]
+    assert acc["mean"] == pytest.approx(0.8) and acc["std"] == pytest.approx(0.1) and acc["n"] == 3
+    stored = json.loads((tmp_path / "cv_metrics.json").read_text())
+    assert stored["reported"]["acc"]["valid"]["mean"] == pytest.approx(0.8)
+
+
 def test_a_tu_dataset_of_structure_alone_trains_and_predicts(tmp_path):
     from torch_geometric.data import Data
 
@@ -180,6 +202,16 @@ def test_a_tu_dataset_of_structure_alone_trains_and_predicts(tmp_path):
     result = predictor.predict_graphs(bare[:5])
     assert not any(result.errors) and result.values.shape == (5, 1)
     assert ((result.values > 0) & (result.values < 1)).all()
+
+    # A checkpoint saved before binary TU tasks reported accuracy still evaluates.
+    from graphormer.training.evaluation import evaluate
+
+    stored = torch.load(metrics["best_checkpoint"], weights_only=True)
+    del stored["hyper_parameters"]["task"]["reported"]
+    old = tmp_path / "old.ckpt"
+    torch.save(checkpoint.seal(stored), old)  # as saved then: a valid digest
+    found = evaluate(old, output=tmp_path / "old.json")
+    assert found["test"]["rocauc"] == pytest.approx(metrics["test"]["rocauc"], rel=1e-6)
 
 
 def test_feature_statistics_in_chunks_equal_those_of_all_rows_at_once(graph_data):

@@ -133,6 +133,11 @@ def test_level_labels_of_the_wrong_shape_are_one_clear_error(tmp_path):
         _source(tmp_path / "binary.pt", y_level="edge")
     with pytest.raises(ConfigError, match="dataset.node_task_type"):
         _source(tmp_path / "binary.pt", node_task_type="multiclass")
+    # A graph-level task type with node-level labels alone would otherwise train regression.
+    torch.save(level_graphs(6), tmp_path / "nodes.pt")
+    for task_type in ("binary", "multiclass"):
+        with pytest.raises(ConfigError, match="set dataset.node_task_type / dataset.edge_task"):
+            _source(tmp_path / "nodes.pt", y_level="node", task_type=task_type).task_info()
 
 
 def test_graph_targets_and_edge_targets_together(tmp_path):

@@ -176,6 +176,12 @@ class TaskInfo:
         molecule = (self.metric, *self.reported) if self.num_tasks else ()
         return molecule + self.atom_metrics + self.bond_metrics
 
+    def same_task(self, other: TaskInfo) -> bool:
+        """Whether ``other`` is the same task, metrics reported beside the main one aside: a
+        checkpoint saved before a task reported accuracy (issue #17) still evaluates, and
+        ensembles with members saved after it."""
+        return replace(self, reported=()) == replace(other, reported=())
+
     @property
     def higher_is_better(self) -> bool:
         return self.metric_higher_is_better(self.monitor.removeprefix("val/"))

@@ -358,9 +358,12 @@ class Predictor:
         bonds.insert(1, "level", "bond")
         table = pd.concat([atoms, bonds], ignore_index=True)
         table = table.sort_values(["row", "level"], kind="stable", ignore_index=True)
-        # A molecule without a prediction has one error row per level: keep one.
+        # A molecule without a prediction has one error row per level: keep one. A molecule
+        # without bonds keeps its atom rows, not the bond level's empty placeholder.
         failed = table["error"].astype(str).ne("") & table.duplicated(["row"], keep="first")
-        table = table[~failed].reset_index(drop=True)
+        placeholder = table["level"].eq("bond") & table["bond_index"].isna()
+        placeholder &= table["error"].astype(str).eq("")
+        table = table[~(failed | placeholder)].reset_index(drop=True)
         columns = ["row", "level", "atom_index", "element", "bond_index", "begin_atom"]
         columns += ["end_atom", "bond_type", *self.atom_task_names, *self.bond_task_names]
         return table[[*columns, "error"]]
@@ -370,7 +373,8 @@ class Predictor:
         rows, indices, begins, ends, types, values, errors = [], [], [], [], [], [], []
         width = len(self.bond_task_names)
         for position, (text, bonds) in enumerate(zip(smiles, result.bonds, strict=True)):
-            if bonds is None:
+            # A molecule without a prediction, or without bonds (an ion, one atom), keeps a row.
+            if bonds is None or not len(bonds):
                 rows.append(position)
                 indices.append(pd.NA)
                 begins.append(pd.NA)

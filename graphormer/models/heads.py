@@ -97,4 +97,8 @@ class BondHead(nn.Module):
         z = self.pair(torch.cat([h_i + h_j, h_i * h_j], dim=-1))  # [B, M, d]
         if self.edge is not None and bond_attr is not None:
             z = z + self.edge(bond_attr).to(z.dtype)
+        elif self.edge is not None:
+            # A batch of bond-less molecules: the table still takes part in the graph (a zero
+            # gradient), so that DDP without find_unused_parameters does not stall.
+            z = z + sum(p.sum() for p in self.edge.parameters()).to(z.dtype) * 0
         return self.out(self.norm(F.gelu(z)))

@@ -191,16 +191,25 @@ def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[
                 "test": found["test"],
             }
         )
-    metric = _metric(settings)
+    task = build_source(settings.dataset).task_info()
+    metric = task.metric
     summary: dict[str, Any] = {"kind": kind, "metric": metric, "folds": rows}
     for split in ("valid", "test"):
-        values = [r[split][metric] for r in rows if r.get(split)]
-        if values:
-            summary[split] = {
-                "mean": float(np.mean(values)),
-                "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-                "n": len(values),
-            }
+        found = _mean_std([r[split].get(metric) for r in rows if r.get(split)])
+        if found:
+            summary[split] = found
+    # Metrics reported beside the main one (accuracy of a binary TU task, issue #17).
+    reported = {}
+    for name in task.reported:
+        splits = {}
+        for split in ("valid", "test"):
+            found = _mean_std([r[split].get(name) for r in rows if r.get(split)])
+            if found:
+                splits[split] = found
+        if splits:
+            reported[name] = splits
+    if reported:
+        summary["reported"] = reported
     path = output_dir / CV_FILE
     with atomic_path(path) as partial:
         partial.write_text(json.dumps(summary, indent=2) + "\n")
@@ -209,8 +218,16 @@ def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[
     return summary
 
 
-def _metric(settings: Any) -> str:
-    return build_source(settings.dataset).task_info().metric
+def _mean_std(values: list[float | None]) -> dict[str, float] | None:
+    """Mean, sample std and count of the folds' values (folds without one left out)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {
+        "mean": float(np.mean(values)),
+        "std": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
 
 
 def format_cv_table(summary: dict[str, Any]) -> str:
@@ -226,4 +243,10 @@ def format_cv_table(summary: dict[str, Any]) -> str:
         found = summary.get(split)
         cells.append(f"{found['mean']:.4f} ± {found['std']:.4f}" if found else "-")
     lines.append(f"{'mean ± std':<10}{cells[0]:>18}{cells[1]:>18}")
+    for name, splits in summary.get("reported", {}).items():
+        cells = [
+            f"{splits[split]['mean']:.4f} ± {splits[split]['std']:.4f}" if split in splits else "-"
+            for split in ("valid", "test")
+        ]
+        lines.append(f"{name:<10}{cells[0]:>18}{cells[1]:>18}")
     return "\n".join(lines)

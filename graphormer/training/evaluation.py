@@ -15,7 +15,7 @@ import torch
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
-from graphormer.data.tasks import score
+from graphormer.data.tasks import score, score_reported
 from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
 from graphormer.outputs import atomic_path
@@ -164,7 +164,7 @@ def _datamodule_of(
         raise CheckpointError(
             f"the dataset of checkpoint {checkpoint} no longer fits its model: {mismatch}"
         )
-    if datamodule.task != module.task:
+    if not datamodule.task.same_task(module.task):
         raise CheckpointError(
             f"checkpoint {checkpoint} was trained for {module.task} but its dataset settings now "
             f"describe {datamodule.task}"
@@ -294,7 +294,9 @@ def score_members(
         mean = outputs.mean(0)
         std = outputs.std(0) if ensemble else None
         value = score(task, task.evaluator(), torch.from_numpy(y), torch.from_numpy(mean), split)
-        found[split] = {task.metric: value, "num_graphs": len(y)}
+        # Reported metrics (accuracy) read logits: a probability's 0.5 is a logit's 0.
+        beside = score_reported(task, torch.from_numpy(y), torch.from_numpy(mean) - 0.5)
+        found[split] = {task.metric: value, **beside, "num_graphs": len(y)}
         found["uncertainty"][split] = uncertainty_report(
             task, names, y, mean, std, calibration, "ensemble" if ensemble else None
         )

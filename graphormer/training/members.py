@@ -139,7 +139,7 @@ def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
     same task, same model inputs, same structural settings."""
     first = modules[0]
     for record, module in zip(records[1:], modules[1:], strict=True):
-        if module.task != first.task:
+        if not module.task.same_task(first.task):
             raise CheckpointError(
                 f"checkpoint {record.path} predicts {module.task}, but {records[0].path} "
                 f"predicts {first.task}: an ensemble's members share one task"

@@ -458,10 +458,12 @@ class PygFileSource(Source):
         if self._task is None:
             y = self.graphs().data.y
             where = f"dataset.path={self.path}"
-            if not y.size(1) and self.task_type == "multiclass":
+            if not y.size(1) and self.task_type != "regression":
                 raise ConfigError(
-                    "dataset.task_type=multiclass is of graph-level labels, and these graphs "
-                    "hold node- or edge-level labels alone: leave dataset.task_type=regression"
+                    f"dataset.task_type={self.task_type} is of graph-level labels, and these "
+                    "graphs hold node- or edge-level labels alone: leave "
+                    "dataset.task_type=regression and set dataset.node_task_type / "
+                    "dataset.edge_task_type"
                 )
             classes = None
             if self.task_type == "multiclass":
