@@ -336,12 +336,12 @@ def test_predictor_writes_atom_lists_and_long_tables(charge_run):
 
 
 def test_predict_script_writes_atom_columns(charge_run, tmp_path):
-    from helpers import run_script
+    from helpers import call_script
 
     work, csv, results = charge_run
     out = tmp_path / "wide.csv"
     args = [f"ckpt={results['best_checkpoint']}", f"input={csv}", "device=cpu"]
-    run_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
+    call_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
     table = pd.read_csv(out)
     # The input holds the true charges under `charge`: the predictions are `charge_pred`.
     assert list(table.columns) == ["smiles", "charge", "charge_pred", "error"]
@@ -349,7 +349,7 @@ def test_predict_script_writes_atom_columns(charge_run, tmp_path):
     predicted = np.concatenate([json.loads(c) for c in table.charge_pred])
     assert len(truth) == len(predicted) and np.abs(truth - predicted).mean() < 0.06
     long = tmp_path / "long.csv"
-    run_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
+    call_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
     rows = pd.read_csv(long)
     assert len(rows) == len(truth) and rows.charge.to_numpy() == pytest.approx(predicted, abs=1e-5)
 

@@ -414,12 +414,12 @@ def test_molecules_without_bonds_keep_their_rows_in_long_tables():
 
 
 def test_predict_script_writes_bond_columns(bond_run, tmp_path):
-    from helpers import run_script
+    from helpers import call_script
 
     _, csv, results = bond_run
     out = tmp_path / "wide.csv"
     args = [f"ckpt={results['best_checkpoint']}", f"input={csv}", "device=cpu"]
-    run_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
+    call_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
     table = pd.read_csv(out)
     # The input holds the true labels under `rotatable`: the predictions are `rotatable_pred`.
     assert list(table.columns) == ["smiles", "rotatable", "rotatable_pred", "error"]
@@ -427,7 +427,7 @@ def test_predict_script_writes_bond_columns(bond_run, tmp_path):
     predicted = np.concatenate([json.loads(c) for c in table.rotatable_pred])
     assert len(truth) == len(predicted) and roc_auc_score(truth, predicted) > 0.9
     long = tmp_path / "long.csv"
-    run_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
+    call_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
     rows = pd.read_csv(long)
     assert len(rows) == len(truth)
     assert rows.rotatable.to_numpy() == pytest.approx(predicted, abs=1e-5)
