@@ -141,8 +141,8 @@ def _rows_to_graphs(
     unlisted = sorted(set(graph_of) - listed)
     if unlisted:
         warnings.warn(
-            f"{what}: {len(unlisted)} {items} are in no split (rows {_shown(unlisted)}) and "
-            "are not used",
+            f"{what}: {len(unlisted)} {items} are in no split "
+            f"({'rows' if items == 'molecules' else items} {_shown(unlisted)}) and are not used",
             stacklevel=3,
         )
     return split
