@@ -26,22 +26,22 @@ def read_task_names(module: Any) -> list[str]:
 def read_atom_task_names(module: Any) -> list[str]:
     """The names of a checkpoint's atom targets (issue #18), its source's atom target columns;
     ``atom_i`` when it cannot tell."""
-    count = module.task.atom_tasks
-    source = stored_source(module)
-    names = source.atom_task_names() if source is not None else []
-    if len(names) != count or len(set(names)) != count:
-        names = [f"atom_{i}" for i in range(count)]
-    return names
+    return _level_names(module, "atom")
 
 
 def read_bond_task_names(module: Any) -> list[str]:
     """The names of a checkpoint's bond targets (issue #18), its source's bond target columns;
     ``bond_i`` when it cannot tell."""
-    count = module.task.bond_tasks
+    return _level_names(module, "bond")
+
+
+def _level_names(module: Any, level: str) -> list[str]:
+    """``level``'s (``atom`` or ``bond``) target names from the stored source, or numbered."""
+    count = getattr(module.task, f"{level}_tasks")
     source = stored_source(module)
-    names = source.bond_task_names() if source is not None else []
+    names = getattr(source, f"{level}_task_names")() if source is not None else []
     if len(names) != count or len(set(names)) != count:
-        names = [f"bond_{i}" for i in range(count)]
+        names = [f"{level}_{i}" for i in range(count)]
     return names
 
 
