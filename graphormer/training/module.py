@@ -449,22 +449,19 @@ class GraphormerModule(pl.LightningModule):
         losses = {}
         if self.task.num_tasks:
             losses["molecule"] = self._loss(raw["molecule"].float(), batch.y)
-        if self.task.atom_tasks:
-            if batch.y_atom is None:
+        for level in ("atom", "bond"):
+            if not getattr(self.task, f"{level}_tasks"):
+                continue
+            labels = getattr(batch, f"y_{level}")
+            if labels is None:
                 raise ValueError(
-                    "the model predicts atom targets but the batch carries none (y_atom)"
+                    f"the model predicts {level} targets but the batch carries none (y_{level})"
                 )
-            target = (batch.y_atom - self.atom_mean) / self.atom_std  # NaN at padding stays
-            pred = raw["atom"].float().flatten(0, 1)  # [B*N, T_atom]
-            losses["atom"] = masked_loss(pred, target.flatten(0, 1), self.atom_loss_name)
-        if self.task.bond_tasks:
-            if batch.y_bond is None:
-                raise ValueError(
-                    "the model predicts bond targets but the batch carries none (y_bond)"
-                )
-            target = (batch.y_bond - self.bond_mean) / self.bond_std  # NaN at padding stays
-            pred = raw["bond"].float().flatten(0, 1)  # [B*M, T_bond]
-            losses["bond"] = masked_loss(pred, target.flatten(0, 1), self.bond_loss_name)
+            mean, std = getattr(self, f"{level}_mean"), getattr(self, f"{level}_std")
+            target = (labels - mean) / std  # NaN at padding stays
+            pred = raw[level].float().flatten(0, 1)  # [B*N, T_atom] / [B*M, T_bond]
+            loss_name = getattr(self, f"{level}_loss_name")
+            losses[level] = masked_loss(pred, target.flatten(0, 1), loss_name)
         return losses
 
     def _total_loss(self, raw: dict, batch: GraphormerBatch) -> Tensor:
