@@ -155,6 +155,9 @@ def test_to_microsoft_refuses_what_microsoft_cannot_express():
         ({"final_layernorm": True}, "final_layernorm"),
         ({"head_bias": "per_task"}, "per_task"),
         ({"max_distance": 509, "unreachable_as_far": False}, "max_distance"),
+        ({"readout": "token_sum"}, "readout=token_sum"),
+        ({"molecule_features_dim": 3}, "molecule features"),
+        ({"atom_tasks": 2}, "atom or bond targets"),
     ]:
         config = microsoft_config(**overrides)
         with pytest.raises(ConversionError, match=phrase):

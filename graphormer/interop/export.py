@@ -36,13 +36,20 @@ def to_microsoft(
 
     Raises:
         ConversionError: for settings Microsoft's model cannot express (a final LayerNorm, one
-            output bias per task, distances kept apart beyond 509).
+            output bias per task, distances kept apart beyond 509, a readout other than the
+            graph token, molecule features, atom or bond heads).
     """
     rules = CONVENTIONS[MICROSOFT]
     c = config
     problems = []
     if c.final_layernorm:
         problems.append("final_layernorm=true (Microsoft's encoder never applies one)")
+    if c.readout != "token":
+        problems.append(f"readout={c.readout} (Microsoft's head reads the graph token alone)")
+    if c.molecule_features_dim:
+        problems.append("molecule features (Microsoft's model reads the graph alone)")
+    if c.atom_tasks or c.bond_tasks:
+        problems.append("atom or bond targets (Microsoft's model predicts molecules alone)")
     state = {k: v.detach().cpu() for k, v in state_dict.items()}
     head_bias = state.get("head_bias")
     if head_bias is None:

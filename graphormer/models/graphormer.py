@@ -19,7 +19,16 @@ from graphormer.models.heads import BondHead, NodeHead
 from graphormer.models.layers import GraphormerLayer
 from graphormer.models.molecule_features import MoleculeFeatureInput
 
-__all__ = ["Graphormer", "GraphormerConfig", "ogb_atom_feature_dims", "ogb_bond_feature_dims"]
+__all__ = [
+    "READOUTS",
+    "Graphormer",
+    "GraphormerConfig",
+    "ogb_atom_feature_dims",
+    "ogb_bond_feature_dims",
+]
+
+# What the molecule head can read (GraphormerConfig.readout).
+READOUTS = ("token", "token_mean", "token_sum")
 
 
 def ogb_atom_feature_dims() -> list[int]:
@@ -84,6 +93,12 @@ class GraphormerConfig:
         molecule_features_at: where they enter: ``"head"`` (beside the graph token's final
             state: the head's first layer reads both, which is a learned linear map of their
             concatenation) or ``"token"`` (a projection added to the graph token's input).
+        readout: what the molecule head reads (issue #22): ``"token"`` (the graph token's final
+            state alone, as the paper), ``"token_mean"`` (the graph token's state and the mean
+            of the atoms' final states: the head's first layer reads both) or ``"token_sum"``
+            (the graph token's head plus a sum over atoms of a learned linear contribution of
+            each atom's final state: an additive term that grows with the molecule, as
+            group-contribution models of extensive properties do).
     """
 
     num_layers: int = 12
@@ -114,6 +129,7 @@ class GraphormerConfig:
     bond_tasks: int = 0
     molecule_features_dim: int = 0
     molecule_features_at: str = "head"
+    readout: str = "token"
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -163,6 +179,10 @@ class GraphormerConfig:
                 f"model.molecule_features_at must be 'head' or 'token', got "
                 f"{self.molecule_features_at!r}"
             )
+        if self.readout not in READOUTS:
+            raise ValueError(
+                f"model.readout must be one of {', '.join(READOUTS)}, got {self.readout!r}"
+            )
         if self.head_bias not in ("per_task", "shared"):
             raise ValueError(
                 f"model.head_bias must be 'per_task' or 'shared', got {self.head_bias!r}"
@@ -202,6 +222,8 @@ class GraphormerConfig:
         if self.bond_tasks:
             bond_head = 2 * h * h + 3 * h + (h + 1) * self.bond_tasks + edge_rows * h
         molecule = (self.molecule_features_dim + 1) * h if self.molecule_features_dim else 0
+        readout = {"token": 0, "token_mean": h * h, "token_sum": h * self.num_tasks}
+        molecule += readout[self.readout] if self.num_tasks else 0
         heads = (h + 1) * self.num_tasks + atom_head + bond_head + molecule
         return layers * per_layer + tables + 4 * h + h * h + heads
 
@@ -369,6 +391,13 @@ class Graphormer(nn.Module):
             if c.molecule_features_dim
             else None
         )
+        # The readout's own map (issue #22); none for the paper's graph-token readout, so every
+        # existing model keeps exactly its tensors. Neither map has a bias: the head's has one.
+        self.readout = None
+        if c.num_tasks and c.readout == "token_mean":
+            self.readout = nn.Linear(c.hidden_dim, c.hidden_dim, bias=False)
+        elif c.num_tasks and c.readout == "token_sum":
+            self.readout = nn.Linear(c.hidden_dim, c.num_tasks, bias=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -487,7 +516,17 @@ class Graphormer(nn.Module):
         if self.molecule_input is not None and self.config.molecule_features_at == "head":
             # W [state; features] + b, written as a sum of two linear maps.
             hidden = hidden + self._molecule_vector(batch).to(hidden.dtype)
+        readout = self.config.readout
+        if readout != "token":
+            # Padding rows of h are zeros (encode's contract), so a plain sum is the atoms' sum.
+            atoms = h[:, 1:].sum(1)  # [B, d]
+        if readout == "token_mean":
+            count = batch.node_mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # [B, 1]
+            # W [token; mean] + b, again as a sum of two linear maps.
+            hidden = hidden + self.readout(atoms / count)
         out = self.head(self.head_norm(F.gelu(hidden)))  # [B, T]
+        if readout == "token_sum":
+            out = out + self.readout(atoms)  # sum_i w . h_i: one contribution per atom
         if self.head_bias is not None:
             out = out + self.head_bias
         return out

@@ -53,8 +53,15 @@ def architecture(model: Mapping[str, Any]) -> dict[str, Any]:
 def _is_output_layer(name: str) -> bool:
     # The molecule output layer, the heads of atom and bond targets (issue #18) and the
     # molecule-feature input (issue #22: its features and training statistics are the new
-    # dataset's): the new task's own.
-    prefixes = ("model.head.", "model.atom_head.", "model.bond_head.", "model.molecule_input.")
+    # dataset's) and the readout's map (issue #22: token_sum's is per task; token_mean's is new
+    # whenever the checkpoint read the graph token alone): the new task's own.
+    prefixes = (
+        "model.head.",
+        "model.atom_head.",
+        "model.bond_head.",
+        "model.molecule_input.",
+        "model.readout.",
+    )
     return name.startswith(prefixes) or name == "model.head_bias"
 
 
