@@ -127,7 +127,12 @@ def test_the_readout_trains_evaluates_predicts_and_fine_tunes_either_way(tmp_pat
     # Into the graph-token readout: the checkpoint's readout map has no place and is not an error.
     token = train_config(
         compose_train(
-            [*common, f"pretrained={summed['best_checkpoint']}", f"output_dir={tmp_path / 'tok'}"]
+            [
+                *common,
+                "model.readout=token",
+                f"pretrained={summed['best_checkpoint']}",
+                f"output_dir={tmp_path / 'tok'}",
+            ]
         )
     )
     assert checkpoint.load(token["best_checkpoint"]).model["readout"] == "token"
@@ -138,3 +143,41 @@ def test_the_readout_trains_evaluates_predicts_and_fine_tunes_either_way(tmp_pat
     report = load_pretrained(fresh, token["best_checkpoint"])
     assert report.fits and "model.readout.weight" in report.output_layer
     assert "model.layers.0.attn.q_proj.weight" in report.copied
+
+
+def test_explain_draws_each_atoms_contribution_and_they_sum_to_the_prediction(tmp_path):
+    """A token_sum model's per-atom terms, in the target's units: the prediction less their sum
+    is what the same weights give without the readout's term (the graph token's part)."""
+    from graphormer.inference.explain import write_explanation
+
+    table = nci_table().iloc[:60]
+    csv = tmp_path / "tpsa.csv"
+    table.to_csv(csv, index=False)
+    run = train_config(
+        compose_train(
+            [
+                *TINY,
+                "dataset=smiles_csv",
+                f"dataset.path={csv}",
+                "dataset.targets=[tpsa]",
+                f"dataset.root={tmp_path / 'cache'}",
+                "trainer.max_epochs=1",
+                f"output_dir={tmp_path / 'run'}",
+            ]
+        )
+    )
+    predictor = Predictor.from_checkpoint(run["best_checkpoint"], device="cpu")
+    assert predictor.module.model.config.readout == "token_sum"  # the tiny preset's default
+    smiles = "CC(=O)Nc1ccc(OCC)cc1"
+    maps = predictor.attention(smiles)
+    terms = np.asarray(maps.atom_contributions["tpsa"])
+    assert terms.shape == (13,) and np.ptp(terms) > 0
+    module = predictor.module
+    with torch.no_grad():
+        module.model.readout.weight.zero_()
+        token_part = module(_batch([smiles]))[0, 0].item()
+    assert math.isclose(maps.predictions["tpsa"], token_part + terms.sum(), rel_tol=1e-4)
+    written = {p.name for p in write_explanation(maps, tmp_path / "explain")}
+    assert "contributions_tpsa.png" in written
+    summary = (tmp_path / "explain" / "summary.json").read_text()
+    assert '"atom_contributions"' in summary

@@ -63,6 +63,10 @@ class AttentionMaps:
             target name (issue #18); empty otherwise.
         bond_predictions: a model of bond targets' values per bond (RDKit's bond order), by
             bond target name; empty otherwise.
+        atom_contributions: a ``token_sum`` model's additive term of each atom (RDKit's order)
+            in the target's units (logits for a binary task), by task name (issue #22): the
+            prediction is the graph token's part plus their sum; empty for other readouts and
+            multi-class tasks.
     """
 
     smiles: str
@@ -71,6 +75,7 @@ class AttentionMaps:
     predictions: dict[str, float] = field(default_factory=dict)
     atom_predictions: dict[str, list[float]] = field(default_factory=dict)
     bond_predictions: dict[str, list[float]] = field(default_factory=dict)
+    atom_contributions: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def num_layers(self) -> int:

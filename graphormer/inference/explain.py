@@ -35,7 +35,10 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
     - for a model of atom targets, ``atoms_<target>.png``: the molecule with each atom coloured
       by its predicted value (blue-white-red centred on zero for signed values), with a legend;
     - for a model of bond targets, ``bonds_<target>.png``: the molecule with each bond drawn in
-      the colour of its predicted value (the same scales), with a legend.
+      the colour of its predicted value (the same scales), with a legend;
+    - for a ``model.readout=token_sum`` model (regression or binary), ``contributions_<task>.png``:
+      the molecule with each atom coloured by its additive term of the prediction (target units;
+      logits for binary tasks), blue-white-red centred on zero, with a legend.
     """
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -91,12 +94,17 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
         save(f"atoms_{name}.png", draw_atom_values(maps.smiles, np.asarray(values), name, size))
     for name, values in maps.bond_predictions.items():
         save(f"bonds_{name}.png", draw_bond_values(maps.smiles, np.asarray(values), name, size))
+    for name, values in maps.atom_contributions.items():
+        label = f"{name}, each atom's contribution"
+        picture = draw_atom_values(maps.smiles, np.asarray(values), label, size)
+        save(f"contributions_{name}.png", picture)
     summary = {
         "smiles": maps.smiles,
         "labels": maps.labels,
         "predictions": maps.predictions,
         **({"atom_predictions": maps.atom_predictions} if maps.atom_predictions else {}),
         **({"bond_predictions": maps.bond_predictions} if maps.bond_predictions else {}),
+        **({"atom_contributions": maps.atom_contributions} if maps.atom_contributions else {}),
         "layers": layers,
         "heads": maps.num_heads,
     }

@@ -461,17 +461,24 @@ class Predictor:
                 graph.bond_edge = molecule_bond_edges(graph)
         self._attach_molecule_features(featurized, smiles, None)
         batch = self.collator(featurized.graphs)
-        atoms = bonds = None
+        atoms = bonds = contributions = None
+        model = self.module.model
         with self._inference():
+            on_device = batch.to(self.device)
             if self.task.atom_tasks or self.task.bond_tasks:
-                levels, attention = self.module.forward_levels(
-                    batch.to(self.device), return_attention=True
-                )
+                levels, attention = self.module.forward_levels(on_device, return_attention=True)
                 out = levels["molecule"]
                 per_level = self._level_arrays(levels, batch)
                 atoms, bonds = per_level.get("atom"), per_level.get("bond")
             else:
-                out, attention = self.module(batch.to(self.device), return_attention=True)
+                out, attention = self.module(on_device, return_attention=True)
+            if model.config.readout == "token_sum" and model.head is not None:
+                if not self.task.is_multiclass:
+                    # Each atom's additive term in the targets' units (logits for binary
+                    # tasks): the target standardisation scales it; its mean is the token's.
+                    h, _ = model.encode(on_device)
+                    per_atom = model.atom_contributions(h, on_device).float()
+                    contributions = (per_atom * self.module.target_std.float()).cpu().numpy()
         values = self._outputs(out)
         stacked = torch.stack([a.float() for a in attention], dim=1).cpu()  # [B, L, H, N+1, N+1]
         node_mask = batch.node_mask
@@ -499,6 +506,12 @@ class Predictor:
                         name: bonds[b][:, t].tolist() for t, name in enumerate(self.bond_task_names)
                     }
                     if bonds is not None
+                    else {},
+                    atom_contributions={
+                        name: contributions[b][node_mask[b].numpy()][:, t].tolist()
+                        for t, name in enumerate(self.task_names)
+                    }
+                    if contributions is not None
                     else {},
                 )
             )

@@ -531,6 +531,18 @@ class Graphormer(nn.Module):
             out = out + self.head_bias
         return out
 
+    def atom_contributions(self, h: Tensor, batch: GraphormerBatch) -> Tensor:
+        """``[B, N, num_tasks]``: each atom's additive term of a ``token_sum`` readout, read from
+        :meth:`encode`'s ``h`` (zeros at padding); the molecule's output is the graph token's
+        head plus their sum over atoms."""
+        if self.config.readout != "token_sum" or self.readout is None:
+            raise ValueError(
+                f"atom contributions exist for model.readout=token_sum only (this model has "
+                f"{self.config.readout!r}{' and no molecule head' if self.head is None else ''})"
+            )
+        per_atom = self.readout(h[:, 1:])  # [B, N, T]
+        return per_atom * batch.node_mask.unsqueeze(-1).to(per_atom.dtype)
+
     def forward_levels(
         self,
         batch: GraphormerBatch,

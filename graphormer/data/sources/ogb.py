@@ -39,6 +39,7 @@ from graphormer.data.sources.folders import (
 from graphormer.data.structure import StructuralFeatures, add_structural_features
 from graphormer.data.tasks import TaskInfo, ogb_master_table
 from graphormer.errors import ConfigError, DataError
+from graphormer.outputs import atomic_path
 from graphormer.safe_io import PYG_DATA, allow, download_timeout, load_data
 
 __all__ = [
@@ -223,7 +224,10 @@ class OGBSource(Source):
                 )
             smiles = pd.read_csv(mapping)["smiles"].tolist()
             values = torch.from_numpy(self.features.compute(smiles, None, mapping))
-            torch.save(values, path)
+            # Whole or not at all: an interrupted write never leaves a truncated cache (the
+            # datamodule's prepare lock already makes concurrent runs take turns).
+            with atomic_path(path) as partial:
+                torch.save(values, partial)
         count = len(dataset)
         if values.shape != (count, len(names)):
             raise DataError(corrupt_cache_message(path, ValueError(f"shape {tuple(values.shape)}")))
