@@ -286,7 +286,9 @@ def test_predictions_run_in_the_training_runs_precision(ogb_root, tmp_path):
     torch.manual_seed(0)  # the untrained weights: not whatever random state earlier tests left
     ckpt = untrained_checkpoint(
         tmp_path / "bf16.ckpt",
-        ["dataset=ogbg-molesol", f"dataset.root={ogb_root}"],
+        # The graph-token readout: an untrained token_sum model's outputs grow with its atoms,
+        # and this test's tolerance is set by outputs that sit near one value (below).
+        ["dataset=ogbg-molesol", f"dataset.root={ogb_root}", "model.readout=token"],
         target_mean=[0.0],
         target_std=[100.0],
         precision="bf16-mixed",

@@ -88,7 +88,7 @@ def test_a_resume_takes_its_runs_settings_and_refuses_changes_that_break_it(base
     log = call_script("train.py", [f"ckpt_path={last}", "trainer.max_epochs=3"], cwd=work)
     assert f"resuming {last} with its run's settings ({run / '.hydra' / 'config.yaml'})" in log
     assert "changed by this command: trainer.max_epochs 2 -> 3" in log
-    assert "model: 36,837 parameters" in log and "epoch 3/3" in log and "epoch 1/" not in log
+    assert "model: 36,869 parameters" in log and "epoch 3/3" in log and "epoch 1/" not in log
     assert not any(w in log for w in EXPECTED_WARNINGS)
     assert list(work.iterdir()) == []  # no new, empty run folder: it continued in its own
     metrics = read_json(run / "metrics.json")
@@ -191,7 +191,7 @@ def test_pretrained_brings_its_architecture(ogb_root, tmp_path):
         [f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}", "trainer.max_epochs=2"],
         tmp_path,
     )
-    assert "epoch 2/2" in log and "model: 204,689 parameters" in log
+    assert "epoch 2/2" in log and "model: 204,721 parameters" in log
     converted = (tmp_path / "moved.ckpt").rename(converted)
     # A model chosen on the command line wins, and is checked against the checkpoint.
     failed = tmp_path / "failed"
