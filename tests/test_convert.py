@@ -158,6 +158,7 @@ def test_to_microsoft_refuses_what_microsoft_cannot_express():
         ({"readout": "token_sum"}, "readout=token_sum"),
         ({"molecule_features_dim": 3}, "molecule features"),
         ({"atom_tasks": 2}, "atom or bond targets"),
+        ({"atom_tasks": 2, "num_tasks": 0}, "atom or bond targets"),  # no molecule head
     ]:
         config = microsoft_config(**overrides)
         with pytest.raises(ConversionError, match=phrase):
@@ -230,7 +231,7 @@ def test_convert_script_writes_a_checkpoint_that_loads_exactly(tmp_path):
     # and rebuilds the converted network.
     words = shlex.split(result.stdout.split("fine-tune with: ")[1].splitlines()[0])
     assert words[0] == "graphormer-train" and words[-1] == "dataset=..."
-    assert words[1] == f"pretrained={output.resolve()}"
+    assert words[1] == f"pretrained={output.resolve()}" and words[-2] == "optim.lr=2e-4"
     assert trained_model(words[2:-1]) == config
     record = checkpoint.load(output)
     module = GraphormerModule.from_checkpoint(record)

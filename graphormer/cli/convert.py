@@ -56,7 +56,12 @@ def run(cfg: DictConfig) -> None:
         f"{config.num_heads} heads, {layers}, {config.edge_encoding}, {config.num_tasks} output(s)"
     )
     report(f"wrote {path.resolve()}")
-    overrides = [f"pretrained={path.resolve()}", *fine_tune_overrides(config, model_presets())]
+    # Microsoft fine-tuned its published weights at peak lr 2e-4 (our plain default is 1e-3).
+    overrides = [
+        f"pretrained={path.resolve()}",
+        *fine_tune_overrides(config, model_presets()),
+        "optim.lr=2e-4",
+    ]
     command = " ".join(shlex.quote(o) for o in overrides)
     report(f"fine-tune with: graphormer-train {command} dataset=...")
 

@@ -437,8 +437,9 @@ class Predictor:
         return table
 
     def embed(self, smiles: Sequence[str], progress: bool = False) -> np.ndarray:
-        """``[n, hidden_dim]`` float32: each molecule's graph token after the last layer (the
-        representation the prediction head reads); NaN rows where a SMILES cannot be featurised."""
+        """``[n, hidden_dim]`` float32: each molecule's graph token after the last layer (what the
+        prediction head's first layer reads; a ``token_mean`` or ``token_sum`` readout also reads
+        the atoms' states, which this leaves out); NaN rows where a SMILES cannot be featurised."""
         return self.run(smiles, embeddings=True, progress=progress).embeddings
 
     def attention(self, smiles: str) -> AttentionMaps:
@@ -463,22 +464,32 @@ class Predictor:
         batch = self.collator(featurized.graphs)
         atoms = bonds = contributions = None
         model = self.module.model
+        explains_atoms = (
+            model.config.readout == "token_sum"
+            and model.head is not None
+            and not self.task.is_multiclass
+        )
         with self._inference():
             on_device = batch.to(self.device)
+            h = None
             if self.task.atom_tasks or self.task.bond_tasks:
                 levels, attention = self.module.forward_levels(on_device, return_attention=True)
                 out = levels["molecule"]
                 per_level = self._level_arrays(levels, batch)
                 atoms, bonds = per_level.get("atom"), per_level.get("bond")
+            elif explains_atoms:
+                # One pass: the prediction and the atoms' terms from the same final states.
+                h, attention = model.encode(on_device, return_attention=True)
+                out = self.module.to_units(model.molecule_output(h, on_device))
             else:
                 out, attention = self.module(on_device, return_attention=True)
-            if model.config.readout == "token_sum" and model.head is not None:
-                if not self.task.is_multiclass:
-                    # Each atom's additive term in the targets' units (logits for binary
-                    # tasks): the target standardisation scales it; its mean is the token's.
-                    h, _ = model.encode(on_device)
-                    per_atom = model.atom_contributions(h, on_device).float()
-                    contributions = (per_atom * self.module.target_std.float()).cpu().numpy()
+            if explains_atoms:
+                if h is None:  # a model of atom or bond targets too: the same kernels again
+                    h, _ = model.encode(on_device, return_attention=True)
+                # Each atom's additive term in the targets' units (logits for binary tasks):
+                # the target standardisation scales it; its mean is the graph token's part.
+                per_atom = model.atom_contributions(h, on_device).float()
+                contributions = (per_atom * self.module.target_std.float()).cpu().numpy()
         values = self._outputs(out)
         stacked = torch.stack([a.float() for a in attention], dim=1).cpu()  # [B, L, H, N+1, N+1]
         node_mask = batch.node_mask

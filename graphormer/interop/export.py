@@ -50,6 +50,10 @@ def to_microsoft(
         problems.append("molecule features (Microsoft's model reads the graph alone)")
     if c.atom_tasks or c.bond_tasks:
         problems.append("atom or bond targets (Microsoft's model predicts molecules alone)")
+    if problems and not c.num_tasks:  # no molecule head to read below
+        raise ConversionError(
+            "this model cannot be written in Microsoft's layout: " + "; ".join(problems)
+        )
     state = {k: v.detach().cpu() for k, v in state_dict.items()}
     head_bias = state.get("head_bias")
     if head_bias is None:

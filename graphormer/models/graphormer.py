@@ -490,7 +490,7 @@ class Graphormer(nn.Module):
         perturb: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         h, attentions = self.encode(batch, return_attention, perturb)
-        out = self._graph_output(h, batch)
+        out = self.molecule_output(h, batch)
         return (out, attentions) if return_attention else out
 
     def _molecule_vector(self, batch: GraphormerBatch) -> Tensor:
@@ -508,7 +508,9 @@ class Graphormer(nn.Module):
             )
         return self.molecule_input(batch.molecule_features)
 
-    def _graph_output(self, h: Tensor, batch: GraphormerBatch) -> Tensor:
+    def molecule_output(self, h: Tensor, batch: GraphormerBatch) -> Tensor:
+        """``[B, num_tasks]``: the molecule head on :meth:`encode`'s final states ``h`` through
+        the configured readout (what :meth:`forward` returns)."""
         if self.head is None:  # atom targets alone
             return h.new_zeros(h.size(0), 0)
         graph = h[:, 0]  # [B, d], the graph token's final state
@@ -555,7 +557,7 @@ class Graphormer(nn.Module):
         ``batch.node_mask``) and, with ``bond_tasks``, ``bond`` ``[B, M, bond_tasks]`` for the
         batch's ``bond_atoms`` (mask with ``batch.bond_mask``)."""
         h, attentions = self.encode(batch, return_attention, perturb)
-        out = {"molecule": self._graph_output(h, batch)}
+        out = {"molecule": self.molecule_output(h, batch)}
         if self.atom_head is not None:
             out["atom"] = self.atom_head(h[:, 1:])  # [B, N, T_atom], graph token dropped
         if self.bond_head is not None:

@@ -395,7 +395,9 @@ class GraphormerModule(pl.LightningModule):
                 message += f"; dropped ({reason.replace('_', ' ')}): {_short(shown)}"
         rank_zero_only(report)(message)
 
-    def _to_units(self, raw: Tensor) -> Tensor:
+    def to_units(self, raw: Tensor) -> Tensor:
+        """The model's raw molecule outputs in the targets' units (the stored standardisation
+        undone; logits stay logits)."""
         # float32 whatever the trainer's precision (bf16-true keeps these buffers in bf16).
         return raw.float() * self.target_std.float() + self.target_mean.float()
 
@@ -403,8 +405,8 @@ class GraphormerModule(pl.LightningModule):
         """Predictions in the targets' units (logits for classification)."""
         if return_attention:
             out, attention = self.model(batch, return_attention=True)
-            return self._to_units(out), attention
-        return self._to_units(self.model(batch))
+            return self.to_units(out), attention
+        return self.to_units(self.model(batch))
 
     def forward_levels(self, batch: GraphormerBatch, return_attention: bool = False):
         """Predictions of every level in the targets' units (logits for classification):
@@ -417,7 +419,7 @@ class GraphormerModule(pl.LightningModule):
             raw, attention = self.model.forward_levels(batch, return_attention=True)
         else:
             raw = self._raw_outputs(batch)
-        out = {"molecule": self._to_units(raw["molecule"])}
+        out = {"molecule": self.to_units(raw["molecule"])}
         if "atom" in raw:
             out["atom"] = self._atom_units(raw["atom"])
         if "bond" in raw:
@@ -585,7 +587,7 @@ class GraphormerModule(pl.LightningModule):
         # over every graph of the split, gathered from all ranks (no per-step collective, so a
         # rank with fewer batches never leaves the others waiting).
         raw = self._raw_outputs(batch)
-        pred = self._to_units(raw["molecule"].float())
+        pred = self.to_units(raw["molecule"].float())
         self._eval_outputs.append((batch.index, pred.detach(), batch.y))
         if self.task.atom_tasks:
             mask = batch.node_mask  # [B, N]: real atoms only, never padding
@@ -608,7 +610,7 @@ class GraphormerModule(pl.LightningModule):
 
     def predict_step(self, batch: GraphormerBatch, batch_idx: int) -> tuple[Tensor, Tensor]:
         """Dataset indices and predictions in the targets' units (logits for classification)."""
-        return batch.index, self._to_units(self.model(batch).float())
+        return batch.index, self.to_units(self.model(batch).float())
 
     def on_validation_epoch_start(self) -> None:
         self._eval_outputs, self._atom_outputs, self._bond_outputs = [], [], []
