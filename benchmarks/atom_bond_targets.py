@@ -26,15 +26,13 @@ import argparse
 import json
 import math
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
+from common import run_timed, train_command
 
 
 def _charges(mol) -> list[float] | None:
@@ -67,10 +65,8 @@ def quality(args: argparse.Namespace) -> None:
     table[["smiles", "rotatable"]].to_csv(csv, index=False)
     out = args.work / "run"
     if args.checkpoint is None and not (out / "metrics.json").is_file():
-        command = [
-            sys.executable,
-            str(REPO / "scripts" / "train.py"),
-            f"hydra.run.dir={out}",
+        command = train_command(
+            out,
             "dataset=smiles_csv",
             f"dataset.path={csv}",
             "dataset.targets=[]",
@@ -81,14 +77,10 @@ def quality(args: argparse.Namespace) -> None:
             f"trainer.max_epochs={args.epochs}",
             "datamodule.batch_size=64",
             "optim.lr=2e-3",
-            "trainer.enable_progress_bar=false",
             "seed=0",
-        ]
-        start = time.perf_counter()
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode:
-            raise SystemExit(f"training failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-        print(f"trained in {time.perf_counter() - start:.0f} s (shared machine)")
+        )
+        wall = run_timed(command, "training", one_thread=False)
+        print(f"trained in {wall:.0f} s (shared machine)")
     checkpoint = args.checkpoint
     metrics = None
     if checkpoint is None:

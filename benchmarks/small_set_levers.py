@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
+from common import run_timed, train_command
 
 
 def build(work: Path, size: int, target: str) -> Path:
@@ -69,34 +65,24 @@ def main() -> None:
     work = args.work.resolve()
     csv = build(work, args.size, args.target)
     runs = work / ("runs" if args.target == "scaffold_logp" else f"runs_{args.target}")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
     summary = []
     for name, *overrides in args.lever:
         values, walls = [], []
         for seed in args.seeds:
             out = runs / name / f"seed{seed}"
             if not (out / "metrics.json").is_file():
-                command = [
-                    sys.executable,
-                    str(REPO / "scripts" / "train.py"),
-                    f"hydra.run.dir={out}",
+                command = train_command(
+                    out,
                     "dataset=smiles_csv",
                     f"dataset.path={csv}",
                     "dataset.targets=[y]",
                     f"dataset.root={work / 'cache'}",
                     f"trainer.max_epochs={args.epochs}",
                     f"seed={seed}",
-                    "trainer.enable_progress_bar=false",
                     *overrides,
-                ]
-                start = time.perf_counter()
-                result = subprocess.run(command, capture_output=True, text=True, env=env)
-                if result.returncode:
-                    raise SystemExit(
-                        f"{name} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
-                    )
-                (out / "wall.json").write_text(json.dumps({"wall_s": time.perf_counter() - start}))
+                )
+                wall = run_timed(command, name)
+                (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
             values.append(json.loads((out / "metrics.json").read_text())["test"]["rmse"])
             walls.append(json.loads((out / "wall.json").read_text())["wall_s"])
             print(f"{name} seed {seed}: test rmse {values[-1]:.4f} ({walls[-1]:.0f} s)", flush=True)

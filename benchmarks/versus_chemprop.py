@@ -32,17 +32,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parents[1]
+from common import run_timed, train_command
+
 SETS = ("solubility", "freesolv", "solubility_low")
 # Regression sets are scored by test RMSE, the classification set by test ROC-AUC.
 BINARY = {"solubility_low"}
@@ -129,21 +126,6 @@ def metric(name: str) -> str:
     return "rocauc" if name in BINARY else "rmse"
 
 
-def environment() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
-    return env
-
-
-def run(command: list[str], name: str) -> float:
-    start = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, env=environment())
-    wall = time.perf_counter() - start
-    if result.returncode:
-        raise SystemExit(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return wall
-
-
 def run_chemprop(
     args, name: str, csv: Path, split: Path, out: Path, seed: int, descriptors: bool
 ) -> dict:
@@ -175,7 +157,7 @@ def run_chemprop(
     ]
     if descriptors:
         command += ["--molecule-featurizers", "v1_rdkit_2d_normalized"]
-    wall = run(command, str(out))
+    wall = run_timed(command, str(out))
     found = sorted(out.rglob("test_predictions.csv"))
     if not found:
         raise SystemExit(f"chemprop wrote no test_predictions.csv under {out}")
@@ -193,10 +175,8 @@ def run_chemprop(
 def run_graphormer(
     args, name: str, csv: Path, split: Path, out: Path, seed: int, extra: list[str], pretrained
 ) -> dict:
-    command = [
-        sys.executable,
-        str(REPO / "scripts" / "train.py"),
-        f"hydra.run.dir={out}",
+    command = train_command(
+        out,
         "dataset=smiles_csv",
         f"dataset.path={csv}",
         "dataset.targets=[y]",
@@ -205,15 +185,13 @@ def run_graphormer(
         f"dataset.root={args.work / 'cache'}",
         f"trainer.max_epochs={args.epochs}",
         f"seed={seed}",
-        "trainer.enable_progress_bar=false",
-    ]
-    for item in extra:
-        command.append(f"pretrained={pretrained}" if item == "+pretrained" else item)
+        *(f"pretrained={pretrained}" if item == "+pretrained" else item for item in extra),
+    )
     if (out / "metrics.json").is_file() and (out / "wall.json").is_file():
         wall = json.loads((out / "wall.json").read_text())["wall_s"]
     else:
         shutil.rmtree(out, ignore_errors=True)
-        wall = run(command, str(out))
+        wall = run_timed(command, str(out))
     (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
     # The best checkpoint's test RMSE over the split file's test rows: sqrt(mean((y - y')^2)),
     # chemprop's formula above (OGB's Evaluator); ROC-AUC is OGB's, scikit-learn's as above.
@@ -232,17 +210,14 @@ def pretrain(args) -> tuple[str, float]:
         pd.DataFrame({"smiles": list(nci_smiles())}).to_csv(smiles, index=False)
         if out.exists():
             shutil.rmtree(out)
-        command = [
-            sys.executable,
-            str(REPO / "scripts" / "train.py"),
-            f"hydra.run.dir={out}",
+        command = train_command(
+            out,
             "experiment=descriptor_pretrain",
             f"dataset.path={smiles}",
             f"dataset.root={args.work / 'cache'}",
             f"trainer.max_epochs={args.pretrain_epochs}",
-            "trainer.enable_progress_bar=false",
-        ]
-        wall = run(command, "pretrain")
+        )
+        wall = run_timed(command, "pretrain")
         (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
     wall = json.loads((out / "wall.json").read_text())["wall_s"]
     return json.loads((out / "metrics.json").read_text())["best_checkpoint"], wall
