@@ -6,6 +6,7 @@ subprocess where a process is what protects the test (a run that would grow with
 user error is one line with exit status 1 and no traceback from a real process is tested once
 per command (test_bad_input, test_predict, test_convert)."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,16 @@ from graphormer.outputs import atomic_path, check_outputs
 from graphormer.testing import model_preset
 from graphormer.training import GraphormerModule
 
-from helpers import TINY, call_failing, call_script, nci_table, run_failing, run_script
+from helpers import (
+    TINY,
+    call_failing,
+    call_script,
+    nci_graphs,
+    nci_table,
+    run_failing,
+    run_script,
+    to_data,
+)
 
 TASK = {"name": "x", "task_type": "regression", "num_tasks": 1, "metric": "rmse"}
 
@@ -309,6 +319,31 @@ def test_bf16_true_is_scored_in_float32(tmp_path, nci_csv):
     args = _train(nci_csv, tmp_path / "run", "trainer.precision=bf16-true", "trainer.max_epochs=1")
     log = call_script("train.py", args, tmp_path)
     assert "valid rmse:" in log
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["precision"] == "bf16-true"
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_true_half_precision_keeps_the_labels_exact(precision):
+    # Lightning's own plugin turned a label of 72.3079 into 72.5 (bf16) before the loss.
+    from graphormer.data import GraphormerCollator, StructuralFeatures
+    from graphormer.training.run import LabelKeepingHalfPrecision
+
+    graphs = []
+    for i, graph in enumerate(nci_graphs(2)):
+        data = to_data(graph, 72.3079 + i)
+        data.y_atom = torch.full((data.num_nodes, 1), 3.14159)
+        data.x_continuous = torch.full((data.num_nodes, 2), 1.0001)
+        graphs.append(StructuralFeatures(5)(data))
+    batch = GraphormerCollator(max_hops=5)(graphs)
+    converted = LabelKeepingHalfPrecision(precision).convert_input(batch)
+    half = torch.bfloat16 if precision == "bf16-true" else torch.float16
+    assert converted.y.dtype == torch.float32
+    assert torch.equal(converted.y, batch.y) and converted.y[0, 0].item() == pytest.approx(72.3079)
+    assert converted.y_atom.dtype == torch.float32  # NaN at padding: compared bit for bit
+    torch.testing.assert_close(converted.y_atom, batch.y_atom, rtol=0, atol=0, equal_nan=True)
+    assert converted.x_continuous.dtype == half  # inputs still follow the model's dtype
+    assert converted.spatial_pos.dtype == batch.spatial_pos.dtype
 
 
 def test_a_split_with_one_class_names_the_split_and_the_task():
