@@ -75,7 +75,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1200)
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--target", choices=("scaffold_logp", "qed", "esol_noisy"), default="scaffold_logp")
+    parser.add_argument(
+        "--target", choices=("scaffold_logp", "qed", "esol_noisy"), default="scaffold_logp"
+    )
     parser.add_argument("--lever", nargs="+", action="append", required=True)
     args = parser.parse_args()
     work = args.work.resolve()

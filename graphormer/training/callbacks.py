@@ -1,5 +1,6 @@
-"""Lightning callbacks of a training run: checkpoints that survive kills and resumes, and plain
-per-epoch lines when the output is not a terminal."""
+"""Lightning callbacks of a training run: checkpoints that survive kills and resumes, an
+exponential moving average of the weights, and plain per-epoch lines when the output is not a
+terminal."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
 
 from graphormer.console import report
 
-__all__ = ["EpochSummary", "RunCheckpoint"]
+__all__ = ["EpochSummary", "RunCheckpoint", "WeightAverage"]
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -115,3 +119,148 @@ class EpochSummary(Callback):
                 parts.append(f"{key} {float(metrics[key]):.4f}")
         parts.append(f"({time.perf_counter() - self._start:.1f} s)")
         report("  ".join(parts))
+
+
+class WeightAverage(Callback):
+    """An exponential moving average (EMA) of the trained weights (``optim.ema_decay``, issue
+    #22): after every optimiser update ``avg <- d * avg + (1 - d) * w``, with the warm-up
+    ``d = min(decay, (1 + t) / (10 + t))`` at update ``t`` so that the first epochs are not
+    held at the initialisation. Training updates the weights as usual; validation, and so the
+    choice of the best checkpoint, sees the average; every checkpoint's ``state_dict`` holds
+    the average (what ``eval.py``, ``predict.py`` and ``pretrained=`` read), and the training
+    weights travel in the callback's state, so that a resume continues exactly.
+
+    The average is kept in float32 whatever the weights' dtype (``bf16-true`` included), one
+    copy of the trainable parameters; buffers (target statistics, lookup offsets) are not
+    trained and are not averaged.
+
+    Args:
+        decay (float): the average's decay per update, in (0, 1); its horizon is about
+            ``1 / (1 - decay)`` updates.
+    """
+
+    def __init__(self, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"optim.ema_decay must be in (0, 1), got {decay!r}")
+        self.decay = float(decay)
+        self.updates = 0
+        self._average: dict[str, Tensor] | None = None
+        self._held: dict[str, Tensor] | None = None  # training weights while the average is in
+        self._restored: dict[str, Any] | None = None
+        self._last_step = -1
+
+    @property
+    def state_key(self) -> str:
+        return "WeightAverage"
+
+    @staticmethod
+    def _trained(pl_module: pl.LightningModule) -> dict[str, torch.nn.Parameter]:
+        return {
+            name: p
+            for name, p in pl_module.named_parameters()
+            if p.requires_grad and p.is_floating_point()
+        }
+
+    def _ensure(self, pl_module: pl.LightningModule) -> None:
+        """Starts the average from the current weights, or from a resumed checkpoint's state
+        (whose ``state_dict``, now the module's weights, is the average: the training weights
+        come back from the state)."""
+        if self._average is not None:
+            return
+        params = self._trained(pl_module)
+        if self._restored is not None:
+            state, self._restored = self._restored, None
+            self._average = {
+                name: state["average"][name].to(p.device, torch.float32)
+                for name, p in params.items()
+            }
+            with torch.no_grad():
+                for name, p in params.items():
+                    p.copy_(state["weights"][name])
+            return
+        self._average = {
+            name: p.detach().to(torch.float32, copy=True) for name, p in params.items()
+        }
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._ensure(pl_module)
+
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        # Once per optimiser update (gradient accumulation and skipped updates do not count).
+        if trainer.global_step == self._last_step or trainer.global_step == 0:
+            return
+        self._last_step = trainer.global_step
+        self._ensure(pl_module)
+        decay = min(self.decay, (1.0 + self.updates) / (10.0 + self.updates))
+        self.updates += 1
+        with torch.no_grad():
+            for name, p in self._trained(pl_module).items():
+                self._average[name].lerp_(p.detach().float(), 1.0 - decay)
+
+    def _swap_in(self, pl_module: pl.LightningModule) -> None:
+        self._ensure(pl_module)
+        params = self._trained(pl_module)
+        self._held = {name: p.detach().clone() for name, p in params.items()}
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(self._average[name])
+
+    def _swap_out(self, pl_module: pl.LightningModule) -> None:
+        if self._held is None:
+            return
+        with torch.no_grad():
+            for name, p in self._trained(pl_module).items():
+                p.copy_(self._held[name])
+        self._held = None
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # During fit only: a validate() or test() after training runs the checkpoint it loaded.
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._swap_in(pl_module)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._swap_out(pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The module left in memory after fit is the average, as its checkpoints are.
+        if self._average is not None:
+            self._swap_in(pl_module)
+            self._held = None
+            self._average = None
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._average is None:
+            return {}
+        return {
+            "decay": self.decay,
+            "updates": self.updates,
+            "last_step": self._last_step,
+            "average": {name: t.detach().cpu().clone() for name, t in self._average.items()},
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        self.updates = int(state_dict["updates"])
+        self._last_step = int(state_dict["last_step"])
+        # The training weights are put back over the restored average when training starts.
+        self._restored = {"average": state_dict["average"], "weights": state_dict["weights"]}
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self._average is None or trainer.state.fn != TrainerFn.FITTING:
+            return
+        # The training weights (in the module now) go to the state, the average to state_dict.
+        weights = {}
+        for name, p in self._trained(pl_module).items():
+            weights[name] = checkpoint["state_dict"][name]
+            checkpoint["state_dict"][name] = self._average[name].to(p.dtype).cpu()
+        checkpoint["callbacks"][self.state_key]["weights"] = weights

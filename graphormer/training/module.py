@@ -172,6 +172,10 @@ class GraphormerModule(pl.LightningModule):
             targets (issue #18) are trained with MSE on standardised values (regression) or BCE
             (binary), averaged over every labelled atom (bond) of the batch.
             (default: :obj:`None`)
+        ema_decay (float | None, optional): validate and checkpoint an exponential moving
+            average of the weights with this decay per update (the trainer's
+            :class:`~graphormer.training.callbacks.WeightAverage`, which ``train()`` adds);
+            None: the weights themselves. (default: :obj:`None`)
     """
 
     def __init__(
@@ -193,6 +197,7 @@ class GraphormerModule(pl.LightningModule):
         fused: bool | None = None,
         nonfinite: str = "stop",
         loss_weights: dict[str, float] | None = None,
+        ema_decay: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

@@ -18,15 +18,15 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins.precision import HalfPrecision
 
 from graphormer import checkpoint as checkpoints
-from graphormer.console import report
 from graphormer.batch import GraphormerBatch
+from graphormer.console import report
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.sources import build_source
 from graphormer.devices import on_gpu, resolve_pad_to_multiple, resolve_precision
 from graphormer.errors import ConfigError
 from graphormer.models.molecule_features import MOLECULE_FEATURE_RULE
 from graphormer.rundir import is_first_process, newest_checkpoint
-from graphormer.training.callbacks import EpochSummary, RunCheckpoint
+from graphormer.training.callbacks import EpochSummary, RunCheckpoint, WeightAverage
 from graphormer.training.module import GraphormerModule
 from graphormer.training.pretrained import load_pretrained
 from graphormer.training.settings import DataModuleSettings, RunSettings
@@ -61,6 +61,7 @@ class LabelKeepingHalfPrecision(HalfPrecision):
         for name, value in labels.items():
             setattr(converted, name, value)
         return converted
+
 
 def build_datamodule(
     dataset: dict[str, Any],
@@ -319,6 +320,8 @@ def train(
         auto_insert_metric_name=False,
     )
     callbacks = [checkpoint, *(callbacks or [])]
+    if module.hparams.get("ema_decay") is not None:
+        callbacks.append(WeightAverage(module.hparams.ema_decay))
     kwargs = trainer_settings.lightning_kwargs()
     progress_bar = kwargs.pop("enable_progress_bar")
     if progress_bar is None:  # a bar in a terminal, plain lines in a log file or a pipe

@@ -138,6 +138,7 @@ class OptimSettings:
     warmup_ratio: float = 0.06
     total_steps: int | None = None
     fused: bool | None = None
+    ema_decay: float | None = None
 
     def __post_init__(self) -> None:
         _number("optim.lr", self.lr, above=0)
@@ -162,6 +163,7 @@ class OptimSettings:
         _number("optim.warmup_ratio", self.warmup_ratio, least=0, most=1)
         _integer("optim.total_steps", self.total_steps, 1, optional=True)
         _boolean("optim.fused", self.fused, optional=True)
+        _number("optim.ema_decay", self.ema_decay, above=0, below=1, optional=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "betas": list(self.betas)}
