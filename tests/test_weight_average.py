@@ -71,7 +71,7 @@ def fit(module, tmp_path, max_steps, decay=0.8, accumulate=1, ckpt_path=None, sa
 def expected_average(history, decay):
     average = Line().net.weight.detach().clone()  # the initial weights
     for t, weights in enumerate(history):
-        d = min(decay, (1 + t) / (10 + t))
+        d = min(decay, t / (t + 1))
         average = d * average + (1 - d) * weights
     return average
 
@@ -80,8 +80,9 @@ def expected_average(history, decay):
 def test_the_average_follows_every_update_with_its_warm_up(tmp_path, accumulate):
     module = Line()
     fit(module, tmp_path, max_steps=6, accumulate=accumulate, limit_val_batches=0)
-    # One term per optimiser update (with accumulation, every second batch), with the warm-up
-    # d = min(decay, (1 + t) / (10 + t)): at 0.8 the first updates weigh far more than 0.2.
+    # One term per optimiser update (with accumulation, every second batch), with
+    # d = min(decay, t / (t + 1)): the plain mean of the first updates' weights (the
+    # initialisation not among them), then the exponential average at 0.8.
     updates = module.history[accumulate - 1 :: accumulate]
     assert len(updates) == 6
     # After fit the module holds the average (as its checkpoints do).

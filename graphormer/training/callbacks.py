@@ -123,9 +123,12 @@ class EpochSummary(Callback):
 
 class WeightAverage(Callback):
     """An exponential moving average (EMA) of the trained weights (``optim.ema_decay``, issue
-    #22): after every optimiser update ``avg <- d * avg + (1 - d) * w``, with the warm-up
-    ``d = min(decay, (1 + t) / (10 + t))`` at update ``t`` so that the first epochs are not
-    held at the initialisation. Training updates the weights as usual; validation, and so the
+    #22): after every optimiser update ``avg <- d * avg + (1 - d) * w``, with
+    ``d = min(decay, t / (t + 1))`` at the ``t``-th update (from 0): the plain mean of the
+    weights of every update so far until that reaches the horizon ``1 / (1 - decay)``, then
+    the exponential average, so that the average never holds the initialisation. (A warm-up
+    of ``(1 + t) / (10 + t)`` reaches 0.99 only after ~900 updates, more than a small set's
+    whole run, and averaged too little to help: measured in README, issue #22.) Training updates the weights as usual; validation, and so the
     choice of the best checkpoint, sees the average; every checkpoint's ``state_dict`` holds
     the average (what ``eval.py``, ``predict.py`` and ``pretrained=`` read), and the training
     weights travel in the callback's state, so that a resume continues exactly.
@@ -198,7 +201,7 @@ class WeightAverage(Callback):
             return
         self._last_step = trainer.global_step
         self._ensure(pl_module)
-        decay = min(self.decay, (1.0 + self.updates) / (10.0 + self.updates))
+        decay = min(self.decay, self.updates / (self.updates + 1.0))
         self.updates += 1
         with torch.no_grad():
             for name, p in self._trained(pl_module).items():
