@@ -456,6 +456,7 @@ def test_fine_tuning_recipes_need_a_pretrained_checkpoint(tmp_path):
     assert (hiv.model.num_layers, hiv.model.hidden_dim, hiv.model.num_heads) == (12, 768, 32)
     assert (hiv.optim.lr, hiv.optim.end_lr, hiv.optim.weight_decay) == (2e-4, 1e-5, 0.0)
     assert (hiv.optim.total_steps, hiv.optim.warmup_steps) == (1031, 164)
+    assert hiv.optim.ema_decay is None  # the paper averages no weights (ours: 0.99)
     assert (hiv.flag.m, hiv.flag.step_size, hiv.flag.mag) == (3, 1e-2, 0.0)
     assert (hiv.datamodule.batch_size, hiv.trainer.devices, hiv.trainer.max_epochs) == (128, 1, 5)
     assert hiv.seed == 1 and hiv.trainer.gradient_clip_val == 5.0
@@ -470,6 +471,7 @@ def test_fine_tuning_recipes_need_a_pretrained_checkpoint(tmp_path):
         0.0,
     )
     assert (pcba.optim.lr, pcba.optim.total_steps, pcba.optim.warmup_steps) == (3e-4, 13671, 854)
+    assert pcba.optim.ema_decay is None
     assert (pcba.flag.m, pcba.flag.step_size, pcba.flag.mag) == (4, 1e-3, 1e-3)
     assert pcba.trainer.precision == "32-true" and pcba.datamodule.batch_size == 64
     model = Graphormer(GraphormerConfig.from_dict({**pcba.model, "num_tasks": 128}))
@@ -481,6 +483,8 @@ def test_fine_tuning_recipes_need_a_pretrained_checkpoint(tmp_path):
         60_000,
     )
     assert cfg.dataset.source == "pcqm4mv2" and cfg.loss == "l1"
+    assert cfg.optim.ema_decay is None
+    assert compose_train([f"output_dir={tmp_path}"]).optim.ema_decay == 0.99  # the plain default
 
 
 def test_the_zinc_recipe_is_microsofts_v1_slim(tmp_path):
@@ -502,6 +506,7 @@ def test_the_zinc_recipe_is_microsofts_v1_slim(tmp_path):
         400_001,
     )
     assert (cfg.optim.lr, cfg.optim.end_lr, cfg.optim.weight_decay) == (2e-4, 1e-9, 0.01)
+    assert cfg.optim.ema_decay is None
     assert cfg.trainer.gradient_clip_val is None and cfg.normalize_targets is False
     assert cfg.dataset.source == "zinc" and cfg.dataset.subset is True and cfg.loss == "l1"
     built = GraphormerConfig.from_dict({**model, "atom_feature_dims": [28], "num_tasks": 1})
@@ -519,6 +524,7 @@ def test_the_zinc_v2_recipe_is_microsofts_fairseq_slim(tmp_path):
         400_000,
         400_000,
     )
+    assert cfg.optim.ema_decay is None
     assert cfg.dataset.source == "zinc" and cfg.dataset.subset is True
 
 
