@@ -128,10 +128,11 @@ class WeightAverage(Callback):
     weights of every update so far until that reaches the horizon ``1 / (1 - decay)``, then
     the exponential average, so that the average never holds the initialisation. (A warm-up
     of ``(1 + t) / (10 + t)`` reaches 0.99 only after ~900 updates, more than a small set's
-    whole run, and averaged too little to help: measured in README, issue #22.) Training updates the weights as usual; validation, and so the
-    choice of the best checkpoint, sees the average; every checkpoint's ``state_dict`` holds
-    the average (what ``eval.py``, ``predict.py`` and ``pretrained=`` read), and the training
-    weights travel in the callback's state, so that a resume continues exactly.
+    whole run, and averaged too little to help on issue #22's built sets.) Training updates
+    the weights as usual; validation, and so the choice of the best checkpoint, sees the
+    average; every checkpoint's ``state_dict`` holds the average (what ``eval.py``,
+    ``predict.py`` and ``pretrained=`` read), and the training weights travel in the
+    callback's state, so that a resume continues exactly.
 
     The average is kept in float32 whatever the weights' dtype (``bf16-true`` included), one
     copy of the trainable parameters; buffers (target statistics, lookup offsets) are not
