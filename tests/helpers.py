@@ -40,6 +40,20 @@ TINY = [
 ]
 
 
+def tpsa_run_args(csv: Path, out: Path, *extra: str) -> list[str]:
+    """train.py's arguments for a TINY run on the ``nci_csv`` fixture's TPSA column into ``out``
+    (its data cache beside it)."""
+    return [
+        "dataset=smiles_csv",
+        f"dataset.path={csv}",
+        "dataset.targets=[tpsa]",
+        f"dataset.root={out.parent / 'data'}",
+        f"hydra.run.dir={out}",
+        *TINY,
+        *extra,
+    ]
+
+
 def compose_config(name: str, overrides) -> object:
     """A packaged config (``train``, ``eval``, ...) composed with ``overrides``, as the command
     line would."""

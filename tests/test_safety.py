@@ -33,6 +33,7 @@ from helpers import (
     run_failing,
     run_script,
     to_data,
+    tpsa_run_args,
 )
 
 TASK = {"name": "x", "task_type": "regression", "num_tasks": 1, "metric": "rmse"}
@@ -121,16 +122,7 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path):
 
 
 def _train(csv: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "dataset=smiles_csv",
-        f"dataset.path={csv}",
-        "dataset.targets=[tpsa]",
-        f"dataset.root={out.parent / 'data'}",
-        "trainer.max_epochs=2",
-        f"hydra.run.dir={out}",
-        *TINY,
-        *extra,
-    ]
+    return tpsa_run_args(csv, out, "trainer.max_epochs=2", *extra)
 
 
 def test_divergence_stops_the_run_with_the_step_and_the_cause(tmp_path, nci_csv):

@@ -16,7 +16,7 @@ from graphormer.training.callbacks import WeightAverage
 from graphormer.training.evaluation import evaluate
 from graphormer.training.settings import OptimSettings
 
-from helpers import TINY, call_script
+from helpers import call_script, tpsa_run_args
 
 
 class Line(pl.LightningModule):
@@ -137,16 +137,7 @@ def test_the_decay_must_lie_between_0_and_1(decay):
 
 def test_a_run_validates_checkpoints_and_evaluates_the_average(tmp_path, nci_csv):
     out = tmp_path / "run"
-    args = [
-        "dataset=smiles_csv",
-        f"dataset.path={nci_csv}",
-        "dataset.targets=[tpsa]",
-        f"dataset.root={tmp_path / 'data'}",
-        f"hydra.run.dir={out}",
-        *TINY,
-        "trainer.max_epochs=3",
-        "optim.ema_decay=0.9",
-    ]
+    args = tpsa_run_args(nci_csv, out, "trainer.max_epochs=3", "optim.ema_decay=0.9")
     call_script("train.py", args, tmp_path)
     metrics = json.loads((out / "metrics.json").read_text())
     last = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
