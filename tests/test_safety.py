@@ -319,7 +319,7 @@ def test_bf16_true_is_scored_in_float32(tmp_path, nci_csv):
 def test_true_half_precision_keeps_the_labels_exact(precision):
     # Lightning's own plugin turned a label of 72.3079 into 72.5 (bf16) before the loss.
     from graphormer.data import GraphormerCollator, StructuralFeatures
-    from graphormer.training.run import LabelKeepingHalfPrecision
+    from graphormer.training.precision import LabelKeepingHalfPrecision
 
     graphs = []
     for i, graph in enumerate(nci_graphs(2)):

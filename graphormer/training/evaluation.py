@@ -27,6 +27,7 @@ from graphormer.training.members import (
     uncertainty_report,
 )
 from graphormer.training.module import GraphormerModule
+from graphormer.training.precision import precision_arguments
 from graphormer.training.run import (
     absolute_paths,
     build_datamodule,
@@ -176,7 +177,7 @@ def _eval_trainer(accelerator: str, precision: str) -> pl.Trainer:
     return pl.Trainer(
         accelerator=accelerator,
         devices=1,
-        precision=precision,
+        **precision_arguments(precision),
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,

@@ -15,10 +15,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.plugins.precision import HalfPrecision
 
 from graphormer import checkpoint as checkpoints
-from graphormer.batch import GraphormerBatch
 from graphormer.console import report
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.sources import build_source
@@ -28,6 +26,7 @@ from graphormer.models.molecule_features import MOLECULE_FEATURE_RULE
 from graphormer.rundir import is_first_process, newest_checkpoint
 from graphormer.training.callbacks import EpochSummary, RunCheckpoint, WeightAverage
 from graphormer.training.module import GraphormerModule
+from graphormer.training.precision import precision_arguments
 from graphormer.training.pretrained import load_pretrained
 from graphormer.training.settings import DataModuleSettings, RunSettings
 
@@ -42,25 +41,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class LabelKeepingHalfPrecision(HalfPrecision):
-    """Lightning's ``bf16-true`` / ``16-true`` precision, except that a batch's labels (``y``,
-    ``y_atom``, ``y_bond``) stay as collated: Lightning's own converts every floating tensor of
-    the batch to the half dtype, so a label of 72.3079 became 72.5 before the loss and the
-    metrics. Inputs (molecule features, continuous edge features) are converted as before."""
-
-    NAMES = ("bf16-true", "16-true")
-    _LABELS = ("y", "y_atom", "y_bond")
-
-    def convert_input(self, data: Any) -> Any:
-        if not isinstance(data, GraphormerBatch):
-            return super().convert_input(data)
-        labels = {name: getattr(data, name) for name in self._LABELS}
-        converted = super().convert_input(data)
-        for name, value in labels.items():
-            setattr(converted, name, value)
-        return converted
 
 
 def build_datamodule(
@@ -337,9 +317,7 @@ def train(
         module.gradient_clip_algorithm = kwargs["gradient_clip_algorithm"] or "norm"
         kwargs["gradient_clip_val"] = None
         kwargs["gradient_clip_algorithm"] = None
-    kwargs["precision"] = resolve_precision(kwargs["precision"], gpu)
-    if kwargs["precision"] in LabelKeepingHalfPrecision.NAMES:
-        kwargs.setdefault("plugins", []).append(LabelKeepingHalfPrecision(kwargs.pop("precision")))
+    kwargs.update(precision_arguments(resolve_precision(kwargs.pop("precision"), gpu)))
     try:
         trainer = pl.Trainer(
             **kwargs,
