@@ -37,12 +37,17 @@ def _resume_subdir(ckpt_path: Any) -> str:
     return f".hydra/resume-{datetime.now():%Y-%m-%d_%H-%M-%S_%f}"
 
 
-def _metric_direction(dataset: Any) -> str:
+def _metric_direction(dataset: Any, monitor: Any = None) -> str:
     """``hydra.sweeper.direction`` of ``hparams_search=optuna``: ``maximize`` for a metric whose
-    larger value is better (ROC-AUC, AP), else ``minimize`` (RMSE, MAE); from the dataset's task,
-    without reading its data."""
+    larger value is better (ROC-AUC, AP), else ``minimize`` (RMSE, MAE). The metric is the one
+    each trial returns: ``monitor=`` where given (``val/atom_mae``), else the dataset's own, from
+    its task, without reading its data."""
     from graphormer.data.sources import build_source
+    from graphormer.data.tasks import TaskInfo
 
+    if monitor is not None:
+        name = str(monitor).removeprefix("val/")
+        return "maximize" if TaskInfo.metric_higher_is_better(name) else "minimize"
     values = (
         OmegaConf.to_container(dataset, resolve=True)
         if isinstance(dataset, DictConfig)
