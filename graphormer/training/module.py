@@ -25,6 +25,9 @@ from graphormer.training.settings import FlagSettings
 
 __all__ = ["LEVELS", "GraphormerModule", "NonFiniteError", "auto_loss", "masked_loss"]
 
+# The checkpoint entry naming the parameters a fine-tuning run copied from ``pretrained=``.
+PRETRAINED_KEY = "graphormer_pretrained_parameters"
+
 _LOSSES = ("bce", "ce", "l1", "mse")
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
 LEVELS = ("molecule", "atom", "bond")
@@ -104,10 +107,14 @@ def build_adamw(
     instead of a loop over ~200 parameter tensors: a small model's step is ~7% faster on CPU.
     """
     parameters = list(parameters)
+    # Tensors, or parameter groups (dicts with "params").
+    tensors = [
+        p for item in parameters for p in (item["params"] if isinstance(item, dict) else [item])
+    ]
     if fused is None:
         mixed = precision is not None and "mixed" in precision
         fused = not mixed and all(
-            p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in parameters
+            p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in tensors
         )
     return torch.optim.AdamW(
         parameters,
@@ -176,6 +183,11 @@ class GraphormerModule(pl.LightningModule):
             average of the weights with this decay per update (the trainer's
             :class:`~graphormer.training.callbacks.WeightAverage`, which ``train()`` adds);
             None: the weights themselves. (default: :obj:`None`)
+        pretrained_lr_scale (float | None, optional): when fine-tuning, the tensors copied
+            from ``pretrained=`` (:attr:`pretrained_parameters`, which ``train()`` sets) train at
+            ``lr`` times this, while the ones new to the task (output layer, readout map,
+            molecule-feature input) train at ``lr``; None (or 1): one learning rate for all.
+            (default: :obj:`None`)
     """
 
     def __init__(
@@ -198,9 +210,13 @@ class GraphormerModule(pl.LightningModule):
         nonfinite: str = "stop",
         loss_weights: dict[str, float] | None = None,
         ema_decay: float | None = None,
+        pretrained_lr_scale: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        # The parameter names copied from pretrained= (train() sets them; a resume reads them
+        # from its checkpoint): the group that pretrained_lr_scale slows down.
+        self.pretrained_parameters: frozenset[str] = frozenset()
         if nonfinite not in _NONFINITE:
             raise ValueError(f"nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
         self.nonfinite = nonfinite
@@ -731,7 +747,7 @@ class GraphormerModule(pl.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         optimizer = build_adamw(
-            self.parameters(),
+            self.parameter_groups(),
             lr=hp.lr,
             betas=tuple(hp.betas),
             eps=hp.eps,
@@ -753,7 +769,24 @@ class GraphormerModule(pl.LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
 
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The optimiser's parameter groups: one, or with ``pretrained_lr_scale`` and a
+        pre-trained initialisation, the tensors new to the task at ``lr`` and the copied ones at
+        ``lr * pretrained_lr_scale`` (the schedule scales both alike)."""
+        scale = self.hparams.get("pretrained_lr_scale")
+        named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
+        copied = [p for name, p in named if name in self.pretrained_parameters]
+        if scale is None or scale == 1 or not copied:
+            return [{"params": [p for _, p in named]}]
+        new = [p for name, p in named if name not in self.pretrained_parameters]
+        groups = [{"params": copied, "lr": self.hparams.lr * scale}]
+        return [{"params": new}, *groups] if new else groups
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.pretrained_parameters:
+            # A resume rebuilds the same optimiser groups (its weights come from here, not
+            # from pretrained=).
+            checkpoint[PRETRAINED_KEY] = sorted(self.pretrained_parameters)
         precision = str(self.trainer.precision) if self._trainer is not None else None
         checkpoint[checkpoints.META_KEY] = checkpoints.meta_entry(
             checkpoint["state_dict"], precision
@@ -766,6 +799,9 @@ class GraphormerModule(pl.LightningModule):
         checkpoints.seal(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning restores the module before it builds the optimiser, so a resumed
+        # fine-tuning run groups its parameters as the interrupted one did.
+        self.pretrained_parameters = frozenset(checkpoint.get(PRETRAINED_KEY, ()))
         state = checkpoint.get(RNG_KEY)
         # Only when fit resumes; evaluating a checkpoint leaves the streams alone.
         if state is not None and self._trainer is not None and self.trainer.state.fn == "fit":

@@ -286,8 +286,15 @@ def train(
     module = build_module(settings, datamodule)
     if settings.pretrained and not settings.ckpt_path:  # a resume's weights are its checkpoint's
         loaded = load_pretrained(module, settings.pretrained, strict=settings.pretrained_strict)
+        module.pretrained_parameters = frozenset(loaded.copied)
         if is_first_process():
             report(loaded.summary())
+            scale = settings.optim.pretrained_lr_scale
+            if scale is not None and scale != 1:
+                report(
+                    f"optim.pretrained_lr_scale={scale}: the copied tensors train at lr "
+                    f"{settings.optim.lr * scale:g}, the ones new to the task at {settings.optim.lr:g}"
+                )
 
     monitor = monitor_key(settings.monitor, task)
     checkpoint = RunCheckpoint(

@@ -139,6 +139,7 @@ class OptimSettings:
     total_steps: int | None = None
     fused: bool | None = None
     ema_decay: float | None = None
+    pretrained_lr_scale: float | None = None
 
     def __post_init__(self) -> None:
         _number("optim.lr", self.lr, above=0)
@@ -164,6 +165,7 @@ class OptimSettings:
         _integer("optim.total_steps", self.total_steps, 1, optional=True)
         _boolean("optim.fused", self.fused, optional=True)
         _number("optim.ema_decay", self.ema_decay, above=0, below=1, optional=True)
+        _number("optim.pretrained_lr_scale", self.pretrained_lr_scale, above=0, optional=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "betas": list(self.betas)}
