@@ -1,5 +1,7 @@
 import shutil
 import urllib.error
+from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pandas as pd
@@ -227,6 +229,23 @@ def test_every_source_answers_the_contract(ogb_root, tmp_path):
     path = sources["pcqm4mv2"].write_predictions("test-dev", torch.arange(3.0), tmp_path / "out")
     assert path.name == "y_pred_pcqm4m-v2_test-dev.npz"
     assert np.load(path)["y_pred"].tolist() == [0.0, 1.0, 2.0]
+    # The official size goes through OGB's writer; either way the file appears whole, with
+    # nothing partial beside it, or not at all.
+    out = tmp_path / "official"
+    path = sources["pcqm4mv2"].write_predictions("test-dev", torch.ones(147_037), out)
+    assert np.load(path)["y_pred"].shape == (147_037,)
+    assert [p.name for p in out.iterdir()] == ["y_pred_pcqm4m-v2_test-dev.npz"]
+    out = tmp_path / "interrupted"
+
+    def torn(file, **arrays):  # numpy's writer, interrupted halfway through the file
+        name = str(file) if str(file).endswith(".npz") else f"{file}.npz"
+        Path(name).write_bytes(b"PK\x03\x04")
+        raise KeyboardInterrupt
+
+    with mock.patch("numpy.savez_compressed", side_effect=torn):
+        with pytest.raises(KeyboardInterrupt):
+            sources["pcqm4mv2"].write_predictions("test-dev", torch.ones(147_037), out)
+    assert list(out.iterdir()) == []
 
     # The data package stands on its own: nothing above it, no Hydra.
     code = (

@@ -38,6 +38,7 @@ from graphormer.data.sources.folders import (
 )
 from graphormer.data.tasks import TaskInfo
 from graphormer.errors import ConfigError, DataError
+from graphormer.outputs import atomic_path
 from graphormer.safe_io import NUMPY_ARRAYS, allow, download_timeout
 
 __all__ = [
@@ -221,12 +222,28 @@ class PCQM4Mv2Source(Source):
         y_pred = y_pred.view(-1).cpu().numpy().astype(np.float32)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"y_pred_pcqm4m-v2_{split}.npz"
-        if len(y_pred) == OFFICIAL_SIZES[split]:
-            PCQM4Mv2Evaluator().save_test_submission({"y_pred": y_pred}, str(folder), split)
+        official = len(y_pred) == OFFICIAL_SIZES[split]
+        # Written whole or not at all: an interrupted eval never leaves a truncated file that
+        # looks like a submission.
+        with atomic_path(path) as partial:
+            if official:
+                # OGB's writer (it checks the official size) into a folder of its own, then
+                # moved into place.
+                staging = partial.with_suffix("")
+                staging.mkdir()
+                try:
+                    PCQM4Mv2Evaluator().save_test_submission(
+                        {"y_pred": y_pred}, str(staging), split
+                    )
+                    os.replace(staging / path.name, partial)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+            else:
+                # A subset gets the same file format, flagged.
+                np.savez_compressed(partial, y_pred=y_pred)
+        if official:
             report(f"submission: {path.resolve()} ({len(y_pred):,} predictions, {self.name})")
         else:
-            # OGB's writer asserts the official size; a subset gets the same file format, flagged.
-            np.savez_compressed(path, y_pred=y_pred)
             report(
                 f"submission: {path.resolve()} ({len(y_pred):,} predictions; the official "
                 f"{split} split has {OFFICIAL_SIZES[split]:,}, so this is NOT a valid leaderboard "
