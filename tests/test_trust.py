@@ -229,6 +229,58 @@ def test_binary_calibration_is_fitted_on_valid_and_reported_by_eval(tpsa_csv, tm
         predictor.run(MOLECULES, interval=0.9)
 
 
+def test_a_binary_ensemble_is_scored_on_its_members_mean_probability(tmp_path):
+    """Accuracy (reported beside ROC-AUC for a user's graphs, issue #17) and ROC-AUC of an
+    ensemble are those of its members' mean probability."""
+    import torch
+    from sklearn.metrics import roc_auc_score
+
+    from graphormer.data import build_source
+    from graphormer.testing import shape_graphs
+
+    graphs = shape_graphs(150, seed=2)
+    flipped = np.random.default_rng(0).random(len(graphs)) < 0.2  # noisy labels: not all right
+    for graph, flip in zip(graphs, flipped, strict=True):  # cycles against the other shapes
+        graph.y = ((graph.y == 0) != bool(flip)).float().view(1, 1)
+    path = tmp_path / "graphs.pt"
+    torch.save(graphs, path)
+    cfg = compose_train(
+        [
+            *TINY,
+            "dataset=pyg_file",
+            f"dataset.path={path}",
+            "dataset.task_type=binary",
+            "dataset.categorical_node_columns=[0]",
+            f"dataset.root={tmp_path}",
+            f"output_dir={tmp_path / 'run'}",
+            "ensemble.size=2",
+            "trainer.max_epochs=3",
+            "~logger",
+        ]
+    )
+    metrics = train_run(cfg)
+    found = evaluate(tmp_path / "run", split="test", output=tmp_path / "eval.json")
+    # The oracle: each member's probabilities for the test graphs from the Predictor, averaged
+    # here and scored by scikit-learn.
+    source = build_source({"source": "pyg_file", "path": str(path), "task_type": "binary"})
+    test = source.load().split["test"].tolist()
+    y = np.array([float(graphs[i].y) for i in test])
+    mean = np.mean(
+        [
+            Predictor.from_checkpoint(m["best_checkpoint"], device="cpu")
+            .predict_graphs([graphs[i] for i in test])
+            .values[:, 0]
+            for m in metrics["members"]
+        ],
+        0,
+    )
+    assert found["ensemble_size"] == 2 and found["test"]["num_graphs"] == len(test) > 0
+    assert found["test"]["acc"] == pytest.approx(np.mean((mean > 0.5) == y), abs=1e-9)
+    assert found["test"]["rocauc"] == pytest.approx(roc_auc_score(y, mean), abs=1e-6)
+    # Neither all right nor all wrong, so that a threshold on the wrong side would show.
+    assert 0 < np.mean((mean > 0.5) == y) < 1 and 0 < y.mean() < 1
+
+
 def test_binary_calibration_on_a_regression_task_is_refused_before_training(tpsa_csv, tmp_path):
     out = tmp_path / "regression"
     with pytest.raises(ConfigError, match="calibration=temperature calibrates binary probabil"):
