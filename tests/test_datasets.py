@@ -115,6 +115,22 @@ def test_smiles_csv_bad_input_errors(tmp_path):
         SmilesCsvSource(str(csv), targets=["y"], task_type="ordinal")
 
 
+def test_a_gzipped_smiles_csv_reads_as_the_plain_one(nci_csv, tmp_path):
+    import gzip
+
+    from graphormer.data.sources.smiles_csv import read_csv_table
+
+    packed = tmp_path / "nci.csv.gz"
+    packed.write_bytes(gzip.compress(Path(nci_csv).read_bytes()))
+    pd.testing.assert_frame_equal(
+        read_csv_table(str(packed), None, None), read_csv_table(str(nci_csv), None, None)
+    )
+    torn = tmp_path / "torn.csv.gz"
+    torn.write_bytes(packed.read_bytes()[:200])
+    with pytest.raises(DataError, match=r"dataset.path=.*torn.csv.gz is a damaged gzip file"):
+        read_csv_table(str(torn), None, None)
+
+
 def test_scaffold_split_keeps_scaffolds_together():
     smiles = ["c1ccccc1C", "c1ccccc1CC", "c1ccccc1O", "C1CCCCC1N", "C1CCCCC1O", "CCO", "CCN", "C"]
     split = scaffold_split(smiles, (0.5, 0.25, 0.25))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import io
 import json
 import os.path as osp
 import warnings
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -300,11 +302,19 @@ class SmilesCsvDataset(InMemoryDataset):
 def read_csv_table(
     csv_path: str, columns: Sequence[str] | None, comment: str | None
 ) -> pd.DataFrame:
-    """A user's CSV as a table: UTF-8 text, whole comment lines skipped, ``columns`` naming the
-    columns of a file without a header row."""
+    """A user's CSV as a table: UTF-8 text, gzipped or not (``.csv.gz``, told by its first
+    bytes), whole comment lines skipped, ``columns`` naming the columns of a file without a
+    header row."""
+    with open(csv_path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
     try:
-        with open(csv_path, encoding="utf-8") as f:
+        with (gzip.open if gzipped else open)(csv_path, "rt", encoding="utf-8") as f:
             text = f.read()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise DataError(
+            f"dataset.path={csv_path} is a damaged gzip file ({error}): compress the CSV "
+            "again, or give it uncompressed"
+        ) from error
     except UnicodeDecodeError as error:
         raise DataError(
             f"dataset.path={csv_path} is not UTF-8 text (byte {error.start} cannot be "
