@@ -774,7 +774,7 @@ class GraphormerModule(pl.LightningModule):
         pre-trained initialisation, the tensors new to the task at ``lr`` and the copied ones at
         ``lr * pretrained_lr_scale`` (the schedule scales both alike)."""
         scale = self.hparams.get("pretrained_lr_scale")
-        named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
+        named = list(self.named_parameters())  # every one, as self.parameters() gave before
         copied = [p for name, p in named if name in self.pretrained_parameters]
         if scale is None or scale == 1 or not copied:
             return [{"params": [p for _, p in named]}]
