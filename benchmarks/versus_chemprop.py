@@ -31,7 +31,7 @@ wheel (MIT licence; the file is read, the package need not be installed)::
     unzip -p /tmp/moses/molsets-0.3.1-py3-none-any.whl moses/dataset/data/train.csv.gz \
         > /tmp/moses/train.csv.gz
     python benchmarks/versus_chemprop.py --work /tmp/vs-moses --pretrain-smiles /tmp/moses/train.csv.gz \
-        --pretrain-size 30000 --pretrain-epochs 5
+        --pretrain-size 30000 --pretrain-epochs 10 --pretrain-threads 0
 
 Molecules of the evaluated sets (by canonical SMILES) are removed from the pre-training SMILES
 before a seeded sample of ``--pretrain-size``. Finished runs are kept under ``--work`` and reused,
