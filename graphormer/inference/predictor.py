@@ -453,13 +453,10 @@ class Predictor:
         cut to its own molecule (no padding)."""
         smiles = _smiles_list(smiles)
         self._check_smiles_allowed()
-        featurized = featurize_smiles(smiles, self.max_atoms)
+        featurized = self._featurize(smiles)
         for i, error in enumerate(featurized.errors):
             if error:
                 raise DataError(f"SMILES {smiles[i]!r} (item {i}): {error}")
-        if self.task.bond_tasks:  # bond k of a molecule is its edge 2k
-            for graph in featurized.graphs:
-                graph.bond_edge = molecule_bond_edges(graph)
         self._attach_molecule_features(featurized, smiles, None)
         batch = self.collator(featurized.graphs)
         atoms = bonds = contributions = None
@@ -563,7 +560,7 @@ class Predictor:
         try:
             for start in range(0, n, _CHUNK):
                 begin = time.perf_counter()
-                featurized = featurize_smiles(smiles[start : start + _CHUNK], self.max_atoms)
+                featurized = self._featurize(smiles[start : start + _CHUNK])
                 part = None if features is None else features.iloc[start : start + _CHUNK]
                 self._attach_molecule_features(featurized, smiles[start : start + _CHUNK], part)
                 self.timings["featurize_s"] += time.perf_counter() - begin
@@ -571,9 +568,6 @@ class Predictor:
                 bar.update(len(featurized.errors) - len(featurized.valid))
                 for rows in self._batches(featurized):
                     graphs = [featurized.graphs[i] for i in rows]
-                    if bonds is not None:  # bond k of a molecule is its edge 2k
-                        for graph in graphs:
-                            graph.bond_edge = molecule_bond_edges(graph)
                     out, std, graph_states, per_level = self._predict_batch(
                         graphs, vectors is not None
                     )
@@ -798,6 +792,16 @@ class Predictor:
         if self.task.bond_tasks:  # an edge-level model predicts every listed edge (pyg_file)
             data.bond_edge = torch.arange(data.edge_index.size(1), dtype=torch.long)
         return data
+
+    def _featurize(self, smiles: Sequence[str]) -> FeaturizedMolecules:
+        """OGB's featurisation of ``smiles`` (None and a reason where it fails); a model of bond
+        targets also gets each graph's bond edges (bond k of a molecule is its edge 2k)."""
+        featurized = featurize_smiles(smiles, self.max_atoms)
+        if self.task.bond_tasks:
+            for graph in featurized.graphs:
+                if graph is not None:
+                    graph.bond_edge = molecule_bond_edges(graph)
+        return featurized
 
     def _check_smiles_allowed(self) -> None:
         if self.smiles_refusal is not None:
