@@ -1,18 +1,25 @@
-"""Fine-tuning with a slower learning rate for the pre-trained tensors (issue #22):
-``optim.pretrained_lr_scale``."""
+"""Fine-tuning (issue #22): a slower learning rate for the pre-trained tensors
+(``optim.pretrained_lr_scale``), and an output layer fitted on the frozen pre-trained network
+before fine-tuning starts (``pretrained_head=probe``)."""
 
 from __future__ import annotations
 
 import json
+import re
 
+import lightning.pytorch as pl
+import numpy as np
+import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 
 from graphormer.errors import ConfigError
-from graphormer.training.module import PRETRAINED_KEY
+from graphormer.training.module import PRETRAINED_KEY, masked_loss
+from graphormer.training.pretrained import PROBE_PENALTIES
 from graphormer.training.settings import OptimSettings
 
-from helpers import call_script, tpsa_run_args
+from helpers import call_failing, call_script, compose_train, tpsa_run_args, train_config
 
 NEW_FOR_THE_TASK = {"model.head.weight", "model.head.bias", "model.readout.weight"}
 
@@ -77,3 +84,211 @@ def test_without_pretrained_weights_there_is_one_group(tmp_path, nci_csv):
 def test_the_scale_must_be_a_positive_number(scale):
     with pytest.raises(ConfigError, match="optim.pretrained_lr_scale"):
         OptimSettings(pretrained_lr_scale=scale)
+
+
+@pytest.fixture(scope="module")
+def pretrained_tpsa(tmp_path_factory, nci_csv):
+    """A one-epoch TPSA run's best checkpoint: the pre-trained network of the probe tests."""
+    work = tmp_path_factory.mktemp("probe_source")
+    call_script("train.py", tpsa_run_args(nci_csv, work / "run", "trainer.max_epochs=1"), work)
+    return json.loads((work / "run" / "metrics.json").read_text())["best_checkpoint"]
+
+
+class StartingWeights(pl.Callback):
+    """The molecule output maps as training starts, and the frozen network's features of the
+    training and validation graphs, written out here (not through Graphormer.head_inputs)."""
+
+    def on_train_start(self, trainer, pl_module):
+        model = pl_module.model
+        self.maps = {k: v.detach().clone() for k, v in pl_module.named_parameters()}
+        self.mean, self.std = pl_module.target_mean.clone(), pl_module.target_std.clone()
+        model.eval()
+        self.features = {}
+        with torch.no_grad():
+            for split in ("train", "valid"):
+                rows, targets = [], []
+                for batch in trainer.datamodule.probe_dataloader(split):
+                    h, _ = model.encode(batch)
+                    hidden = model.head_transform(h[:, 0])
+                    atoms = h[:, 1:].sum(1)
+                    if model.config.readout == "token_mean":
+                        count = batch.node_mask.sum(1, keepdim=True)
+                        hidden = hidden + model.readout(atoms / count)
+                    state = model.head_norm(F.gelu(hidden))
+                    if model.config.readout == "token_sum":
+                        rows.append(torch.cat([state, atoms], 1))
+                    else:
+                        rows.append(state)
+                    targets.append(batch.y.view(batch.num_graphs, -1))
+                self.features[split] = (torch.cat(rows).double(), torch.cat(targets).double())
+        model.train()
+
+
+def _expected_probe(features, task, n_features, mean, std):
+    """scikit-learn's ridge regression (logistic regression) on the network's features, for
+    each penalty of PROBE_PENALTIES, keeping the one of least validation loss: the oracle of
+    pretrained_head=probe."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    x, y = (t.numpy() for t in features["train"])
+    xv, yv = (t.numpy() for t in features["valid"])
+    keep, keep_v = ~np.isnan(y[:, 0]), ~np.isnan(yv[:, 0])
+    x, y, xv, yv = x[keep], y[keep, 0], xv[keep_v], yv[keep_v, 0]
+    best = None
+    for penalty in PROBE_PENALTIES:
+        if task == "binary":
+            # Ours: mean log-loss + penalty |w|^2; scikit-learn's: C sum log-loss + |w|^2 / 2.
+            fit = LogisticRegression(C=1 / (2 * penalty * len(x)), tol=1e-10, max_iter=10000)
+            fit.fit(x, y)
+            w, b = fit.coef_[0], fit.intercept_[0]
+            logits = xv @ w + b
+            loss = np.mean(np.logaddexp(0, logits) - yv * logits)
+        else:
+            # Ours: mean squared error (standardised targets) + penalty |w|^2.
+            target = (y - float(mean[0])) / float(std[0])
+            fit = Ridge(alpha=penalty * len(x)).fit(x, target)
+            w, b = fit.coef_, fit.intercept_
+            loss = np.mean((xv @ w + b - (yv - float(mean[0])) / float(std[0])) ** 2)
+        if best is None or loss < best[0]:
+            best = (loss, w, b)
+    _, w, b = best
+    return w[:n_features], w[n_features:], b
+
+
+@pytest.mark.parametrize(
+    "task, readout", [("regression", "token_sum"), ("binary", "token_sum"), ("regression", "token")]
+)
+def test_the_probe_fits_the_output_layer_as_scikit_learn_does(
+    tmp_path, nci_csv, pretrained_tpsa, task, readout
+):
+    target = "tpsa" if task == "regression" else "binary"
+    cfg = compose_train(
+        tpsa_run_args(
+            nci_csv,
+            tmp_path / "run",
+            f"dataset.targets=[{target}]",
+            f"dataset.task_type={task}",
+            f"pretrained={pretrained_tpsa}",
+            "pretrained_head=probe",
+            f"model.readout={readout}",
+            "pretrained_strict=false",  # the source's readout map is token_sum's
+            "trainer.max_epochs=1",
+            f"output_dir={tmp_path / 'run'}",
+        )
+    )
+    seen = StartingWeights()
+    train_config(cfg, callbacks=[seen])
+    width = seen.maps["model.head.weight"].size(1)
+    state_w, atoms_w, bias = _expected_probe(seen.features, task, width, seen.mean, seen.std)
+    if readout == "token_sum":
+        ours = torch.cat([seen.maps["model.head.weight"], seen.maps["model.readout.weight"]], 1)
+    else:
+        assert "model.readout.weight" not in seen.maps and atoms_w.size == 0
+        ours = seen.maps["model.head.weight"]
+    # What the layer computes on the training graphs' features: the two fits' outputs agree
+    # (a near-separable logistic fit is flat along some weight directions; its outputs are not).
+    x = seen.features["train"][0].numpy()
+    expected = x @ np.concatenate([state_w, atoms_w]) + bias
+    got = x @ ours[0].double().numpy() + seen.maps["model.head.bias"][0].item()
+    np.testing.assert_allclose(got, expected, atol=1e-3 * np.abs(expected).max())
+    if task == "regression":  # the exact ridge: the weights themselves
+        np.testing.assert_allclose(
+            ours[0].numpy(), np.concatenate([state_w, atoms_w]), rtol=1e-3, atol=1e-5
+        )
+
+
+def test_fine_tuning_starts_from_the_probe_and_a_resume_does_not_probe_again(
+    tmp_path, nci_csv, pretrained_tpsa
+):
+    def finetune(out, *extra):
+        args = tpsa_run_args(
+            nci_csv,
+            out,
+            f"pretrained={pretrained_tpsa}",
+            "pretrained_head=probe",
+            "optim.warmup_steps=2",
+            "optim.total_steps=1000",  # one schedule, whatever max_epochs says
+            *extra,
+        )
+        return call_script("train.py", args, tmp_path)
+
+    straight = tmp_path / "straight"
+    log = finetune(straight, "trainer.max_epochs=2")
+    found = re.search(
+        r"pretrained_head=probe: fitted model.head.bias, model.head.weight, "
+        r"model.readout.weight on the frozen pre-trained network \((\d+) training graphs, L2 "
+        r"penalty ([\d.e-]+); validation loss ([\d.e+-]+) re-initialised, ([\d.e+-]+) fitted",
+        log,
+    )
+    assert found, log
+    graphs, penalty, before, after = found.groups()
+    assert int(graphs) > 200 and float(penalty) in PROBE_PENALTIES
+    # The re-initialised layer predicts about the training mean (loss ~1 on standardised
+    # targets); the fitted one reads the pre-trained network.
+    assert float(after) < 0.7 * float(before)
+
+    resumed = tmp_path / "resumed"
+    finetune(resumed, "trainer.max_epochs=1")
+    epoch_one = resumed / "checkpoints" / "last.ckpt"
+    log = call_script(
+        "train.py",
+        [f"ckpt_path={epoch_one}", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"],
+        tmp_path,
+    )
+    assert "pretrained_head=probe" not in log
+    last = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)
+    again = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    for name, tensor in last["state_dict"].items():
+        assert torch.equal(again["state_dict"][name], tensor), name
+
+
+def test_the_head_setting_is_checked(tmp_path, nci_csv):
+    args = tpsa_run_args(nci_csv, tmp_path / "run", "pretrained_head=linear")
+    result = call_failing("train.py", args, tmp_path)
+    assert "error: pretrained_head='linear' is not allowed: one of random, probe" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "task, readout, head_bias",
+    [("multiclass", "token_mean", "per_task"), ("regression", "token_sum", "shared")],
+)
+def test_the_probe_minimises_the_penalised_loss_by_l_bfgs(
+    tmp_path, nci_csv, pretrained_tpsa, task, readout, head_bias
+):
+    """Where no closed form or Newton step serves (multi-class cross-entropy; one bias shared by
+    all outputs), the fitted layer is a minimum: the penalised loss's gradient is zero there."""
+    table = pd.read_csv(nci_csv)
+    table["band"] = pd.qcut(table.tpsa, 3, labels=False)
+    path = tmp_path / "bands.csv"
+    table.to_csv(path, index=False)
+    cfg = compose_train(
+        tpsa_run_args(
+            path,
+            tmp_path / "run",
+            f"dataset.targets=[{'band' if task == 'multiclass' else 'tpsa'}]",
+            f"dataset.task_type={task}",
+            f"pretrained={pretrained_tpsa}",
+            "pretrained_head=probe",
+            f"model.readout={readout}",
+            f"model.head_bias={head_bias}",
+            "pretrained_strict=false",
+            "trainer.max_epochs=1",
+            f"output_dir={tmp_path / 'run'}",
+        )
+    )
+    seen = StartingWeights()
+    train_config(cfg, callbacks=[seen])
+    x, y = seen.features["train"]
+    y = (y - seen.mean.double()) / seen.std.double()
+    names = ["model.head.weight"] + (["model.readout.weight"] if readout == "token_sum" else [])
+    weight = torch.cat([seen.maps[n].double() for n in names], 1).T.clone().requires_grad_()
+    bias_name = "model.head_bias" if head_bias == "shared" else "model.head.bias"
+    bias = seen.maps[bias_name].double().clone().requires_grad_()
+    loss_name = "ce" if task == "multiclass" else "mse"
+    gradients = []
+    for penalty in PROBE_PENALTIES:
+        value = masked_loss(x @ weight + bias, y, loss_name) + penalty * weight.pow(2).sum()
+        grad_w, grad_b = torch.autograd.grad(value, [weight, bias])
+        gradients.append(max(grad_w.abs().max().item(), grad_b.abs().max().item()))
+    # Zero (to the float32 the parameters are stored in) at the chosen penalty, not at the others.
+    assert sorted(gradients)[0] < 1e-4 < sorted(gradients)[1], gradients

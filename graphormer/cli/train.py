@@ -38,6 +38,7 @@ SAFE_ON_RESUME = (
     "logger",
     "pretrained",
     "pretrained_strict",
+    "pretrained_head",
     "require_pretrained",
     "trainer.max_epochs",
     "trainer.max_steps",

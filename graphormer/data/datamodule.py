@@ -313,16 +313,33 @@ class GraphDataModule(pl.LightningDataModule):
             # still joins every collective (an empty loader would skip the epoch-end hooks and
             # leave the other ranks waiting). Predictions are de-duplicated by dataset index.
             shard = [0]
+        if self.max_tokens is not None:
+            self._log_alone(split, index, rank)
+        return self._loader(index, self._eval_batches(index, shard))
+
+    def _eval_batches(self, index: torch.Tensor, positions: list[int]) -> list[list[int]]:
+        """``positions`` (into ``index``) in their order, in batches of ``eval_batch_size``
+        graphs and, with ``max_tokens``, of at most that many padded nodes."""
         step = self.eval_batch_size
         if self.max_tokens is None:
-            batches = [shard[i : i + step] for i in range(0, len(shard), step)]
-        else:
-            # In the shard's order (by size, when grouping), under both bounds.
-            lengths = padded_length(self.sizes[index[shard]], self.pad_to_multiple)
-            counts = pack_by_tokens(lengths.tolist(), step, self.max_tokens)
-            batches = [b.tolist() for b in torch.tensor(shard, dtype=torch.long).split(counts)]
-            self._log_alone(split, index, rank)
-        return self._loader(index, batches)
+            return [positions[i : i + step] for i in range(0, len(positions), step)]
+        lengths = padded_length(self.sizes[index[positions]], self.pad_to_multiple)
+        counts = pack_by_tokens(lengths.tolist(), step, self.max_tokens)
+        return [b.tolist() for b in torch.tensor(positions, dtype=torch.long).split(counts)]
+
+    def probe_dataloader(self, split: str, max_graphs: int | None = None) -> DataLoader:
+        """Every graph of ``split`` (for ``train``, the graphs training reads), or a seeded
+        sample of ``max_graphs`` of them, in evaluation batches by size, the same on every
+        rank (not sharded): what a fit on a frozen network reads
+        (``pretrained_head=probe``)."""
+        index = self.train_index if split == "train" else self.loaded.split[split]
+        if max_graphs is not None and len(index) > max_graphs:
+            generator = torch.Generator().manual_seed(self.seed)
+            index = index[
+                torch.randperm(len(index), generator=generator)[:max_graphs].sort().values
+            ]
+        order = torch.argsort(self.sizes[index], stable=True).tolist()
+        return self._loader(index, self._eval_batches(index, order))
 
     def _log_alone(self, split: str, index: torch.Tensor, rank: int) -> None:
         """Once per split: graphs that alone exceed the budget (evaluated, one per batch)."""

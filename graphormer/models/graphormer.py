@@ -513,12 +513,26 @@ class Graphormer(nn.Module):
         the configured readout (what :meth:`forward` returns)."""
         if self.head is None:  # atom targets alone
             return h.new_zeros(h.size(0), 0)
+        state, atoms = self.head_inputs(h, batch)
+        out = self.head(state)  # [B, T]
+        if atoms is not None:
+            out = out + self.readout(atoms)  # sum_i w . h_i: one contribution per atom
+        if self.head_bias is not None:
+            out = out + self.head_bias
+        return out
+
+    def head_inputs(self, h: Tensor, batch: GraphormerBatch) -> tuple[Tensor, Tensor | None]:
+        """What the molecule output is linear in: the head's state ``[B, d]`` (the output
+        layer ``head`` reads it) and, for a ``token_sum`` readout, the atoms' sum ``[B, d]``
+        (``readout`` reads it; else None). The output is ``head(state) + readout(atoms)`` plus
+        any shared bias; ``pretrained_head=probe`` fits those maps on a frozen network."""
         graph = h[:, 0]  # [B, d], the graph token's final state
         hidden = self.head_transform(graph)  # [B, d]
         if self.molecule_input is not None and self.config.molecule_features_at == "head":
             # W [state; features] + b, written as a sum of two linear maps.
             hidden = hidden + self._molecule_vector(batch).to(hidden.dtype)
         readout = self.config.readout
+        atoms = None
         if readout != "token":
             # Padding rows of h are zeros (encode's contract), so a plain sum is the atoms' sum.
             atoms = h[:, 1:].sum(1)  # [B, d]
@@ -526,12 +540,8 @@ class Graphormer(nn.Module):
             count = batch.node_mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # [B, 1]
             # W [token; mean] + b, again as a sum of two linear maps.
             hidden = hidden + self.readout(atoms / count)
-        out = self.head(self.head_norm(F.gelu(hidden)))  # [B, T]
-        if readout == "token_sum":
-            out = out + self.readout(atoms)  # sum_i w . h_i: one contribution per atom
-        if self.head_bias is not None:
-            out = out + self.head_bias
-        return out
+            atoms = None
+        return self.head_norm(F.gelu(hidden)), atoms
 
     def atom_contributions(self, h: Tensor, batch: GraphormerBatch) -> Tensor:
         """``[B, N, num_tasks]``: each atom's additive term of a ``token_sum`` readout, read from

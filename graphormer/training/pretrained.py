@@ -9,12 +9,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
+import torch
+
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
+from graphormer.console import report as console_report
 from graphormer.models.graphormer import GraphormerConfig
-from graphormer.training.module import GraphormerModule
+from graphormer.training.module import GraphormerModule, masked_loss
 
-__all__ = ["PretrainedReport", "architecture", "load_pretrained"]
+__all__ = [
+    "HeadProbe",
+    "PretrainedReport",
+    "ProbeReport",
+    "architecture",
+    "load_pretrained",
+    "probe_new_head",
+]
 
 log = logging.getLogger(__name__)
 
@@ -246,3 +257,312 @@ def _setting_differences(
             name = "embedding_layernorm" if key == "uses_embedding_layernorm" else key
             differences.append(f"model.{name} {a!r} vs {b!r}")
     return differences
+
+
+# pretrained_head=probe: at most this many training (and validation) graphs feed the fit.
+PROBE_MAX_GRAPHS = 50_000
+# The L2 penalties on the output layer's weights tried; the validation loss chooses one.
+PROBE_PENALTIES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+# Without labelled validation graphs, this one.
+PROBE_DEFAULT_PENALTY = 1e-2
+
+
+@dataclass
+class ProbeReport:
+    """What ``pretrained_head=probe`` fitted (:func:`probe_new_head`).
+
+    Attributes:
+        fitted: the tensors fitted (``model.head.weight`` ...); empty for a model with no
+            molecule head (atom or bond targets alone).
+        graphs: training graphs the fit read.
+        penalty: the L2 penalty chosen.
+        valid_before: the validation loss (the training loss's, standardised targets) with the
+            re-initialised output layer; None without labelled validation graphs.
+        valid_after: the same with the fitted layer.
+    """
+
+    fitted: list[str] = field(default_factory=list)
+    graphs: int = 0
+    penalty: float = PROBE_DEFAULT_PENALTY
+    valid_before: float | None = None
+    valid_after: float | None = None
+
+    def summary(self) -> str:
+        if not self.fitted:
+            return (
+                "pretrained_head=probe: this model has no molecule output layer to fit (its "
+                "atom and bond heads start re-initialised)"
+            )
+        text = (
+            f"pretrained_head=probe: fitted {', '.join(self.fitted)} on the frozen pre-trained "
+            f"network ({self.graphs:,} training graphs, L2 penalty {self.penalty:g}"
+        )
+        if self.valid_before is not None and self.valid_after is not None:
+            text += (
+                f"; validation loss {self.valid_before:.4g} re-initialised, "
+                f"{self.valid_after:.4g} fitted"
+            )
+        return text + "); fine-tuning starts from it"
+
+
+def probe_new_head(module: GraphormerModule, datamodule: Any, device: torch.device) -> ProbeReport:
+    """Fits the new task's molecule output layer on the frozen pre-trained network: the first
+    step of linear-probe-then-fine-tune (Kumar et al., ICLR 2022), whose fine-tuning then starts
+    from a fitted output layer rather than a random one that would first pull the pre-trained
+    features towards its noise.
+
+    The molecule output is linear in :meth:`Graphormer.head_inputs` (the head's state and, for
+    ``readout=token_sum``, the atoms' sum), so the fit is a generalised linear model on them,
+    computed once in eval mode (no dropout): the training loss itself (squared error on
+    standardised targets, binary or multi-class cross-entropy, L1; missing labels skipped) plus
+    an L2 penalty on the layer's weights, minimised by L-BFGS in float64 for
+    each of :data:`PROBE_PENALTIES`, keeping the one of least validation loss. The fitted maps
+    replace ``model.head`` (and ``model.readout`` for ``token_sum``; a shared ``head_bias``
+    takes the intercept). Atom and bond heads keep their initialisation.
+
+    Args:
+        module (GraphormerModule): the fine-tuning run's module, after :func:`load_pretrained`
+            and the module's ``setup`` (the target standardisation).
+        datamodule: its :class:`~graphormer.data.datamodule.GraphDataModule`, set up.
+        device (torch.device): where the network runs.
+    """
+    model = module.model
+    report = ProbeReport()
+    if model.head is None:
+        return report
+    train = _head_features(module, datamodule.probe_dataloader("train", PROBE_MAX_GRAPHS), device)
+    valid = None
+    if datamodule.split_sizes().get("valid") and datamodule.is_labelled("valid"):
+        valid = _head_features(
+            module, datamodule.probe_dataloader("valid", PROBE_MAX_GRAPHS), device
+        )
+    report.graphs = len(train[0])
+    loss = _probe_loss(module)
+    shared = model.head_bias is not None
+    x_train, centre = _centred(torch.cat(train[:-1], 1), centred=not shared)
+    y_train = _standardised_targets(module, train[-1])
+    outputs = model.head.out_features
+
+    def fit(penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return _fit_linear(loss, module.loss_name, x_train, y_train, outputs, shared, penalty)
+
+    if valid is not None:
+        x_valid = torch.cat(valid[:-1], 1)
+        y_valid = _standardised_targets(module, valid[-1])
+        report.valid_before = float(loss(_apply(_current_maps(model), x_valid), y_valid))
+        fits = []
+        for penalty in PROBE_PENALTIES:
+            weight, bias = fit(penalty)
+            with torch.no_grad():
+                score = float(loss((x_valid - centre) @ weight + bias, y_valid))
+            fits.append((score, -penalty, penalty, weight, bias))
+        report.valid_after, _, report.penalty, weight, bias = min(fits, key=lambda f: f[:2])
+    else:
+        report.penalty = PROBE_DEFAULT_PENALTY
+        weight, bias = fit(report.penalty)
+    bias = bias - centre @ weight  # W (x - c) + b = W x + (b - W c)
+    width = model.head.in_features
+    fitted = {"model.head.weight": weight[:width].T}
+    if model.readout is not None and model.config.readout == "token_sum":
+        fitted["model.readout.weight"] = weight[width:].T
+    if shared:
+        fitted["model.head_bias"] = bias.reshape(1)
+    else:
+        fitted["model.head.bias"] = bias
+    trainer = getattr(module, "_trainer", None)
+    if trainer is not None and trainer.world_size > 1:
+        # Every rank fitted on the same graphs; rank 0's fit, exactly, for all.
+        fitted = trainer.strategy.broadcast({k: v.cpu() for k, v in fitted.items()}, src=0)
+    own = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, value in fitted.items():
+            own[name].copy_(value.to(own[name].dtype))
+    report.fitted = sorted(fitted)
+    return report
+
+
+def _head_features(
+    module: GraphormerModule, loader: Any, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """``(state [N, d], atoms [N, d] (token_sum only), targets [N, T])`` in float64 on the CPU,
+    from the network in eval mode."""
+    model = module.model
+    training = model.training
+    model.eval()
+    states, atom_sums, targets = [], [], []
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                batch = batch.to(device)
+                h, _ = model.encode(batch)
+                state, atoms = model.head_inputs(h, batch)
+                states.append(state.double().cpu())
+                if atoms is not None and model.config.readout == "token_sum":
+                    atom_sums.append(atoms.double().cpu())
+                targets.append(batch.y.view(batch.num_graphs, -1).double().cpu())
+    finally:
+        model.train(training)
+    parts = [torch.cat(states)] + ([torch.cat(atom_sums)] if atom_sums else [])
+    return (*parts, torch.cat(targets))
+
+
+def _centred(x: torch.Tensor, centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    centre = x.mean(0) if centred else torch.zeros_like(x[0])
+    return x - centre, centre
+
+
+def _current_maps(model: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output maps as they are, as one ``[D, T]`` weight and a ``[T]`` bias on raw features."""
+    weights = [model.head.weight.detach().double().cpu().T]
+    if model.readout is not None and model.config.readout == "token_sum":
+        weights.append(model.readout.weight.detach().double().cpu().T)
+    bias = torch.zeros(model.head.out_features, dtype=torch.float64)
+    if model.head.bias is not None:
+        bias = bias + model.head.bias.detach().double().cpu()
+    if model.head_bias is not None:
+        bias = bias + model.head_bias.detach().double().cpu()
+    return torch.cat(weights), bias
+
+
+def _apply(maps: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    return x @ maps[0] + maps[1]
+
+
+def _probe_loss(module: GraphormerModule) -> Any:
+    """The module's training loss of raw outputs against standardised targets (as training
+    standardises them: :func:`_standardised_targets`), in float64 on the CPU."""
+    name = module.loss_name
+
+    def loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return masked_loss(pred, target, name)
+
+    return loss
+
+
+def _standardised_targets(module: GraphormerModule, y: torch.Tensor) -> torch.Tensor:
+    mean = module.target_mean.detach().double().cpu()
+    std = module.target_std.detach().double().cpu()
+    return (y - mean) / std
+
+
+def _fit_linear(
+    loss: Any,
+    name: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    outputs: int,
+    shared: bool,
+    penalty: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``W [D, T]``, ``b`` minimising the training loss of ``x W + b`` plus ``penalty |W|^2``
+    (``x`` centred unless ``shared``): ridge regression in closed form for the squared error,
+    Newton's method for binary cross-entropy, L-BFGS otherwise (a shared bias, multi-class
+    cross-entropy, L1)."""
+    if name == "mse" and not shared:
+        return _ridge(x, y, penalty)
+    if name == "bce" and not shared:
+        return _logistic(x, y, penalty)
+    weight = torch.zeros(x.size(1), outputs, dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(1 if shared else outputs, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS(
+        [weight, bias],
+        lr=1.0,
+        max_iter=500,
+        tolerance_grad=1e-10,
+        tolerance_change=1e-14,
+        history_size=50,
+        line_search_fn="strong_wolfe",
+    )
+
+    def objective() -> torch.Tensor:
+        optimizer.zero_grad()
+        value = loss(x @ weight + bias, y) + penalty * weight.pow(2).sum()
+        value.backward()
+        return value
+
+    optimizer.step(objective)
+    return weight.detach(), bias.detach()
+
+
+def _logistic(x: torch.Tensor, y: torch.Tensor, penalty: float) -> tuple[torch.Tensor, ...]:
+    """The exact minimum of masked_loss's binary cross-entropy over the labelled entries (of
+    all tasks together) plus ``penalty |W|^2``: per task, L2-penalised logistic regression on
+    its labelled rows by Newton's method with backtracking."""
+    labelled = ~torch.isnan(y)
+    count = int(labelled.sum())
+    weight = torch.zeros(x.size(1), y.size(1), dtype=torch.float64)
+    bias = torch.zeros(y.size(1), dtype=torch.float64)
+    for t in range(y.size(1)):
+        rows = labelled[:, t]
+        if not rows.any():
+            continue
+        design = torch.cat([x[rows], torch.ones(int(rows.sum()), 1, dtype=x.dtype)], 1)
+        ridge = torch.full((design.size(1),), 2 * penalty, dtype=x.dtype)
+        ridge[-1] = 0.0  # the intercept is not penalised
+        theta = _newton_logistic(design, y[rows, t], ridge, count)
+        weight[:, t], bias[t] = theta[:-1], theta[-1]
+    return weight, bias
+
+
+def _newton_logistic(
+    design: torch.Tensor, target: torch.Tensor, ridge: torch.Tensor, count: int
+) -> torch.Tensor:
+    """``theta`` minimising ``sum(log-loss(design theta, target)) / count + |sqrt(ridge)
+    theta|^2 / 2`` (a convex function) by Newton's method with backtracking."""
+
+    def objective(theta: torch.Tensor) -> torch.Tensor:
+        logits = design @ theta
+        data = (torch.nn.functional.softplus(logits) - target * logits).sum() / count
+        return data + 0.5 * (ridge * theta * theta).sum()
+
+    theta = torch.zeros(design.size(1), dtype=design.dtype)
+    value = objective(theta)
+    for _ in range(100):
+        p = torch.sigmoid(design @ theta)
+        gradient = design.T @ (p - target) / count + ridge * theta
+        hessian = (design.T * (p * (1 - p))) @ design / count + torch.diag(ridge)
+        step = torch.linalg.solve(hessian + 1e-12 * torch.eye(len(theta)), gradient)
+        size = 1.0
+        while size > 1e-10:
+            candidate = objective(theta - size * step)
+            if candidate <= value:
+                break
+            size /= 2
+        else:
+            break  # no decrease along Newton's direction: the minimum, to rounding
+        theta, previous, value = theta - size * step, value, candidate
+        if previous - value <= 1e-15 * max(1.0, abs(float(value))):
+            break
+    return theta
+
+
+def _ridge(x: torch.Tensor, y: torch.Tensor, penalty: float) -> tuple[torch.Tensor, ...]:
+    """The exact minimum of masked_loss's mean squared error over the labelled entries (of all
+    tasks together) plus ``penalty |W|^2``, on centred ``x``: per task, ridge regression on its
+    labelled rows with ``penalty`` times the number of labelled entries."""
+    labelled = ~torch.isnan(y)  # [N, T]
+    count = int(labelled.sum())
+    weight = torch.zeros(x.size(1), y.size(1), dtype=torch.float64)
+    bias = torch.zeros(y.size(1), dtype=torch.float64)
+    eye = torch.eye(x.size(1), dtype=torch.float64)
+    for t in range(y.size(1)):
+        rows = labelled[:, t]
+        if not rows.any():
+            continue
+        xt, yt = x[rows], y[rows, t]
+        mean_x, mean_y = xt.mean(0), yt.mean()
+        xc = xt - mean_x
+        weight[:, t] = torch.linalg.solve(xc.T @ xc + penalty * count * eye, xc.T @ (yt - mean_y))
+        bias[t] = mean_y - mean_x @ weight[:, t]
+    return weight, bias
+
+
+class HeadProbe(pl.Callback):
+    """``pretrained_head=probe``: :func:`probe_new_head` once, as fitting starts (the network on
+    its device, the targets' standardisation set); a resume never probes (its weights are its
+    checkpoint's)."""
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        found = probe_new_head(pl_module, trainer.datamodule, pl_module.device)
+        if trainer.is_global_zero:
+            console_report(found.summary())

@@ -27,7 +27,7 @@ from graphormer.rundir import is_first_process, newest_checkpoint
 from graphormer.training.callbacks import EpochSummary, RunCheckpoint, WeightAverage
 from graphormer.training.module import GraphormerModule
 from graphormer.training.precision import precision_arguments
-from graphormer.training.pretrained import load_pretrained
+from graphormer.training.pretrained import HeadProbe, load_pretrained
 from graphormer.training.settings import DataModuleSettings, RunSettings
 
 __all__ = [
@@ -307,6 +307,8 @@ def train(
         auto_insert_metric_name=False,
     )
     callbacks = [checkpoint, *(callbacks or [])]
+    if settings.pretrained and not settings.ckpt_path and settings.pretrained_head == "probe":
+        callbacks.append(HeadProbe())  # before the average starts from the weights
     if module.hparams.get("ema_decay") is not None:
         callbacks.append(WeightAverage(module.hparams.ema_decay))
     kwargs = trainer_settings.lightning_kwargs()

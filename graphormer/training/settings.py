@@ -374,6 +374,8 @@ def _fraction_or_count(key: str, value: Any) -> None:
 _LOSSES = ("auto", "bce", "ce", "l1", "mse")
 # How binary probabilities are calibrated on the validation split at the end of training.
 CALIBRATIONS = ("none", "temperature", "isotonic")
+# How a fine-tuning's new molecule output layer starts (graphormer.training.pretrained).
+PRETRAINED_HEADS = ("random", "probe")
 
 
 @dataclass(frozen=True)
@@ -443,6 +445,8 @@ class RunSettings:
         ckpt_path: resume from this checkpoint of an interrupted run.
         pretrained: initialise the network from this checkpoint (fine-tuning).
         pretrained_strict: a checkpoint that does not fit exactly is an error (else a warning).
+        pretrained_head: the new molecule output layer of a fine-tuning starts ``random``
+            (Microsoft's fine-tuning) or ``probe``: fitted on the frozen pre-trained network.
         require_pretrained: ``pretrained`` must be given (fine-tuning recipes).
         nonfinite: a NaN or infinite loss or gradient ``stop``s the run, or ``skip``s the update.
         ensemble: members differing in seed (:class:`EnsembleSettings`).
@@ -471,6 +475,7 @@ class RunSettings:
     ckpt_path: str | None = None
     pretrained: str | None = None
     pretrained_strict: bool = True
+    pretrained_head: str = "random"
     require_pretrained: bool = False
     nonfinite: str = "stop"
     resume_strict: bool = True
@@ -495,6 +500,7 @@ class RunSettings:
             if value is not None and not isinstance(value, str | Path):
                 raise _bad(key, value, "a file path or null")
         _boolean("pretrained_strict", self.pretrained_strict)
+        _choice("pretrained_head", self.pretrained_head, PRETRAINED_HEADS)
         _boolean("require_pretrained", self.require_pretrained)
         try:  # the model's own checks, now rather than after the data has been read
             GraphormerConfig.from_dict({**self.model, "num_tasks": 1})
