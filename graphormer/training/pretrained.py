@@ -315,10 +315,11 @@ def probe_new_head(module: GraphormerModule, datamodule: Any, device: torch.devi
     ``readout=token_sum``, the atoms' sum), so the fit is a generalised linear model on them,
     computed once in eval mode (no dropout): the training loss itself (squared error on
     standardised targets, binary or multi-class cross-entropy, L1; missing labels skipped) plus
-    an L2 penalty on the layer's weights, minimised by L-BFGS in float64 for
-    each of :data:`PROBE_PENALTIES`, keeping the one of least validation loss. The fitted maps
-    replace ``model.head`` (and ``model.readout`` for ``token_sum``; a shared ``head_bias``
-    takes the intercept). Atom and bond heads keep their initialisation.
+    an L2 penalty on the layer's weights, minimised in float64 (:func:`_fit_linear`) for each of
+    :data:`PROBE_PENALTIES`, keeping the one of least validation loss. The fitted maps replace
+    ``model.head`` (and ``model.readout`` for ``token_sum``; a shared ``head_bias`` takes the
+    intercept). Atom and bond heads keep their initialisation. Measured on issue #22's built
+    sets it fine-tuned worse than the random start (README), so it is opt-in.
 
     Args:
         module (GraphormerModule): the fine-tuning run's module, after :func:`load_pretrained`
