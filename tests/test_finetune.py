@@ -243,6 +243,11 @@ def test_fine_tuning_starts_from_the_probe_and_a_resume_does_not_probe_again(
 
 
 def test_the_head_setting_is_checked(tmp_path, nci_csv):
+    args = tpsa_run_args(nci_csv, tmp_path / "run", "pretrained_head=probe")
+    result = call_failing("train.py", args, tmp_path)
+    assert "error: pretrained_head=probe fits the new output layer of a fine-tuning: give " in (
+        result.stderr
+    )
     args = tpsa_run_args(nci_csv, tmp_path / "run", "pretrained_head=linear")
     result = call_failing("train.py", args, tmp_path)
     assert "error: pretrained_head='linear' is not allowed: one of random, probe" in result.stderr

@@ -267,6 +267,11 @@ def train(
             "pre-training run's checkpoint, or published weights converted with "
             "scripts/convert.py; see README 'Reproducing the paper')"
         )
+    if settings.pretrained_head != "random" and not settings.pretrained and not settings.ckpt_path:
+        raise ConfigError(
+            f"pretrained_head={settings.pretrained_head} fits the new output layer of a "
+            "fine-tuning: give pretrained=FILE.ckpt too, or leave pretrained_head=random"
+        )
     if settings.ckpt_path:
         checkpoints.load(settings.ckpt_path)  # a missing, corrupt or altered file fails now
     trainer_settings = settings.trainer
