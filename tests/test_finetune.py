@@ -24,25 +24,55 @@ from helpers import call_failing, call_script, compose_train, tpsa_run_args, tra
 NEW_FOR_THE_TASK = {"model.head.weight", "model.head.bias", "model.readout.weight"}
 
 
-def test_the_copied_tensors_train_slower_and_a_resume_keeps_the_groups(tmp_path, nci_csv):
-    source = tmp_path / "source"
-    call_script("train.py", tpsa_run_args(nci_csv, source, "trainer.max_epochs=1"), tmp_path)
-    pretrained = json.loads((source / "metrics.json").read_text())["best_checkpoint"]
+@pytest.fixture(scope="module")
+def pretrained_tpsa(tmp_path_factory, nci_csv):
+    """A one-epoch TPSA run's best checkpoint: the pre-trained network of the probe tests."""
+    work = tmp_path_factory.mktemp("probe_source")
+    call_script("train.py", tpsa_run_args(nci_csv, work / "run", "trainer.max_epochs=1"), work)
+    return json.loads((work / "run" / "metrics.json").read_text())["best_checkpoint"]
 
-    def finetune(out, *extra):
-        args = tpsa_run_args(
-            nci_csv,
-            out,
-            f"pretrained={pretrained}",
-            "optim.pretrained_lr_scale=0.1",
-            "optim.warmup_steps=2",
-            "optim.total_steps=1000",  # one schedule, whatever max_epochs says
-            *extra,
-        )
-        return call_script("train.py", args, tmp_path)
 
+def fine_tune(tmp_path, csv, out, pretrained, *extra) -> str:
+    """train.py fine-tuning ``pretrained`` into ``out`` on one learning-rate schedule whatever
+    ``trainer.max_epochs`` says, so that a run stopped after its first epoch and resumed can end
+    as one that ran straight; its output."""
+    args = tpsa_run_args(
+        csv,
+        out,
+        f"pretrained={pretrained}",
+        "optim.warmup_steps=2",
+        "optim.total_steps=1000",
+        *extra,
+    )
+    return call_script("train.py", args, tmp_path)
+
+
+def stopped_and_resumed(tmp_path, csv, pretrained, *extra) -> tuple[str, dict]:
+    """The fine-tuning of :func:`fine_tune` stopped after its first epoch, then resumed for a
+    second (the file ``pretrained=`` named is not read again): the resume's output and its last
+    checkpoint."""
+    resumed = tmp_path / "resumed"
+    fine_tune(tmp_path, csv, resumed, pretrained, *extra, "trainer.max_epochs=1")
+    epoch_one = resumed / "checkpoints" / "last.ckpt"
+    log = call_script(
+        "train.py",
+        [f"ckpt_path={epoch_one}", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"],
+        tmp_path,
+    )
+    return log, torch.load(epoch_one, weights_only=True)
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    for name, tensor in a["state_dict"].items():
+        assert torch.equal(b["state_dict"][name], tensor), name
+
+
+def test_the_copied_tensors_train_slower_and_a_resume_keeps_the_groups(
+    tmp_path, nci_csv, pretrained_tpsa
+):
+    scale = "optim.pretrained_lr_scale=0.1"
     straight = tmp_path / "straight"
-    log = finetune(straight, "trainer.max_epochs=2")
+    log = fine_tune(tmp_path, nci_csv, straight, pretrained_tpsa, scale, "trainer.max_epochs=2")
     assert "optim.pretrained_lr_scale=0.1: the copied tensors train at lr 0.0001" in log
     last = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)
     copied = set(last[PRETRAINED_KEY])
@@ -54,20 +84,10 @@ def test_the_copied_tensors_train_slower_and_a_resume_keeps_the_groups(tmp_path,
     # One schedule for both: at every step the copied tensors' rate is a tenth of the others'.
     assert 0 < new["lr"] < 1e-3 and slow["lr"] == pytest.approx(0.1 * new["lr"])
 
-    # Stopped after its first epoch and resumed: the same groups, the same end (the file
-    # pretrained= named is not read again).
-    resumed = tmp_path / "resumed"
-    finetune(resumed, "trainer.max_epochs=1")
-    epoch_one = resumed / "checkpoints" / "last.ckpt"
-    call_script(
-        "train.py",
-        [f"ckpt_path={epoch_one}", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"],
-        tmp_path,
-    )
-    again = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    # Stopped and resumed: the same groups, the same end.
+    _, again = stopped_and_resumed(tmp_path, nci_csv, pretrained_tpsa, scale)
     assert set(again[PRETRAINED_KEY]) == copied
-    for name, tensor in last["state_dict"].items():
-        assert torch.equal(again["state_dict"][name], tensor), name
+    assert_same_weights(last, again)
 
 
 def test_without_pretrained_weights_there_is_one_group(tmp_path, nci_csv):
@@ -84,14 +104,6 @@ def test_without_pretrained_weights_there_is_one_group(tmp_path, nci_csv):
 def test_the_scale_must_be_a_positive_number(scale):
     with pytest.raises(ConfigError, match="optim.pretrained_lr_scale"):
         OptimSettings(pretrained_lr_scale=scale)
-
-
-@pytest.fixture(scope="module")
-def pretrained_tpsa(tmp_path_factory, nci_csv):
-    """A one-epoch TPSA run's best checkpoint: the pre-trained network of the probe tests."""
-    work = tmp_path_factory.mktemp("probe_source")
-    call_script("train.py", tpsa_run_args(nci_csv, work / "run", "trainer.max_epochs=1"), work)
-    return json.loads((work / "run" / "metrics.json").read_text())["best_checkpoint"]
 
 
 class StartingWeights(pl.Callback):
@@ -200,20 +212,9 @@ def test_the_probe_fits_the_output_layer_as_scikit_learn_does(
 def test_fine_tuning_starts_from_the_probe_and_a_resume_does_not_probe_again(
     tmp_path, nci_csv, pretrained_tpsa
 ):
-    def finetune(out, *extra):
-        args = tpsa_run_args(
-            nci_csv,
-            out,
-            f"pretrained={pretrained_tpsa}",
-            "pretrained_head=probe",
-            "optim.warmup_steps=2",
-            "optim.total_steps=1000",  # one schedule, whatever max_epochs says
-            *extra,
-        )
-        return call_script("train.py", args, tmp_path)
-
+    probe = "pretrained_head=probe"
     straight = tmp_path / "straight"
-    log = finetune(straight, "trainer.max_epochs=2")
+    log = fine_tune(tmp_path, nci_csv, straight, pretrained_tpsa, probe, "trainer.max_epochs=2")
     found = re.search(
         r"pretrained_head=probe: fitted model.head.bias, model.head.weight, "
         r"model.readout.weight on the frozen pre-trained network \((\d+) training graphs, L2 "
@@ -227,19 +228,11 @@ def test_fine_tuning_starts_from_the_probe_and_a_resume_does_not_probe_again(
     # targets); the fitted one reads the pre-trained network.
     assert float(after) < 0.7 * float(before)
 
-    resumed = tmp_path / "resumed"
-    finetune(resumed, "trainer.max_epochs=1")
-    epoch_one = resumed / "checkpoints" / "last.ckpt"
-    log = call_script(
-        "train.py",
-        [f"ckpt_path={epoch_one}", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"],
-        tmp_path,
-    )
+    log, again = stopped_and_resumed(tmp_path, nci_csv, pretrained_tpsa, probe)
     assert "pretrained_head=probe" not in log
-    last = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)
-    again = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
-    for name, tensor in last["state_dict"].items():
-        assert torch.equal(again["state_dict"][name], tensor), name
+    assert_same_weights(
+        torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True), again
+    )
 
 
 def test_the_head_setting_is_checked(tmp_path, nci_csv):
