@@ -447,9 +447,12 @@ class GraphormerModule(pl.LightningModule):
             out["bond"] = self._bond_units(raw["bond"])
         return (out, attention) if return_attention else out
 
+    def standardised_targets(self, target: Tensor) -> Tensor:
+        """Molecule targets as the loss compares them (identity unless normalize_targets)."""
+        return (target - self.target_mean) / self.target_std
+
     def _loss(self, raw: Tensor, target: Tensor) -> Tensor:
-        # The loss compares standardised values (identity unless normalize_targets).
-        return masked_loss(raw, (target - self.target_mean) / self.target_std, self.loss_name)
+        return masked_loss(raw, self.standardised_targets(target), self.loss_name)
 
     def _atom_units(self, raw: Tensor) -> Tensor:
         """Atom outputs in the atom targets' units (logits for binary atom tasks)."""

@@ -338,24 +338,25 @@ def probe_new_head(module: GraphormerModule, datamodule: Any, device: torch.devi
             module, datamodule.probe_dataloader("valid", PROBE_MAX_GRAPHS), device
         )
     report.graphs = len(train[0])
-    loss = _probe_loss(module)
+    name = module.loss_name
     shared = model.head_bias is not None
     x_train, centre = _centred(torch.cat(train[:-1], 1), centred=not shared)
-    y_train = _standardised_targets(module, train[-1])
+    y_train = _standardised(module, train[-1])
     outputs = model.head.out_features
 
     def fit(penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return _fit_linear(loss, module.loss_name, x_train, y_train, outputs, shared, penalty)
+        return _fit_linear(name, x_train, y_train, outputs, shared, penalty)
 
     if valid is not None:
         x_valid = torch.cat(valid[:-1], 1)
-        y_valid = _standardised_targets(module, valid[-1])
-        report.valid_before = float(loss(_apply(_current_maps(model), x_valid), y_valid))
+        y_valid = _standardised(module, valid[-1])
+        weight, bias = _current_maps(model)
+        report.valid_before = float(masked_loss(x_valid @ weight + bias, y_valid, name))
         fits = []
         for penalty in PROBE_PENALTIES:
             weight, bias = fit(penalty)
             with torch.no_grad():
-                score = float(loss((x_valid - centre) @ weight + bias, y_valid))
+                score = float(masked_loss((x_valid - centre) @ weight + bias, y_valid, name))
             fits.append((score, -penalty, penalty, weight, bias))
         report.valid_after, _, report.penalty, weight, bias = min(fits, key=lambda f: f[:2])
     else:
@@ -398,13 +399,18 @@ def _head_features(
                 h, _ = model.encode(batch)
                 state, atoms = model.head_inputs(h, batch)
                 states.append(state.double().cpu())
-                if atoms is not None and model.config.readout == "token_sum":
+                if atoms is not None:  # token_sum's
                     atom_sums.append(atoms.double().cpu())
                 targets.append(batch.y.view(batch.num_graphs, -1).double().cpu())
     finally:
         model.train(training)
     parts = [torch.cat(states)] + ([torch.cat(atom_sums)] if atom_sums else [])
     return (*parts, torch.cat(targets))
+
+
+def _standardised(module: GraphormerModule, y: torch.Tensor) -> torch.Tensor:
+    """Targets as training's loss compares them (in its float32), back in float64."""
+    return module.standardised_targets(y.to(module.target_mean)).double().cpu()
 
 
 def _centred(x: torch.Tensor, centred: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -425,29 +431,7 @@ def _current_maps(model: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(weights), bias
 
 
-def _apply(maps: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    return x @ maps[0] + maps[1]
-
-
-def _probe_loss(module: GraphormerModule) -> Any:
-    """The module's training loss of raw outputs against standardised targets (as training
-    standardises them: :func:`_standardised_targets`), in float64 on the CPU."""
-    name = module.loss_name
-
-    def loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return masked_loss(pred, target, name)
-
-    return loss
-
-
-def _standardised_targets(module: GraphormerModule, y: torch.Tensor) -> torch.Tensor:
-    mean = module.target_mean.detach().double().cpu()
-    std = module.target_std.detach().double().cpu()
-    return (y - mean) / std
-
-
 def _fit_linear(
-    loss: Any,
     name: str,
     x: torch.Tensor,
     y: torch.Tensor,
@@ -477,7 +461,7 @@ def _fit_linear(
 
     def objective() -> torch.Tensor:
         optimizer.zero_grad()
-        value = loss(x @ weight + bias, y) + penalty * weight.pow(2).sum()
+        value = masked_loss(x @ weight + bias, y, name) + penalty * weight.pow(2).sum()
         value.backward()
         return value
 
