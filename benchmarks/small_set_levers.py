@@ -74,7 +74,7 @@ def build(work: Path, size: int, target: str) -> Path:
     return path
 
 
-def test_sizes(csv: Path) -> dict:
+def split_by_size(csv: Path) -> dict:
     """The test split's SMILES and labels (the scaffold split ``dataset=smiles_csv`` makes), and
     which of them are no larger than the training split's largest molecule."""
     from rdkit import Chem
@@ -129,7 +129,7 @@ def main() -> None:
     csv = build(work, args.size, args.target)
     runs = work / ("runs" if args.target == "scaffold_logp" else f"runs_{args.target}")
     summary = []
-    sizes = test_sizes(csv) if args.by_size else None
+    sizes = split_by_size(csv) if args.by_size else None
     for name, *overrides in args.lever:
         values, walls = [], []
         for seed in args.seeds:
