@@ -1,5 +1,6 @@
 """Fine-tuning (issue #22): a slower learning rate for the pre-trained tensors
-(``optim.pretrained_lr_scale``), and an output layer fitted on the frozen pre-trained network
+(``optim.pretrained_lr_scale``), a decay toward their pre-trained values rather than toward zero
+(``optim.pretrained_decay``, L2-SP), and an output layer fitted on the frozen pre-trained network
 before fine-tuning starts (``pretrained_head=probe``)."""
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from graphormer.errors import ConfigError
-from graphormer.training.module import PRETRAINED_KEY, masked_loss
+from graphormer.training.module import (
+    ANCHOR_KEY,
+    PRETRAINED_KEY,
+    GraphormerModule,
+    masked_loss,
+)
 from graphormer.training.pretrained import PROBE_PENALTIES
 from graphormer.training.settings import OptimSettings
 
@@ -104,6 +110,112 @@ def test_without_pretrained_weights_there_is_one_group(tmp_path, nci_csv):
 def test_the_scale_must_be_a_positive_number(scale):
     with pytest.raises(ConfigError, match="optim.pretrained_lr_scale"):
         OptimSettings(pretrained_lr_scale=scale)
+
+
+def test_an_update_pulls_the_copied_tensors_toward_their_pretrained_values():
+    """One optimiser step against torch's AdamW as the oracle: a copied tensor takes AdamW's step
+    without weight decay, then moves ``lr * pretrained_decay`` of the way back to its pre-trained
+    value; the tensors new to the task decay toward zero as AdamW's ``weight_decay`` does; a
+    copied tensor without a gradient (an update skipped for it) does not move."""
+    torch.manual_seed(0)
+    task = {"name": "toy", "task_type": "regression", "num_tasks": 1, "metric": "rmse"}
+    lr, rate, decay = 0.01, 20.0, 0.01
+    module = GraphormerModule(
+        model={"num_layers": 1, "hidden_dim": 16, "num_heads": 2},
+        task=task,
+        lr=lr,
+        weight_decay=decay,
+        warmup_steps=0,  # the first update at the peak rate
+        total_steps=100,
+        pretrained_decay=rate,
+        fused=False,
+    )
+    params = dict(module.named_parameters())
+    new_names = {n for n in params if n.startswith("model.head.") or n == "model.readout.weight"}
+    module.pretrained_parameters = frozenset(params.keys() - new_names)
+    module.anchor_pretrained()
+    anchors = {n: t.clone() for n, t in module.pretrained_anchor.items()}
+    idle = sorted(module.pretrained_parameters)[0]
+    with torch.no_grad():  # fine-tuning has moved the weights away from the pre-trained ones
+        for p in params.values():
+            p.add_(torch.randn_like(p))
+    for name, p in params.items():
+        p.grad = None if name == idle else torch.randn_like(p)
+    before = {n: p.detach().clone() for n, p in params.items()}
+
+    reference = {n: t.clone().requires_grad_() for n, t in before.items() if n != idle}
+    for name, t in reference.items():
+        t.grad = params[name].grad.clone()
+    torch.optim.AdamW(
+        [t for n, t in reference.items() if n in new_names], lr=lr, weight_decay=decay
+    ).step()
+    torch.optim.AdamW(
+        [t for n, t in reference.items() if n not in new_names], lr=lr, weight_decay=0.0
+    ).step()
+
+    configured = module.configure_optimizers()  # the scheduler holds the optimiser weakly
+    configured["optimizer"].step()
+    for name, p in params.items():
+        if name == idle:
+            assert torch.equal(p, before[name])
+            continue
+        expected = reference[name].detach()
+        if name not in new_names:
+            expected = expected - lr * rate * (expected - anchors[name])
+            assert not torch.allclose(expected, reference[name].detach())
+        torch.testing.assert_close(p.detach(), expected, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_the_copied_tensors_decay_toward_the_pretrained_ones_also_after_a_resume(
+    tmp_path, nci_csv, pretrained_tpsa
+):
+    decay = "optim.pretrained_decay=500"  # lr 1e-3: half the drift undone each update
+    straight = tmp_path / "straight"
+    log = fine_tune(tmp_path, nci_csv, straight, pretrained_tpsa, decay, "trainer.max_epochs=2")
+    assert (
+        "optim.pretrained_decay=500: the copied tensors decay toward their pre-trained values, "
+        "the ones new to the task toward zero (optim.weight_decay=0.01)"
+    ) in log
+    source = torch.load(pretrained_tpsa, weights_only=True)["state_dict"]
+    last = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=True)
+    copied = set(last[PRETRAINED_KEY])
+    # The point the copied tensors are pulled toward is the weights pretrained= held.
+    assert set(last[ANCHOR_KEY]) == copied
+    for name in copied:
+        assert torch.equal(last[ANCHOR_KEY][name], source[name]), name
+    new, pulled = last["optimizer_states"][0]["param_groups"]
+    assert (new["weight_decay"], pulled["weight_decay"]) == (0.01, 0.0)
+    assert pulled["pretrained_decay"] == 500.0 and "pretrained_decay" not in new
+    assert new["lr"] == pulled["lr"]  # one learning rate unless pretrained_lr_scale says
+
+    # The same fine-tuning without the pull drifts further from the pre-trained weights.
+    free = tmp_path / "free"
+    fine_tune(tmp_path, nci_csv, free, pretrained_tpsa, "trainer.max_epochs=2")
+    unpulled = torch.load(free / "checkpoints" / "last.ckpt", weights_only=True)
+
+    def drift(checkpoint):
+        weights = checkpoint["state_dict"]
+        return sum(float((weights[n] - source[n]).pow(2).sum()) for n in copied) ** 0.5
+
+    assert drift(last) < 0.5 * drift(unpulled)
+
+    # Stopped and resumed (pretrained= is not read again): the same anchors, the same end.
+    log, again = stopped_and_resumed(tmp_path, nci_csv, pretrained_tpsa, decay)
+    assert "pretrained_decay" not in log
+    assert all(torch.equal(again[ANCHOR_KEY][n], t) for n, t in last[ANCHOR_KEY].items())
+    assert_same_weights(last, again)
+
+
+def test_the_decay_setting_is_checked(tmp_path, nci_csv):
+    args = tpsa_run_args(nci_csv, tmp_path / "run", "optim.pretrained_decay=10")
+    result = call_failing("train.py", args, tmp_path)
+    assert (
+        "error: optim.pretrained_decay=10 pulls the tensors copied by a fine-tuning toward their "
+        "pre-trained values: give pretrained=FILE.ckpt too"
+    ) in result.stderr
+    for wrong in (-1, "x", True):
+        with pytest.raises(ConfigError, match="optim.pretrained_decay"):
+            OptimSettings(pretrained_decay=wrong)
 
 
 class StartingWeights(pl.Callback):

@@ -27,6 +27,10 @@ __all__ = ["LEVELS", "GraphormerModule", "NonFiniteError", "auto_loss", "masked_
 
 # The checkpoint entry naming the parameters a fine-tuning run copied from ``pretrained=``.
 PRETRAINED_KEY = "graphormer_pretrained_parameters"
+# The copied tensors' pre-trained values (pretrained_decay), and the parameter-group key of the
+# rate that pulls them there.
+ANCHOR_KEY = "graphormer_pretrained_anchor"
+_ANCHOR_DECAY = "pretrained_decay"
 
 _LOSSES = ("bce", "ce", "l1", "mse")
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
@@ -188,6 +192,15 @@ class GraphormerModule(pl.LightningModule):
             ``lr`` times this, while the ones new to the task (output layer, readout map,
             molecule-feature input) train at ``lr``; None (or 1): one learning rate for all.
             (default: :obj:`None`)
+        pretrained_decay (float | None, optional): when fine-tuning, the tensors copied from
+            ``pretrained=`` decay toward their pre-trained values rather than toward zero: L2-SP
+            (Li et al., ICML 2018), decoupled from the gradient as AdamW decouples its weight
+            decay. After each update ``w -= lr_t * pretrained_decay * (w - w_pretrained)``, with
+            ``lr_t`` the copied tensors' learning rate at that step (times
+            ``pretrained_lr_scale`` where set); the tensors new to the task keep
+            ``weight_decay`` toward zero. The pre-trained values (:attr:`pretrained_anchor`,
+            which ``train()`` sets) are kept in every checkpoint, so that a resume pulls toward
+            the same point. None: every tensor decays toward zero. (default: :obj:`None`)
     """
 
     def __init__(
@@ -211,12 +224,15 @@ class GraphormerModule(pl.LightningModule):
         loss_weights: dict[str, float] | None = None,
         ema_decay: float | None = None,
         pretrained_lr_scale: float | None = None,
+        pretrained_decay: float | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         # The parameter names copied from pretrained= (train() sets them; a resume reads them
         # from its checkpoint): the group that pretrained_lr_scale slows down.
         self.pretrained_parameters: frozenset[str] = frozenset()
+        # Their pre-trained values, where pretrained_decay pulls them (anchor_pretrained()).
+        self.pretrained_anchor: dict[str, Tensor] = {}
         if nonfinite not in _NONFINITE:
             raise ValueError(f"nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
         self.nonfinite = nonfinite
@@ -767,29 +783,84 @@ class GraphormerModule(pl.LightningModule):
             return warmup_linear_decay(step, warmup, total, hp.lr, hp.end_lr) / hp.lr
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        if any(group.get(_ANCHOR_DECAY) for group in optimizer.param_groups):
+            optimizer.register_step_post_hook(self._decay_toward_pretrained)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
 
     def parameter_groups(self) -> list[dict[str, Any]]:
-        """The optimiser's parameter groups: one, or with ``pretrained_lr_scale`` and a
-        pre-trained initialisation, the tensors new to the task at ``lr`` and the copied ones at
-        ``lr * pretrained_lr_scale`` (the schedule scales both alike)."""
+        """The optimiser's parameter groups: one, or with a pre-trained initialisation and
+        ``pretrained_lr_scale`` or ``pretrained_decay``, the tensors new to the task at ``lr``
+        and the copied ones at ``lr * pretrained_lr_scale`` (the schedule scales both alike),
+        decaying toward their pre-trained values rather than toward zero."""
         scale = self.hparams.get("pretrained_lr_scale")
+        decay = self.hparams.get("pretrained_decay")
+        scaled = scale is not None and scale != 1
         named = list(self.named_parameters())  # every one, as self.parameters() gave before
         copied = [p for name, p in named if name in self.pretrained_parameters]
-        if scale is None or scale == 1 or not copied:
+        if not copied or (not scaled and decay is None):
             return [{"params": [p for _, p in named]}]
         new = [p for name, p in named if name not in self.pretrained_parameters]
-        groups = [{"params": copied, "lr": self.hparams.lr * scale}]
-        return [{"params": new}, *groups] if new else groups
+        group: dict[str, Any] = {"params": copied}
+        if scaled:
+            group["lr"] = self.hparams.lr * scale
+        if decay is not None:
+            missing = sorted(self.pretrained_parameters - self.pretrained_anchor.keys())
+            if missing:
+                raise RuntimeError(
+                    f"pretrained_decay={decay} needs the pre-trained values of the copied "
+                    f"tensors (anchor_pretrained() before training); missing: {missing[:3]}"
+                )
+            group["weight_decay"] = 0.0
+            group[_ANCHOR_DECAY] = float(decay)
+        return [{"params": new}, group] if new else [group]
+
+    def anchor_pretrained(self) -> None:
+        """Keeps the copied tensors' current values (:attr:`pretrained_parameters`, just loaded
+        from ``pretrained=``) as the point ``pretrained_decay`` pulls them toward; nothing
+        without ``pretrained_decay``."""
+        if self.hparams.get("pretrained_decay") is None:
+            return
+        params = dict(self.named_parameters())
+        self.pretrained_anchor = {
+            name: params[name].detach().clone() for name in sorted(self.pretrained_parameters)
+        }
+
+    @torch.no_grad()
+    def _decay_toward_pretrained(self, optimizer, args, kwargs) -> None:
+        """After each optimiser step: ``w -= lr * rate * (w - w_pretrained)`` for the tensors
+        of a group with a rate that this step updated (a skipped update, whose gradients were
+        dropped, moves none of them)."""
+        names = {id(p): name for name, p in self.named_parameters()}
+        for group in optimizer.param_groups:
+            rate = group.get(_ANCHOR_DECAY)
+            if not rate:
+                continue
+            params, anchors = [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                anchor = self.pretrained_anchor[names[id(p)]]
+                if anchor.device != p.device or anchor.dtype != p.dtype:
+                    anchor = anchor.to(device=p.device, dtype=p.dtype)
+                    self.pretrained_anchor[names[id(p)]] = anchor
+                params.append(p)
+                anchors.append(anchor)
+            if params:
+                drift = torch._foreach_sub(params, anchors)
+                torch._foreach_add_(params, drift, alpha=-group["lr"] * rate)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.pretrained_parameters:
             # A resume rebuilds the same optimiser groups (its weights come from here, not
             # from pretrained=).
             checkpoint[PRETRAINED_KEY] = sorted(self.pretrained_parameters)
+        if self.pretrained_anchor:
+            checkpoint[ANCHOR_KEY] = {
+                name: t.detach().cpu() for name, t in sorted(self.pretrained_anchor.items())
+            }
         precision = str(self.trainer.precision) if self._trainer is not None else None
         checkpoint[checkpoints.META_KEY] = checkpoints.meta_entry(
             checkpoint["state_dict"], precision
@@ -805,6 +876,7 @@ class GraphormerModule(pl.LightningModule):
         # Lightning restores the module before it builds the optimiser, so a resumed
         # fine-tuning run groups its parameters as the interrupted one did.
         self.pretrained_parameters = frozenset(checkpoint.get(PRETRAINED_KEY, ()))
+        self.pretrained_anchor = dict(checkpoint.get(ANCHOR_KEY, {}))
         state = checkpoint.get(RNG_KEY)
         # Only when fit resumes; evaluating a checkpoint leaves the streams alone.
         if state is not None and self._trainer is not None and self.trainer.state.fn == "fit":

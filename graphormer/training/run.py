@@ -272,6 +272,13 @@ def train(
             f"pretrained_head={settings.pretrained_head} fits the new output layer of a "
             "fine-tuning: give pretrained=FILE.ckpt too, or leave pretrained_head=random"
         )
+    decay = settings.optim.pretrained_decay
+    if decay is not None and not settings.pretrained and not settings.ckpt_path:
+        raise ConfigError(
+            f"optim.pretrained_decay={decay} pulls the tensors copied by a fine-tuning toward "
+            "their pre-trained values: give pretrained=FILE.ckpt too, or leave "
+            "optim.pretrained_decay=null"
+        )
     if settings.ckpt_path:
         checkpoints.load(settings.ckpt_path)  # a missing, corrupt or altered file fails now
     trainer_settings = settings.trainer
@@ -292,6 +299,7 @@ def train(
     if settings.pretrained and not settings.ckpt_path:  # a resume's weights are its checkpoint's
         loaded = load_pretrained(module, settings.pretrained, strict=settings.pretrained_strict)
         module.pretrained_parameters = frozenset(loaded.copied)
+        module.anchor_pretrained()
         if is_first_process():
             report(loaded.summary())
             scale = settings.optim.pretrained_lr_scale
@@ -299,6 +307,13 @@ def train(
                 report(
                     f"optim.pretrained_lr_scale={scale}: the copied tensors train at lr "
                     f"{settings.optim.lr * scale:g}, the ones new to the task at {settings.optim.lr:g}"
+                )
+            decay = settings.optim.pretrained_decay
+            if decay is not None:
+                report(
+                    f"optim.pretrained_decay={decay:g}: the copied tensors decay toward their "
+                    f"pre-trained values, the ones new to the task toward zero "
+                    f"(optim.weight_decay={settings.optim.weight_decay:g})"
                 )
 
     monitor = monitor_key(settings.monitor, task)

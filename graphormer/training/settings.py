@@ -140,6 +140,7 @@ class OptimSettings:
     fused: bool | None = None
     ema_decay: float | None = None
     pretrained_lr_scale: float | None = None
+    pretrained_decay: float | None = None
 
     def __post_init__(self) -> None:
         _number("optim.lr", self.lr, above=0)
@@ -166,6 +167,7 @@ class OptimSettings:
         _boolean("optim.fused", self.fused, optional=True)
         _number("optim.ema_decay", self.ema_decay, above=0, below=1, optional=True)
         _number("optim.pretrained_lr_scale", self.pretrained_lr_scale, above=0, optional=True)
+        _number("optim.pretrained_decay", self.pretrained_decay, least=0, optional=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "betas": list(self.betas)}
