@@ -216,6 +216,13 @@ def test_the_decay_setting_is_checked(tmp_path, nci_csv):
     for wrong in (-1, "x", True):
         with pytest.raises(ConfigError, match="optim.pretrained_decay"):
             OptimSettings(pretrained_decay=wrong)
+    assert OptimSettings(lr=1e-3, pretrained_decay=1000).pretrained_decay == 1000
+    with pytest.raises(ConfigError, match=r"at most 1 / lr = 1000 \(each update"):
+        OptimSettings(lr=1e-3, pretrained_decay=1001)
+    # The copied tensors' own rate is what a pull of lr x rate uses.
+    assert OptimSettings(lr=1e-3, pretrained_lr_scale=0.1, pretrained_decay=10000).pretrained_decay
+    with pytest.raises(ConfigError, match=r"at most 1 / lr = 10000 "):
+        OptimSettings(lr=1e-3, pretrained_lr_scale=0.1, pretrained_decay=20000)
 
 
 class StartingWeights(pl.Callback):

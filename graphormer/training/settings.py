@@ -168,6 +168,18 @@ class OptimSettings:
         _number("optim.ema_decay", self.ema_decay, above=0, below=1, optional=True)
         _number("optim.pretrained_lr_scale", self.pretrained_lr_scale, above=0, optional=True)
         _number("optim.pretrained_decay", self.pretrained_decay, least=0, optional=True)
+        if self.pretrained_decay is not None:
+            # Each update moves the copied tensors lr x rate of the way back to their
+            # pre-trained values: beyond the whole way it overshoots them.
+            peak = self.lr * (self.pretrained_lr_scale or 1)
+            if peak * self.pretrained_decay > 1:
+                raise _bad(
+                    "optim.pretrained_decay",
+                    self.pretrained_decay,
+                    f"at most 1 / lr = {1 / peak:g} (each update moves the copied tensors lr x "
+                    f"rate of the way back to their pre-trained values; lr {peak:g} x "
+                    f"{self.pretrained_decay:g} is more than the whole way)",
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "betas": list(self.betas)}
