@@ -283,7 +283,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--pretrain-epochs", type=int, default=20)
+    parser.add_argument("--pretrain-epochs", type=int, default=10)  # the recipe's
     parser.add_argument(
         "--pretrain-smiles",
         type=Path,
