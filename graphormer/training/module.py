@@ -784,7 +784,10 @@ class GraphormerModule(pl.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         if any(group.get(_ANCHOR_DECAY) for group in optimizer.param_groups):
-            optimizer.register_step_post_hook(self._decay_toward_pretrained)
+            names = {id(p): name for name, p in self.named_parameters()}
+            optimizer.register_step_post_hook(
+                lambda optimizer, args, kwargs: self._decay_toward_pretrained(optimizer, names)
+            )
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
@@ -829,11 +832,10 @@ class GraphormerModule(pl.LightningModule):
         }
 
     @torch.no_grad()
-    def _decay_toward_pretrained(self, optimizer, args, kwargs) -> None:
+    def _decay_toward_pretrained(self, optimizer, names: dict[int, str]) -> None:
         """After each optimiser step: ``w -= lr * rate * (w - w_pretrained)`` for the tensors
         of a group with a rate that this step updated (a skipped update, whose gradients were
-        dropped, moves none of them)."""
-        names = {id(p): name for name, p in self.named_parameters()}
+        dropped, moves none of them); ``names`` maps each parameter's id to its name."""
         for group in optimizer.param_groups:
             rate = group.get(_ANCHOR_DECAY)
             if not rate:

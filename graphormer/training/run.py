@@ -261,24 +261,8 @@ def train(
             (default: :obj:`None`)
     """
     quiet_third_parties()
-    if settings.require_pretrained and not settings.pretrained and not settings.ckpt_path:
-        raise ConfigError(
-            "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
-            "pre-training run's checkpoint, or published weights converted with "
-            "scripts/convert.py; see README 'Reproducing the paper')"
-        )
-    if settings.pretrained_head != "random" and not settings.pretrained and not settings.ckpt_path:
-        raise ConfigError(
-            f"pretrained_head={settings.pretrained_head} fits the new output layer of a "
-            "fine-tuning: give pretrained=FILE.ckpt too, or leave pretrained_head=random"
-        )
-    decay = settings.optim.pretrained_decay
-    if decay is not None and not settings.pretrained and not settings.ckpt_path:
-        raise ConfigError(
-            f"optim.pretrained_decay={decay} pulls the tensors copied by a fine-tuning toward "
-            "their pre-trained values: give pretrained=FILE.ckpt too, or leave "
-            "optim.pretrained_decay=null"
-        )
+    if not settings.pretrained and not settings.ckpt_path:
+        _refuse_fine_tuning_settings(settings)
     if settings.ckpt_path:
         checkpoints.load(settings.ckpt_path)  # a missing, corrupt or altered file fails now
     trainer_settings = settings.trainer
@@ -417,6 +401,29 @@ def train(
         report(f"valid {metric}: {results['valid'][metric]:.4f}  test {metric}: {test_text}")
         report(f"evaluate with: python scripts/eval.py ckpt={results['best_checkpoint']}")
     return results
+
+
+def _refuse_fine_tuning_settings(settings: RunSettings) -> None:
+    """A run that starts from nothing (no ``pretrained=``, no resume) refuses the settings that
+    only a fine-tuning reads, each with one error line."""
+    if settings.require_pretrained:
+        raise ConfigError(
+            "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
+            "pre-training run's checkpoint, or published weights converted with "
+            "scripts/convert.py; see README 'Reproducing the paper')"
+        )
+    if settings.pretrained_head != "random":
+        raise ConfigError(
+            f"pretrained_head={settings.pretrained_head} fits the new output layer of a "
+            "fine-tuning: give pretrained=FILE.ckpt too, or leave pretrained_head=random"
+        )
+    decay = settings.optim.pretrained_decay
+    if decay is not None:
+        raise ConfigError(
+            f"optim.pretrained_decay={decay} pulls the tensors copied by a fine-tuning toward "
+            "their pre-trained values: give pretrained=FILE.ckpt too, or leave "
+            "optim.pretrained_decay=null"
+        )
 
 
 def _results(trainer: pl.Trainer, checkpoint: RunCheckpoint, task, output_dir: Path) -> dict:
