@@ -10,9 +10,15 @@ import pytest
 import torch
 
 from graphormer import Predictor, checkpoint
-from graphormer.data.descriptors import MoleculeFeatures, rdkit2d_names, rdkit2d_values
+from graphormer.data.descriptors import (
+    ATOM_DESCRIPTORS,
+    MoleculeFeatures,
+    atom_descriptor_values,
+    rdkit2d_names,
+    rdkit2d_values,
+)
 from graphormer.data.sources.smiles_csv import SmilesCsvSource
-from graphormer.errors import DataError
+from graphormer.errors import ConfigError, DataError
 from graphormer.models import Graphormer, GraphormerConfig, MoleculeFeatureInput
 from graphormer.training import GraphormerModule, build_datamodule
 
@@ -48,6 +54,65 @@ def test_rdkit2d_values_are_float32_nan_for_what_is_not_a_number():
     assert np.isnan(values[1]).all() and np.isfinite(values[0]).sum() > 150
     logp = rdkit2d_names().index("MolLogP")
     assert math.isclose(values[0, logp], -0.0014, abs_tol=1e-3)
+
+
+def test_atom_descriptors_are_the_contributions_rdkits_molecule_descriptors_sum():
+    from rdkit import Chem
+    from rdkit.Chem import Crippen, rdMolDescriptors
+    from rdkit.Chem.EState import EState
+
+    smiles = list(nci_table().smiles[:600])  # past the size where a process pool computes them
+    values = atom_descriptor_values(smiles)
+    assert len(values) == len(smiles)
+    serial = atom_descriptor_values(smiles[:50], workers=1)
+    for a, b in zip(values[:50], serial, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for text, atoms in zip(smiles[:100], values[:100], strict=True):
+        mol = Chem.MolFromSmiles(text)
+        assert atoms.dtype == np.float32 and atoms.shape == (mol.GetNumAtoms(), 6)
+        # Each heavy atom carries its hydrogens' share: the columns sum to the molecule's values.
+        assert math.isclose(atoms[:, 0].sum(), Crippen.MolLogP(mol), abs_tol=1e-3)
+        assert math.isclose(atoms[:, 1].sum(), Crippen.MolMR(mol), abs_tol=1e-3)
+        assert math.isclose(atoms[:, 2].sum(), rdMolDescriptors.CalcTPSA(mol), abs_tol=1e-3)
+        # Labute's per-atom terms with explicit hydrogens (its molecule value adds a global term).
+        with_h = sum(rdMolDescriptors._CalcLabuteASAContribs(Chem.AddHs(mol))[0])
+        assert math.isclose(atoms[:, 3].sum(), with_h, rel_tol=1e-5)
+        estate = np.asarray(EState.EStateIndices(mol), dtype=np.float32)
+        np.testing.assert_allclose(atoms[:, 5], estate, rtol=1e-6)
+    # Ethanol's oxygen: the most negative charge, a TPSA of 20.23 (hydroxyl), a negative logP.
+    ethanol, broken = atom_descriptor_values(["CCO", "C1CC"], workers=1)
+    assert broken is None
+    assert ethanol[2, 4] == ethanol[:, 4].min() and math.isclose(ethanol[2, 2], 20.23, rel_tol=1e-6)
+    assert ethanol[2, 0] < 0 < ethanol[0, 0]
+    names = [ATOM_DESCRIPTORS.index(n) for n in ("crippen_logp", "tpsa", "estate")]
+    assert names == [0, 2, 5]
+
+
+def test_atom_descriptor_targets_are_computed_and_refuse_given_atom_targets(tmp_path):
+    table = nci_table().iloc[:30]
+    table[["smiles"]].to_csv(tmp_path / "smiles.csv", index=False)
+    source = SmilesCsvSource(
+        str(tmp_path / "smiles.csv"),
+        [],
+        descriptor_targets=True,
+        atom_descriptor_targets=True,
+        split="random",
+        root=str(tmp_path / "cache"),
+    )
+    loaded = source.load()
+    assert loaded.task.atom_tasks == len(ATOM_DESCRIPTORS)
+    assert source.atom_task_names() == list(ATOM_DESCRIPTORS)
+    graph = loaded.dataset[7]
+    expected = atom_descriptor_values([table.smiles[int(graph.row)]], workers=1)[0]
+    torch.testing.assert_close(graph.y_atom, torch.from_numpy(expected), equal_nan=True)
+    with pytest.raises(ConfigError, match="leave dataset.atom_targets empty"):
+        SmilesCsvSource(
+            str(tmp_path / "smiles.csv"),
+            [],
+            descriptor_targets=True,
+            atom_descriptor_targets=True,
+            atom_targets=["charge"],
+        )
 
 
 def _csv(tmp_path, n=40):
@@ -152,6 +217,7 @@ def test_descriptor_pretraining_runs_and_fine_tunes_with_pretrained(tmp_path):
             [
                 *common,
                 "experiment=descriptor_pretrain",
+                "dataset.atom_descriptor_targets=true",
                 f"dataset.path={tmp_path / 'smiles.csv'}",
                 f"output_dir={tmp_path / 'pre'}",
             ]
@@ -159,7 +225,9 @@ def test_descriptor_pretraining_runs_and_fine_tunes_with_pretrained(tmp_path):
     )
     record = checkpoint.load(pre["best_checkpoint"])
     assert record.task["num_tasks"] == len(rdkit2d_names())
-    assert math.isfinite(pre["test"]["rmse"])
+    assert record.task["atom_tasks"] == len(ATOM_DESCRIPTORS)
+    assert any(k.startswith("model.atom_head.") for k in record.state_dict)
+    assert math.isfinite(pre["test"]["rmse"]) and math.isfinite(pre["test"]["atom_rmse"])
     tuned = train_config(
         compose_train(
             [
@@ -176,6 +244,7 @@ def test_descriptor_pretraining_runs_and_fine_tunes_with_pretrained(tmp_path):
     encoder = {k for k in record.state_dict if k.startswith("model.layers.")}
     mine = checkpoint.load(tuned["best_checkpoint"]).state_dict
     assert encoder and encoder <= set(mine) and math.isfinite(tuned["test"]["rmse"])
+    assert not any(k.startswith("model.atom_head.") for k in mine)  # a molecule task's own heads
     assert "model.molecule_input.keep" in mine
 
 

@@ -21,14 +21,28 @@ import pandas as pd
 from graphormer.errors import ConfigError, DataError
 
 __all__ = [
+    "ATOM_DESCRIPTORS",
     "MOLECULE_FEATURE_SETS",
     "MoleculeFeatures",
+    "atom_descriptor_values",
     "rdkit2d_names",
     "rdkit2d_values",
 ]
 
 # The named descriptor sets ``dataset.molecule_features`` accepts.
 MOLECULE_FEATURE_SETS = ("rdkit2d",)
+# RDKit's per-atom descriptors (``dataset.atom_descriptor_targets``), in column order: the atom
+# contributions of RDKit's molecule-level MolLogP, MolMR, TPSA and LabuteASA (Wildman and Crippen
+# 1999; Ertl et al. 2000; Labute 2000), Gasteiger-Marsili partial charges and Kier-Hall E-state
+# indices. Local quantities of each atom's neighbourhood, at any molecule size.
+ATOM_DESCRIPTORS = (
+    "crippen_logp",
+    "crippen_mr",
+    "tpsa",
+    "labute_asa",
+    "gasteiger_charge",
+    "estate",
+)
 # Molecules per worker task: large enough that process start-up and pickling are small beside it.
 _CHUNK = 256
 # Below this many molecules one process is faster than starting a pool.
@@ -79,6 +93,74 @@ def rdkit2d_values(smiles: Sequence[str], workers: int | None = None) -> np.ndar
     values = np.concatenate(parts) if parts else np.zeros((0, len(rdkit2d_names())))
     values[~np.isfinite(values) | (np.abs(values) > np.finfo(np.float32).max)] = np.nan
     return values.astype(np.float32)
+
+
+def _atom_descriptor_chunk(smiles: Sequence[str]) -> list[np.ndarray | None]:
+    """One ``[atoms, len(ATOM_DESCRIPTORS)]`` float64 array per SMILES (None: unparsable)."""
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem import rdMolDescriptors, rdPartialCharges
+    from rdkit.Chem.EState import EState
+
+    RDLogger.DisableLog("rdApp.*")
+    out: list[np.ndarray | None] = []
+    for text in smiles:
+        mol = Chem.MolFromSmiles(text) if isinstance(text, str) else None
+        if mol is None:
+            out.append(None)
+            continue
+        atoms = mol.GetNumAtoms()
+        values = np.full((atoms, len(ATOM_DESCRIPTORS)), np.nan)
+        if atoms:
+            # The additive ones on the molecule with explicit hydrogens (appended after the
+            # heavy atoms, whose indices stay), each hydrogen's share added to its heavy atom:
+            # every heavy atom's group contribution, summing to the molecule's MolLogP, MolMR
+            # and TPSA (LabuteASA adds a global hydrogen term to its atoms' sum).
+            with_h = Chem.AddHs(mol)
+            crippen = rdMolDescriptors._CalcCrippenContribs(with_h)
+            additive = np.column_stack(
+                [
+                    [logp for logp, _ in crippen],
+                    [mr for _, mr in crippen],
+                    list(rdMolDescriptors._CalcTPSAContribs(with_h)),
+                    list(rdMolDescriptors._CalcLabuteASAContribs(with_h)[0]),
+                ]
+            )
+            heavy = additive[:atoms].copy()
+            for atom in list(with_h.GetAtoms())[atoms:]:
+                for neighbour in atom.GetNeighbors():
+                    heavy[neighbour.GetIdx()] += additive[atom.GetIdx()]
+            values[:, :4] = heavy
+            rdPartialCharges.ComputeGasteigerCharges(mol)
+            values[:, 4] = [a.GetDoubleProp("_GasteigerCharge") for a in mol.GetAtoms()]
+            values[:, 5] = EState.EStateIndices(mol)
+        out.append(values)
+    return out
+
+
+def atom_descriptor_values(
+    smiles: Sequence[str], workers: int | None = None
+) -> list[np.ndarray | None]:
+    """RDKit's per-atom descriptors (:data:`ATOM_DESCRIPTORS`) of each SMILES: one float32
+    ``[atoms, len(ATOM_DESCRIPTORS)]`` array in RDKit's atom order (hydrogens implicit, as the
+    molecule's graph), NaN where a value is not finite (a Gasteiger charge RDKit cannot assign);
+    None for a SMILES RDKit cannot parse. Computed over ``workers`` processes as
+    :func:`rdkit2d_values`."""
+    smiles = list(smiles)
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    chunks = [smiles[i : i + _CHUNK] for i in range(0, len(smiles), _CHUNK)]
+    if workers <= 1 or len(smiles) < _PARALLEL_FROM:
+        parts = [_atom_descriptor_chunk(c) for c in chunks]
+    else:
+        with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
+            parts = list(pool.map(_atom_descriptor_chunk, chunks))
+    out: list[np.ndarray | None] = []
+    for values in (v for part in parts for v in part):
+        if values is not None:
+            values[~np.isfinite(values) | (np.abs(values) > np.finfo(np.float32).max)] = np.nan
+            values = values.astype(np.float32)
+        out.append(values)
+    return out
 
 
 @dataclass

@@ -18,7 +18,13 @@ import torch
 from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import InMemoryDataset
 
-from graphormer.data.descriptors import MoleculeFeatures, rdkit2d_names, rdkit2d_values
+from graphormer.data.descriptors import (
+    ATOM_DESCRIPTORS,
+    MoleculeFeatures,
+    atom_descriptor_values,
+    rdkit2d_names,
+    rdkit2d_values,
+)
 from graphormer.data.featurize import featurize_smiles, molecule_bond_edges
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
@@ -62,6 +68,9 @@ class SmilesCsvDataset(InMemoryDataset):
         descriptor_targets (bool): the targets are RDKit's 2D descriptors of each molecule
             (descriptor pre-training, issue #22), as ``sign(v) * log(1 + |v|)`` so that
             heavy-tailed ones (Ipc reaches 1e40) do not swamp the others; ``targets`` names them.
+        atom_descriptor_targets (bool): the atom targets are RDKit's per-atom descriptors
+            (:data:`~graphormer.data.descriptors.ATOM_DESCRIPTORS`, descriptor pre-training);
+            ``atom_targets`` names them.
     """
 
     def __init__(
@@ -77,6 +86,7 @@ class SmilesCsvDataset(InMemoryDataset):
         bond_targets: Sequence[str] = (),
         molecule_features: MoleculeFeatures | None = None,
         descriptor_targets: bool = False,
+        atom_descriptor_targets: bool = False,
     ) -> None:
         path = resolve_path(path)
         if not osp.isfile(path):
@@ -97,6 +107,7 @@ class SmilesCsvDataset(InMemoryDataset):
         self.comment = comment
         self.molecule_features = molecule_features
         self.descriptor_targets = descriptor_targets
+        self.atom_descriptor_targets = atom_descriptor_targets
         self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
         # The cache is keyed by the file's content and the columns read, never by its name alone.
         with open(self.csv_path, "rb") as f:
@@ -110,6 +121,8 @@ class SmilesCsvDataset(InMemoryDataset):
             read.append(["molecule_features", molecule_features.names()])
         if descriptor_targets:
             read.append("descriptor_targets")
+        if atom_descriptor_targets:
+            read.append("atom_descriptor_targets")
         digest.update(json.dumps(read).encode())
         stem = osp.splitext(osp.basename(path))[0]
         folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
@@ -170,8 +183,9 @@ class SmilesCsvDataset(InMemoryDataset):
         """The columns read besides SMILES: targets (unless computed), atom and bond targets,
         features."""
         targets = [] if self.descriptor_targets else self.targets
+        atom_targets = [] if self.atom_descriptor_targets else self.atom_targets
         features = self.molecule_features.columns if self.molecule_features else []
-        return [*targets, *self.atom_targets, *self.bond_targets, *features]
+        return [*targets, *atom_targets, *self.bond_targets, *features]
 
     def _atom_labels(
         self,
@@ -215,7 +229,7 @@ class SmilesCsvDataset(InMemoryDataset):
                 _parse_list(cell, row, column, self.csv_path)
                 for row, cell in enumerate(table[column])
             ]
-            for column in self.atom_targets
+            for column in ([] if self.atom_descriptor_targets else self.atom_targets)
         ]
         bond_lists = [
             [
@@ -228,6 +242,7 @@ class SmilesCsvDataset(InMemoryDataset):
         features = None
         if self.molecule_features is not None and self.molecule_features.enabled:
             features = self.molecule_features.compute(smiles, table, self.csv_path)
+        atom_values = atom_descriptor_values(smiles) if self.atom_descriptor_targets else None
         labels = np.empty((len(table), len(self.targets)), dtype=np.float32)
         if self.descriptor_targets:
             raw = rdkit2d_values(smiles)
@@ -274,7 +289,15 @@ class SmilesCsvDataset(InMemoryDataset):
             graph.row = torch.tensor([row])
             if features is not None:
                 graph.molecule_features = torch.from_numpy(features[row]).view(1, -1)
-            if self.atom_targets:
+            if atom_values is not None:
+                if atom_values[row] is None or len(atom_values[row]) != graph.num_nodes:
+                    raise DataError(  # both parse the same SMILES: a disagreement is RDKit's
+                        f"row {row} of {self.csv_path} ({column[row]!r}): RDKit's per-atom "
+                        f"descriptors do not match its {graph.num_nodes} atoms; remove the row "
+                        "or set dataset.atom_descriptor_targets=false"
+                    )
+                graph.y_atom = torch.from_numpy(atom_values[row])
+            elif self.atom_targets:
                 graph.y_atom = self._atom_labels(atom_lists, row, graph.num_nodes, column[row])
             if self.bond_targets:
                 graph.bond_edge = molecule_bond_edges(graph)
@@ -459,6 +482,12 @@ class SmilesCsvSource(Source):
         descriptor_targets (bool, optional): the targets are RDKit's 2D descriptors computed
             from the SMILES (``experiment=descriptor_pretrain``); ``targets`` must then be empty.
             (default: :obj:`False`)
+        atom_descriptor_targets (bool, optional): the atom targets are RDKit's per-atom
+            descriptors (:data:`~graphormer.data.descriptors.ATOM_DESCRIPTORS`: Crippen logP and
+            MR, TPSA and Labute ASA contributions with each atom's hydrogens, Gasteiger charge,
+            E-state index), regressed beside ``descriptor_targets`` by
+            ``experiment=descriptor_pretrain``; ``atom_targets`` must then be empty.
+            (default: :obj:`False`)
     """
 
     SPLITS = ("scaffold", "random", "column", "file")
@@ -488,6 +517,7 @@ class SmilesCsvSource(Source):
         molecule_features: str | None = None,
         feature_columns: Sequence[str] = (),
         descriptor_targets: bool = False,
+        atom_descriptor_targets: bool = False,
     ) -> None:
         self.features = MoleculeFeatures(molecule_features, list(feature_columns or ()))
         self.descriptor_targets = bool(descriptor_targets)
@@ -500,6 +530,15 @@ class SmilesCsvSource(Source):
             targets = rdkit2d_names()
         if isinstance(atom_targets, str):
             atom_targets = [atom_targets]
+        self.atom_descriptor_targets = bool(atom_descriptor_targets)
+        if self.atom_descriptor_targets:
+            if atom_targets or atom_task_type != "regression":
+                raise ConfigError(
+                    "dataset.atom_descriptor_targets=true computes the atom targets (RDKit's "
+                    "per-atom descriptors): leave dataset.atom_targets empty and "
+                    "dataset.atom_task_type=regression"
+                )
+            atom_targets = list(ATOM_DESCRIPTORS)
         if isinstance(bond_targets, str):
             bond_targets = [bond_targets]
         self.bond_targets = [str(t) for t in bond_targets or ()]
@@ -655,6 +694,7 @@ class SmilesCsvSource(Source):
             bond_targets=self.bond_targets,
             molecule_features=self.molecule_features(),
             descriptor_targets=self.descriptor_targets,
+            atom_descriptor_targets=self.atom_descriptor_targets,
         )
         task = self.task_info()
         if task.atom_tasks and task.atom_task_type == "binary":
