@@ -11,9 +11,10 @@ whose statistics the checkpoint keeps.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -28,6 +29,8 @@ __all__ = [
     "rdkit2d_names",
     "rdkit2d_values",
 ]
+
+T = TypeVar("T")
 
 # The named descriptor sets ``dataset.molecule_features`` accepts.
 MOLECULE_FEATURE_SETS = ("rdkit2d",)
@@ -77,22 +80,33 @@ def _rdkit2d_chunk(smiles: Sequence[str]) -> np.ndarray:
     return out
 
 
-def rdkit2d_values(smiles: Sequence[str], workers: int | None = None) -> np.ndarray:
-    """``[n, D]`` float32 RDKit 2D descriptors of ``smiles``, computed over the CPUs (``workers``
-    processes; None: every CPU this process may use). Values that are not finite or do not fit
-    float32 (Ipc reaches 1e40 on large molecules) are NaN."""
-    smiles = list(smiles)
+def _in_chunks(
+    chunk_fn: Callable[[list[str]], T], smiles: list[str], workers: int | None
+) -> list[T]:
+    """``chunk_fn`` of each run of ``_CHUNK`` SMILES, in order, over ``workers`` processes (None:
+    every CPU this process may use; one process below ``_PARALLEL_FROM`` molecules)."""
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     chunks = [smiles[i : i + _CHUNK] for i in range(0, len(smiles), _CHUNK)]
     if workers <= 1 or len(smiles) < _PARALLEL_FROM:
-        parts = [_rdkit2d_chunk(c) for c in chunks]
-    else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
-            parts = list(pool.map(_rdkit2d_chunk, chunks))
-    values = np.concatenate(parts) if parts else np.zeros((0, len(rdkit2d_names())))
+        return [chunk_fn(c) for c in chunks]
+    with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
+        return list(pool.map(chunk_fn, chunks))
+
+
+def _not_float32_to_nan(values: np.ndarray) -> np.ndarray:
+    """float32 ``values``, NaN where they are not finite or beyond float32's range."""
     values[~np.isfinite(values) | (np.abs(values) > np.finfo(np.float32).max)] = np.nan
     return values.astype(np.float32)
+
+
+def rdkit2d_values(smiles: Sequence[str], workers: int | None = None) -> np.ndarray:
+    """``[n, D]`` float32 RDKit 2D descriptors of ``smiles``, computed over the CPUs (``workers``
+    processes; None: every CPU this process may use). Values that are not finite or do not fit
+    float32 (Ipc reaches 1e40 on large molecules) are NaN."""
+    parts = _in_chunks(_rdkit2d_chunk, list(smiles), workers)
+    values = np.concatenate(parts) if parts else np.zeros((0, len(rdkit2d_names())))
+    return _not_float32_to_nan(values)
 
 
 def _atom_descriptor_chunk(smiles: Sequence[str]) -> list[np.ndarray | None]:
@@ -145,22 +159,8 @@ def atom_descriptor_values(
     molecule's graph), NaN where a value is not finite (a Gasteiger charge RDKit cannot assign);
     None for a SMILES RDKit cannot parse. Computed over ``workers`` processes as
     :func:`rdkit2d_values`."""
-    smiles = list(smiles)
-    if workers is None:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    chunks = [smiles[i : i + _CHUNK] for i in range(0, len(smiles), _CHUNK)]
-    if workers <= 1 or len(smiles) < _PARALLEL_FROM:
-        parts = [_atom_descriptor_chunk(c) for c in chunks]
-    else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(chunks))) as pool:
-            parts = list(pool.map(_atom_descriptor_chunk, chunks))
-    out: list[np.ndarray | None] = []
-    for values in (v for part in parts for v in part):
-        if values is not None:
-            values[~np.isfinite(values) | (np.abs(values) > np.finfo(np.float32).max)] = np.nan
-            values = values.astype(np.float32)
-        out.append(values)
-    return out
+    parts = _in_chunks(_atom_descriptor_chunk, list(smiles), workers)
+    return [None if v is None else _not_float32_to_nan(v) for part in parts for v in part]
 
 
 @dataclass
