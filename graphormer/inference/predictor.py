@@ -638,7 +638,7 @@ class Predictor:
         targets' true values under the tasks' names)."""
         if len(inputs) != len(result.errors):
             raise ValueError(f"{len(inputs)} input rows but {len(result.errors)} results")
-        out = inputs.copy()
+        out = inputs
         added = self.outputs(result.values)
         names = (
             [f"{self.task_names[0]}_prob_{k}" for k in range(self.task.num_classes)]
@@ -668,14 +668,18 @@ class Predictor:
         added["error"] = np.array(result.errors, dtype=object)
         taken = set(map(str, out.columns))
         renamed = []
+        columns = {}
         for name, column in added.items():
             label = name
             while label in taken:
                 label += "_pred"
             if label != name:
                 renamed.append(f"{name} -> {label}")
-            out[label] = column
+            columns[label] = column
             taken.add(label)
+        # One concatenation: a column at a time fragments the frame (hundreds of descriptor
+        # targets of a descriptor pre-training checkpoint).
+        out = pd.concat([out, pd.DataFrame(columns, index=out.index)], axis=1)
         if renamed:
             warnings.warn(
                 f"the input already has column(s) named like outputs; outputs renamed: "
