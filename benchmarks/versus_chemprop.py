@@ -293,9 +293,9 @@ def pretrain_smiles(args) -> list[str]:
     return kept
 
 
-def pretrain(args) -> tuple[str, float]:
-    """The descriptor pre-training run, made once per ``--work`` folder."""
-    out = args.work / "pretrain"
+def check_pretrain_record(args) -> dict:
+    """The pre-training settings the arguments ask for; an ``error:`` when ``--work`` holds a
+    pre-training made with others (its fine-tuned rows would be reported under these)."""
     settings = {
         "smiles": str(args.pretrain_smiles or "rdkit NCI first_5K.smi"),
         "size": args.pretrain_size,
@@ -303,12 +303,20 @@ def pretrain(args) -> tuple[str, float]:
     }
     if args.pretrain_overrides:  # absent otherwise, so that earlier records still match
         settings["overrides"] = list(args.pretrain_overrides)
-    record = out / "settings.json"
+    record = args.work / "pretrain" / "settings.json"
     if record.is_file() and json.loads(record.read_text()) != settings:
         raise SystemExit(
-            f"error: {out} was pre-trained with {record.read_text()}, not {settings}; give "
-            "another --work for another pre-training"
+            f"error: {record.parent} was pre-trained with {record.read_text()}, not {settings}; "
+            "give the same --pretrain-* arguments, or another --work for another pre-training"
         )
+    return settings
+
+
+def pretrain(args) -> tuple[str, float]:
+    """The descriptor pre-training run, made once per ``--work`` folder."""
+    out = args.work / "pretrain"
+    settings = check_pretrain_record(args)
+    record = out / "settings.json"
     if not (out / "metrics.json").is_file():
         smiles = args.work / "data" / "pretrain_smiles.csv"
         smiles.parent.mkdir(parents=True, exist_ok=True)
@@ -372,6 +380,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.work = args.work.resolve()
+    if any("+pretrained" in GRAPHORMER_ROWS.get(row, []) for row in args.rows):
+        check_pretrain_record(args)  # before any finished run is reused under these settings
     pretrained, pretrain_wall = None, None
     results: dict[tuple[str, str], list[dict]] = {}
     for name in args.sets:
