@@ -142,6 +142,14 @@ def metric(name: str) -> str:
     return "rocauc" if name in BINARY else "rmse"
 
 
+def chemprop_predictions(out: Path) -> np.ndarray:
+    """A finished chemprop run's test predictions, in its split file's test order."""
+    found = sorted(out.rglob("test_predictions.csv"))
+    if not found:
+        raise SystemExit(f"chemprop wrote no test_predictions.csv under {out}")
+    return pd.read_csv(found[0])["y"].to_numpy(dtype=float)
+
+
 def run_chemprop(
     args, name: str, csv: Path, split: Path, out: Path, seed: int, descriptors: bool
 ) -> dict:
@@ -174,10 +182,7 @@ def run_chemprop(
     if descriptors:
         command += ["--molecule-featurizers", "v1_rdkit_2d_normalized"]
     wall = run_timed(command, str(out))
-    found = sorted(out.rglob("test_predictions.csv"))
-    if not found:
-        raise SystemExit(f"chemprop wrote no test_predictions.csv under {out}")
-    pred = pd.read_csv(found[0])["y"].to_numpy(dtype=float)
+    pred = chemprop_predictions(out)
     table = pd.read_csv(csv)
     test = json.loads(split.read_text())[0]["test"]
     true = table["y"].to_numpy()[test]
@@ -215,18 +220,15 @@ def run_graphormer(
     return {metric(name): float(metrics["test"][metric(name)]), "wall_s": wall}
 
 
-def test_predictions(name: str, row: str, out: Path, csv: Path, split: Path) -> np.ndarray:
-    """One finished run's predictions for the test rows of ``split`` (graphormer's file), in its
-    order: chemprop's own test_predictions.csv, graphormer's best checkpoint through
+def test_predictions(row: str, out: Path, smiles: list[str]) -> np.ndarray:
+    """One finished run's predictions for the test molecules ``smiles`` (in the split file's
+    order): chemprop's own test_predictions.csv, graphormer's best checkpoint through
     :class:`~graphormer.Predictor`."""
-    table = pd.read_csv(csv)
-    test = json.loads(split.read_text())["test"]
     if row.startswith("chemprop"):
-        return pd.read_csv(sorted(out.rglob("test_predictions.csv"))[0])["y"].to_numpy(float)
+        return chemprop_predictions(out)
     from graphormer import Predictor
 
     best = json.loads((out / "graphormer" / "metrics.json").read_text())["best_checkpoint"]
-    smiles = list(table["smiles"].iloc[test])
     return Predictor.from_checkpoint(best, device="cpu").predict(smiles)["y"].to_numpy(float)
 
 
@@ -239,6 +241,7 @@ def tails(name: str, rows: list[str], seeds: list[int], work: Path) -> None:
     table = pd.read_csv(csv)
     parts = json.loads(split.read_text())
     train, true = table["y"].to_numpy()[parts["train"]], table["y"].to_numpy()[parts["test"]]
+    smiles = list(table["smiles"].iloc[parts["test"]])
     tail = np.abs(true - train.mean()) > 3 * train.std()
     shown = ", ".join(f"{y:.2f}" for y in sorted(true[tail]))
     print(f"\n{name}: {int(tail.sum())} of {len(true)} test labels beyond 3 training SDs ({shown})")
@@ -248,7 +251,7 @@ def tails(name: str, rows: list[str], seeds: list[int], work: Path) -> None:
             out = work / "runs" / name / row / f"seed{seed}"
             if not (out / "result.json").is_file():
                 continue
-            pred = test_predictions(name, row, out, csv, split)
+            pred = test_predictions(row, out, smiles)
             inner.append(rmse(pred[~tail], true[~tail]))
             outer.append(rmse(pred[tail], true[tail]) if tail.any() else float("nan"))
         if inner:
