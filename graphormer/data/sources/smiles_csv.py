@@ -183,9 +183,13 @@ class SmilesCsvDataset(InMemoryDataset):
         """The columns read besides SMILES: targets (unless computed), atom and bond targets,
         features."""
         targets = [] if self.descriptor_targets else self.targets
-        atom_targets = [] if self.atom_descriptor_targets else self.atom_targets
         features = self.molecule_features.columns if self.molecule_features else []
-        return [*targets, *atom_targets, *self.bond_targets, *features]
+        return [*targets, *self._atom_columns, *self.bond_targets, *features]
+
+    @property
+    def _atom_columns(self) -> list[str]:
+        """The atom target columns read from the CSV (none when RDKit computes them)."""
+        return [] if self.atom_descriptor_targets else self.atom_targets
 
     def _atom_labels(
         self,
@@ -229,7 +233,7 @@ class SmilesCsvDataset(InMemoryDataset):
                 _parse_list(cell, row, column, self.csv_path)
                 for row, cell in enumerate(table[column])
             ]
-            for column in ([] if self.atom_descriptor_targets else self.atom_targets)
+            for column in self._atom_columns
         ]
         bond_lists = [
             [
