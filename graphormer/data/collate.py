@@ -132,7 +132,9 @@ class GraphormerCollator:
         y_atom = None
         if all(s.get("y_atom") is not None for s in stores):
             labels = torch.cat([s["y_atom"] for s in stores]).float()  # [nodes, T_atom]
-            y_atom = torch.full((batch_size * n_max, labels.size(-1)), float("nan"))
+            y_atom = torch.full(
+                (batch_size * n_max, labels.size(-1)), float("nan"), dtype=labels.dtype
+            )
             y_atom = y_atom.index_copy_(0, node_dest, labels).view(batch_size, n_max, -1)
         bonds = _bonds(stores, num_edges, batch_size)
         return GraphormerBatch(
@@ -206,7 +208,7 @@ def _bonds(stores: list[dict], num_edges: Tensor, batch_size: int) -> dict[str, 
     if all(s.get("y_bond") is not None for s in stores):
         labels = torch.cat([s["y_bond"] for s in stores]).float()  # [bonds, T_bond]
         labels = labels.view(len(local), -1)
-        y_bond = torch.full((batch_size * m_max, labels.size(-1)), float("nan"))
+        y_bond = torch.full((batch_size * m_max, labels.size(-1)), float("nan"), dtype=labels.dtype)
         out["y_bond"] = y_bond.index_copy_(0, dest, labels).view(batch_size, m_max, -1)
     return out
 
