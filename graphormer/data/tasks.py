@@ -77,6 +77,9 @@ class TaskInfo:
         bond_task_type: ``"regression"`` or ``"binary"``, with ``bond_tasks``.
         reported: metrics scored and logged beside ``metric`` (never replacing it): ``acc`` of
             a binary task (threshold 0.5), which TU datasets are compared by (issue #17).
+        atom_auxiliary: the atom targets are auxiliary (issue #22): trained beside the molecule
+            targets and logged (``val/atom_mae``), never a result: checkpoints are selected by
+            the molecule metric, and predictions, ensembles and calibration are of molecules.
     """
 
     name: str
@@ -89,6 +92,7 @@ class TaskInfo:
     bond_tasks: int = 0
     bond_task_type: str | None = None
     reported: tuple[str, ...] = ()
+    atom_auxiliary: bool = False
 
     def __post_init__(self) -> None:
         # A checkpoint stores a list; the task stays hashable and immutable.
@@ -136,6 +140,18 @@ class TaskInfo:
             raise ValueError(f"bond_task_type is for bond targets; {self.name} has none")
         if self.num_tasks == 0 and not self.atom_tasks and not self.bond_tasks:
             raise ValueError(f"{self.name} has no target: name molecule, atom or bond targets")
+        if self.atom_auxiliary and not (self.atom_tasks and self.num_tasks):
+            raise ValueError(
+                f"auxiliary atom targets serve molecule targets; {self.name} has "
+                f"{self.num_tasks} molecule and {self.atom_tasks} atom target(s)"
+            )
+
+    def without_auxiliary(self) -> TaskInfo:
+        """The task its results are of: auxiliary atom targets (trained, never predicted)
+        left out."""
+        if not self.atom_auxiliary:
+            return self
+        return replace(self, atom_tasks=0, atom_task_type=None, atom_auxiliary=False)
 
     @property
     def is_classification(self) -> bool:
@@ -209,6 +225,8 @@ class TaskInfo:
             values["reported"] = list(values["reported"])
         else:  # as checkpoints before reported metrics stored it
             del values["reported"]
+        if not values["atom_auxiliary"]:  # as checkpoints before auxiliary atom targets
+            del values["atom_auxiliary"]
         return values
 
     def evaluator(self) -> Evaluator:
@@ -405,6 +423,7 @@ def user_task(
     atom_task_type: str = "regression",
     bond_tasks: int = 0,
     bond_task_type: str = "regression",
+    atom_auxiliary: bool = False,
 ) -> TaskInfo:
     """The task a user's ``dataset.task_type`` and ``dataset.metric`` describe (one rule for
     every source of a user's own data).
@@ -445,6 +464,7 @@ def user_task(
         atom_type,
         bond_tasks,
         bond_type,
+        atom_auxiliary=atom_auxiliary,
     )
 
 

@@ -165,15 +165,19 @@ class Predictor:
         bond_task_names: Sequence[str] | None = None,
         molecule_features: MoleculeFeatures | None = None,
     ) -> None:
-        num_tasks = module.task.num_tasks
+        # Auxiliary atom targets (issue #22) are trained, never predicted.
+        task = module.task.without_auxiliary()
+        num_tasks = task.num_tasks
         names = list(task_names) if task_names else [f"task_{i}" for i in range(num_tasks)]
         if len(names) != num_tasks:
             raise ValueError(f"{len(names)} task names for {num_tasks} tasks: {names}")
-        atom_tasks = module.task.atom_tasks
+        atom_tasks = task.atom_tasks
         atom_names = list(atom_task_names or [f"atom_{i}" for i in range(atom_tasks)])
+        if module.task.atom_auxiliary:
+            atom_names = []  # the names of the auxiliary targets, if given, name no output
         if len(atom_names) != atom_tasks:
             raise ValueError(f"{len(atom_names)} atom task names for {atom_tasks}: {atom_names}")
-        bond_tasks = module.task.bond_tasks
+        bond_tasks = task.bond_tasks
         bond_names = list(bond_task_names or [f"bond_{i}" for i in range(bond_tasks)])
         if len(bond_names) != bond_tasks:
             raise ValueError(f"{len(bond_names)} bond task names for {bond_tasks}: {bond_names}")
@@ -207,7 +211,7 @@ class Predictor:
         self.mc_dropout = int(mc_dropout)
         self.calibration = calibration
         self.module = self.modules[0]
-        self.task = module.task
+        self.task = task
         self.task_names = names
         self.atom_task_names = atom_names
         self.bond_task_names = bond_names

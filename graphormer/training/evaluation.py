@@ -233,7 +233,8 @@ def score_members(
     modules = [GraphormerModule.from_checkpoint(r) for r in records]
     check_members(records, modules)
     module = modules[0]
-    if (module.task.atom_tasks or module.task.bond_tasks) and len(modules) > 1:
+    results = module.task.without_auxiliary()  # auxiliary atom targets are never scored
+    if (results.atom_tasks or results.bond_tasks) and len(modules) > 1:
         raise ConfigError(
             "ensembles score molecule targets only: atom and bond targets (issue #18) are "
             "trained and evaluated one model at a time; set ensemble.size=1 (or give eval.py "

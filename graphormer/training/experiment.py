@@ -45,7 +45,8 @@ def _refuse_atom_targets(settings: RunSettings) -> None:
     from graphormer.data.sources import build_source
     from graphormer.errors import ConfigError
 
-    task = build_source(settings.dataset).task_info()
+    # Auxiliary atom targets (issue #22) serve the molecule targets: every member trains them.
+    task = build_source(settings.dataset).task_info().without_auxiliary()
     if task.atom_tasks or task.bond_tasks:
         level = "atom" if task.atom_tasks else "bond"
         raise ConfigError(

@@ -142,7 +142,7 @@ class PretrainedReport:
         )
         heads = sorted({name.split(".")[1] for name in self.output_layer})
         if "atom_head" in heads:
-            text += " (new atom head: fine-tuning a molecule-level encoder into atom targets)"
+            text += " (new atom head: the atom targets of this run)"
         if "bond_head" in heads:
             text += " (new bond head: fine-tuning the encoder into bond targets)"
         if self.unused_head:

@@ -492,6 +492,14 @@ class SmilesCsvSource(Source):
             E-state index), regressed beside ``descriptor_targets`` by
             ``experiment=descriptor_pretrain``; ``atom_targets`` must then be empty.
             (default: :obj:`False`)
+        auxiliary_atom_descriptors (bool | str, optional): RDKit's per-atom descriptors (those
+            of ``atom_descriptor_targets``) regressed beside the molecule targets as an
+            auxiliary task (issue #22): a second loss on the atoms' final states that is
+            logged (``val/atom_mae``) but never selects checkpoints and is never predicted.
+            ``"auto"`` (``train.py``'s default) turns it on for regression targets without
+            atom, bond or descriptor targets; ``True`` asks for it (an error where it cannot
+            apply); ``False`` leaves it off. (default: :obj:`False`, as checkpoints made before
+            it)
     """
 
     SPLITS = ("scaffold", "random", "column", "file")
@@ -522,6 +530,7 @@ class SmilesCsvSource(Source):
         feature_columns: Sequence[str] = (),
         descriptor_targets: bool = False,
         atom_descriptor_targets: bool = False,
+        auxiliary_atom_descriptors: bool | str = False,
     ) -> None:
         self.features = MoleculeFeatures(molecule_features, list(feature_columns or ()))
         self.descriptor_targets = bool(descriptor_targets)
@@ -534,7 +543,22 @@ class SmilesCsvSource(Source):
             targets = rdkit2d_names()
         if isinstance(atom_targets, str):
             atom_targets = [atom_targets]
-        self.atom_descriptor_targets = bool(atom_descriptor_targets)
+        if isinstance(targets, str):
+            targets = [targets]
+        if isinstance(bond_targets, str):
+            bond_targets = [bond_targets]
+        self.auxiliary_atom_descriptors = _auxiliary_atom_descriptors(
+            auxiliary_atom_descriptors,
+            bool(targets),
+            task_type,
+            bool(atom_targets) or bool(atom_descriptor_targets),
+            bool(bond_targets),
+            self.descriptor_targets,
+        )
+        # Auxiliary: the same atom labels, trained for the molecule targets' sake.
+        self.atom_descriptor_targets = bool(atom_descriptor_targets) or (
+            self.auxiliary_atom_descriptors
+        )
         if self.atom_descriptor_targets:
             if atom_targets or atom_task_type != "regression":
                 raise ConfigError(
@@ -627,6 +651,7 @@ class SmilesCsvSource(Source):
                 atom_task_type,
                 len(self.bond_targets),
                 bond_task_type,
+                self.auxiliary_atom_descriptors,
             )
 
     def task_info(self) -> TaskInfo:
@@ -655,6 +680,7 @@ class SmilesCsvSource(Source):
                 self.atom_task_type,
                 len(self.bond_targets),
                 self.bond_task_type,
+                self.auxiliary_atom_descriptors,
             )
         return self._task
 
@@ -820,3 +846,41 @@ def _check_labelled_splits(dataset, split, targets: list[str], path: str) -> Non
                 f"molecules of the {name} split, so they cannot be scored there: label more "
                 "molecules of those columns, or change dataset.split / dataset.split_ratios"
             )
+
+
+def _auxiliary_atom_descriptors(
+    setting: bool | str,
+    molecule_targets: bool,
+    task_type: str,
+    atom_targets: bool,
+    bond_targets: bool,
+    descriptor_targets: bool,
+) -> bool:
+    """Whether per-atom descriptors are regressed as an auxiliary task (issue #22):
+    ``dataset.auxiliary_atom_descriptors`` resolved against the rest of the dataset settings."""
+    if setting not in (True, False, "auto"):
+        raise ConfigError(
+            f"dataset.auxiliary_atom_descriptors must be auto, true or false, got {setting!r}"
+        )
+    # Measured on regression targets only (README "Defaults for small sets").
+    blockers = [
+        reason
+        for reason, present in (
+            ("it serves molecule targets and dataset.targets is empty", not molecule_targets),
+            (
+                "the atom level holds dataset.atom_targets (or atom_descriptor_targets)",
+                atom_targets,
+            ),
+            ("dataset.bond_targets are given", bond_targets),
+            ("dataset.descriptor_targets=true pre-trains on descriptors", descriptor_targets),
+        )
+        if present
+    ]
+    if setting == "auto":
+        return task_type == "regression" and not blockers
+    if setting and blockers:
+        raise ConfigError(
+            f"dataset.auxiliary_atom_descriptors=true cannot apply: {'; '.join(blockers)}. "
+            "Set dataset.auxiliary_atom_descriptors=false (or auto)"
+        )
+    return bool(setting)

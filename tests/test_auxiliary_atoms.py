@@ -1,0 +1,150 @@
+"""Auxiliary per-atom descriptor targets (issue #22): ``dataset.auxiliary_atom_descriptors``
+regresses RDKit's per-atom descriptors beside a CSV's regression targets, a second loss that is
+logged but never selects checkpoints, never is predicted and never blocks ensembles."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from graphormer import Predictor, checkpoint
+from graphormer.cli.train import run as train_run
+from graphormer.data.descriptors import ATOM_DESCRIPTORS, atom_descriptor_values
+from graphormer.data.sources.smiles_csv import SmilesCsvSource
+from graphormer.data.tasks import TaskInfo
+from graphormer.errors import ConfigError
+from graphormer.training.evaluation import evaluate
+
+from helpers import TINY, compose_train, evaluate_run, nci_table, train_config
+
+
+def _source(path, tmp_path, targets=("tpsa",), **settings):
+    return SmilesCsvSource(str(path), list(targets), root=str(tmp_path / "cache"), **settings)
+
+
+@pytest.fixture
+def csv(tmp_path):
+    table = nci_table().iloc[:40].copy()
+    table["ring"] = (table["tpsa"] > table["tpsa"].median()).astype(float)
+    table["charges"] = [
+        str([0.0] * n) for n in (len(v) for v in atom_descriptor_values(table.smiles, workers=1))
+    ]
+    path = tmp_path / "mols.csv"
+    table.to_csv(path, index=False)
+    return path
+
+
+def test_auto_applies_to_regression_targets_alone(csv, tmp_path):
+    on = _source(csv, tmp_path, auxiliary_atom_descriptors="auto").task_info()
+    assert on.atom_auxiliary and on.atom_tasks == len(ATOM_DESCRIPTORS)
+    assert on.monitor == "val/rmse"  # the molecule metric selects checkpoints
+    assert on.without_auxiliary() == TaskInfo(on.name, "regression", 1, "rmse")
+    off = [
+        _source(csv, tmp_path, ["ring"], task_type="binary", auxiliary_atom_descriptors="auto"),
+        _source(csv, tmp_path, atom_targets=["charges"], auxiliary_atom_descriptors="auto"),
+        _source(csv, tmp_path, [], descriptor_targets=True, auxiliary_atom_descriptors="auto"),
+        _source(csv, tmp_path, auxiliary_atom_descriptors=False),
+        _source(csv, tmp_path),  # the constructor's default: checkpoints made before it
+    ]
+    for source in off:
+        assert not source.task_info().atom_auxiliary
+    assert off[1].task_info().atom_tasks == 1  # the user's own atom targets, untouched
+    binary = _source(csv, tmp_path, ["ring"], task_type="binary", auxiliary_atom_descriptors=True)
+    assert binary.task_info().atom_auxiliary  # asked for: any molecule task can have it
+
+
+def test_asking_for_it_where_it_cannot_apply_is_one_clear_error(csv, tmp_path):
+    with pytest.raises(ConfigError, match="atom level holds dataset.atom_targets"):
+        _source(csv, tmp_path, atom_targets=["charges"], auxiliary_atom_descriptors=True)
+    with pytest.raises(ConfigError, match="descriptor_targets=true pre-trains"):
+        _source(csv, tmp_path, [], descriptor_targets=True, auxiliary_atom_descriptors=True)
+    with pytest.raises(ConfigError, match="must be auto, true or false, got 'yes'"):
+        _source(csv, tmp_path, auxiliary_atom_descriptors="yes")
+    with pytest.raises(ValueError, match="auxiliary atom targets serve molecule targets"):
+        TaskInfo(
+            "t",
+            "regression",
+            0,
+            "rmse",
+            atom_tasks=2,
+            atom_task_type="regression",
+            atom_auxiliary=True,
+        )
+
+
+def test_the_labels_are_rdkits_atom_descriptors(csv, tmp_path):
+    loaded = _source(csv, tmp_path, auxiliary_atom_descriptors="auto").load()
+    graph = loaded.dataset[3]
+    smiles = pd.read_csv(csv).smiles[int(graph.row)]
+    expected = torch.from_numpy(atom_descriptor_values([smiles], workers=1)[0])
+    torch.testing.assert_close(graph.y_atom, expected, equal_nan=True)
+
+
+@pytest.fixture(scope="module")
+def auxiliary_run(tmp_path_factory):
+    """train.py's defaults on a CSV's regression target: the auxiliary atoms come with them."""
+    work = tmp_path_factory.mktemp("auxiliary")
+    nci_table().iloc[:60].to_csv(work / "mols.csv", index=False)
+    common = [
+        *TINY,
+        "dataset=smiles_csv",
+        f"dataset.path={work / 'mols.csv'}",
+        "dataset.targets=[tpsa]",
+        f"dataset.root={work / 'cache'}",
+        "trainer.max_epochs=2",
+    ]
+    runs = {
+        name: train_config(compose_train([*common, *extra, f"output_dir={work / name}"]))
+        for name, extra in (
+            ("default", []),
+            ("off", ["dataset.auxiliary_atom_descriptors=false"]),
+        )
+    }
+    return runs, work
+
+
+def test_training_logs_it_but_selects_and_predicts_molecules(auxiliary_run):
+    runs, work = auxiliary_run
+    metrics = runs["default"]
+    assert metrics["metric"] == "rmse"  # what selected the best checkpoint
+    assert set(metrics["test"]) == {"rmse", "atom_mae", "atom_rmse"}
+    assert all(math.isfinite(v) for v in metrics["test"].values())
+    record = checkpoint.load(metrics["best_checkpoint"])
+    assert record.task["atom_auxiliary"] is True
+    assert record.state_dict["model.atom_head.out.weight"].shape[0] == len(ATOM_DESCRIPTORS)
+    off = checkpoint.load(runs["off"]["best_checkpoint"])
+    assert "atom_auxiliary" not in off.task and "atom_tasks" not in off.task  # as before
+    assert not any(k.startswith("model.atom_head.") for k in off.state_dict)
+    # The second loss changes what the encoder learns: same seed, same batches, other weights.
+    name = "model.layers.0.attn.q_proj.weight"
+    assert not torch.equal(record.state_dict[name], off.state_dict[name])
+    smiles = nci_table().smiles.iloc[:5].tolist()
+    predictor = Predictor.from_checkpoint(metrics["best_checkpoint"], device="cpu")
+    table = predictor.predict(smiles)
+    assert list(table.columns) == ["smiles", "tpsa", "error"]
+    result, _ = evaluate_run(metrics, work)
+    assert math.isclose(result["test"]["rmse"], metrics["test"]["rmse"], rel_tol=1e-5)
+
+
+def test_ensembles_train_and_score_with_auxiliary_atoms(tmp_path):
+    nci_table().iloc[:50].to_csv(tmp_path / "mols.csv", index=False)
+    cfg = compose_train(
+        [
+            *TINY,
+            "dataset=smiles_csv",
+            f"dataset.path={tmp_path / 'mols.csv'}",
+            "dataset.targets=[tpsa]",
+            f"dataset.root={tmp_path / 'cache'}",
+            "trainer.max_epochs=1",
+            "ensemble.size=2",
+            f"output_dir={tmp_path / 'ens'}",
+            "~logger",
+        ]
+    )
+    metrics = train_run(cfg)
+    assert metrics["ensemble_size"] == 2 and math.isfinite(metrics["test"]["rmse"])
+    for member in metrics["members"]:
+        assert checkpoint.load(member["best_checkpoint"]).task["atom_auxiliary"] is True
+    found = evaluate(tmp_path / "ens", split="test", output=tmp_path / "eval.json")
+    assert math.isclose(found["test"]["rmse"], metrics["test"]["rmse"], rel_tol=1e-5)
