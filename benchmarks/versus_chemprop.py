@@ -24,7 +24,9 @@ Rows: ``chemprop`` (defaults), ``chemprop+rdkit2d`` (``--molecule-featurizers
 v1_rdkit_2d_normalized``), ``graphormer`` (``train.py`` defaults), ``graphormer+rdkit2d``
 (``dataset.molecule_features=rdkit2d``), ``graphormer+pretrained`` and
 ``graphormer+rdkit2d+pretrained`` (``pretrained=`` a ``experiment=descriptor_pretrain`` run,
-made once per ``--work``; its time is printed apart). It pre-trains on rdkit's 5,000 NCI SMILES,
+made once per ``--work``; its time is printed apart), ``graphormer-aux`` (the defaults without
+their auxiliary per-atom descriptors, ``dataset.auxiliary_atom_descriptors=false``: the defaults
+before them). It pre-trains on rdkit's 5,000 NCI SMILES,
 or on ``--pretrain-smiles``, e.g. MOSES's 1.6 million ZINC molecules, shipped in the ``molsets``
 wheel (MIT licence; the file is read, the package need not be installed)::
 
@@ -66,6 +68,7 @@ ROWS = (
     "graphormer+rdkit2d",
     "graphormer+pretrained",
     "graphormer+rdkit2d+pretrained",
+    "graphormer-aux",
 )
 # Extra settings of each graphormer row (beyond the data, split, epochs and seed).
 GRAPHORMER_ROWS = {
@@ -73,6 +76,7 @@ GRAPHORMER_ROWS = {
     "graphormer+rdkit2d": ["dataset.molecule_features=rdkit2d"],
     "graphormer+pretrained": ["+pretrained"],
     "graphormer+rdkit2d+pretrained": ["dataset.molecule_features=rdkit2d", "+pretrained"],
+    "graphormer-aux": ["dataset.auxiliary_atom_descriptors=false"],
 }
 
 
