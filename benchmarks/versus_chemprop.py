@@ -26,7 +26,9 @@ v1_rdkit_2d_normalized``), ``graphormer`` (``train.py`` defaults), ``graphormer+
 ``graphormer+rdkit2d+pretrained`` (``pretrained=`` a ``experiment=descriptor_pretrain`` run,
 made once per ``--work``; its time is printed apart), ``graphormer-aux`` (the defaults without
 their auxiliary per-atom descriptors, ``dataset.auxiliary_atom_descriptors=false``: the defaults
-before them). It pre-trains on rdkit's 5,000 NCI SMILES,
+before them), ``graphormer+atom_descriptors`` (``dataset.atom_descriptor_targets=true``: the same
+per-atom descriptors as atom targets, on any task type; on a regression set it trains exactly as
+the defaults do). It pre-trains on rdkit's 5,000 NCI SMILES,
 or on ``--pretrain-smiles``, e.g. MOSES's 1.6 million ZINC molecules, shipped in the ``molsets``
 wheel (MIT licence; the file is read, the package need not be installed)::
 
@@ -69,6 +71,7 @@ ROWS = (
     "graphormer+pretrained",
     "graphormer+rdkit2d+pretrained",
     "graphormer-aux",
+    "graphormer+atom_descriptors",
 )
 # Extra settings of each graphormer row (beyond the data, split, epochs and seed).
 GRAPHORMER_ROWS = {
@@ -77,6 +80,7 @@ GRAPHORMER_ROWS = {
     "graphormer+pretrained": ["+pretrained"],
     "graphormer+rdkit2d+pretrained": ["dataset.molecule_features=rdkit2d", "+pretrained"],
     "graphormer-aux": ["dataset.auxiliary_atom_descriptors=false"],
+    "graphormer+atom_descriptors": ["dataset.atom_descriptor_targets=true"],
 }
 
 
