@@ -567,8 +567,6 @@ class SmilesCsvSource(Source):
                     "dataset.atom_task_type=regression"
                 )
             atom_targets = list(ATOM_DESCRIPTORS)
-        if isinstance(bond_targets, str):
-            bond_targets = [bond_targets]
         self.bond_targets = [str(t) for t in bond_targets or ()]
         self.bond_task_type = bond_task_type
         self.atom_targets = [str(t) for t in atom_targets or ()]
@@ -601,8 +599,6 @@ class SmilesCsvSource(Source):
             raise ConfigError(
                 f"dataset.split must be one of {', '.join(self.SPLITS)}, got {split!r}"
             )
-        if isinstance(targets, str):
-            targets = [targets]
         metric = metric or self._METRICS[task_type][0]
         if metric not in self._METRICS[task_type]:
             raise ConfigError(
