@@ -109,12 +109,23 @@ def test_the_copied_tensors_train_slower_and_a_resume_keeps_the_groups(
 
 def test_without_pretrained_weights_there_is_one_group(tmp_path, nci_csv):
     out = tmp_path / "run"
-    args = tpsa_run_args(nci_csv, out, "trainer.max_epochs=1", "optim.pretrained_lr_scale=0.1")
-    log = call_script("train.py", args, tmp_path)
-    assert "pretrained_lr_scale" not in log
+    call_script("train.py", tpsa_run_args(nci_csv, out, "trainer.max_epochs=1"), tmp_path)
     last = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
     assert PRETRAINED_KEY not in last
     assert len(last["optimizer_states"][0]["param_groups"]) == 1
+
+
+def test_the_scale_without_pretrained_weights_is_refused(tmp_path, nci_csv):
+    """A scale with nothing copied to slow down would be dropped without a word: one error line,
+    before any data is read."""
+    out = tmp_path / "run"
+    args = tpsa_run_args(nci_csv, out, "optim.pretrained_lr_scale=0.1")
+    result = call_failing("train.py", args, tmp_path)
+    assert (
+        "error: optim.pretrained_lr_scale=0.1 sets the learning rate of the tensors a fine-tuning "
+        "copies: give pretrained=FILE.ckpt too, or leave optim.pretrained_lr_scale=null"
+    ) in result.stderr
+    assert not out.exists() or not any(out.rglob("*.ckpt"))
 
 
 @pytest.mark.parametrize("scale", [0, -0.5, "x", True])

@@ -424,6 +424,13 @@ def _refuse_fine_tuning_settings(settings: RunSettings) -> None:
             "their pre-trained values: give pretrained=FILE.ckpt too, or leave "
             "optim.pretrained_decay=null"
         )
+    scale = settings.optim.pretrained_lr_scale
+    if scale is not None:
+        raise ConfigError(
+            f"optim.pretrained_lr_scale={scale} sets the learning rate of the tensors a "
+            "fine-tuning copies: give pretrained=FILE.ckpt too, or leave "
+            "optim.pretrained_lr_scale=null"
+        )
 
 
 def _results(trainer: pl.Trainer, checkpoint: RunCheckpoint, task, output_dir: Path) -> dict:
