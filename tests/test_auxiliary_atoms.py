@@ -45,6 +45,8 @@ def test_auto_applies_to_regression_targets_alone(csv, tmp_path):
         _source(csv, tmp_path, atom_targets=["charges"], auxiliary_atom_descriptors="auto"),
         _source(csv, tmp_path, [], descriptor_targets=True, auxiliary_atom_descriptors="auto"),
         _source(csv, tmp_path, auxiliary_atom_descriptors=False),
+        # an atom task type for no atom targets: auto stays off rather than refusing it
+        _source(csv, tmp_path, atom_task_type="binary", auxiliary_atom_descriptors="auto"),
         _source(csv, tmp_path),  # the constructor's default: checkpoints made before it
     ]
     for source in off:
@@ -59,6 +61,8 @@ def test_asking_for_it_where_it_cannot_apply_is_one_clear_error(csv, tmp_path):
         _source(csv, tmp_path, atom_targets=["charges"], auxiliary_atom_descriptors=True)
     with pytest.raises(ConfigError, match="descriptor_targets=true pre-trains"):
         _source(csv, tmp_path, [], descriptor_targets=True, auxiliary_atom_descriptors=True)
+    with pytest.raises(ConfigError, match="not dataset.atom_task_type=binary"):
+        _source(csv, tmp_path, atom_task_type="binary", auxiliary_atom_descriptors=True)
     with pytest.raises(ConfigError, match="must be auto, true or false, got 'yes'"):
         _source(csv, tmp_path, auxiliary_atom_descriptors="yes")
     with pytest.raises(ValueError, match="auxiliary atom targets serve molecule targets"):

@@ -554,6 +554,7 @@ class SmilesCsvSource(Source):
             bool(atom_targets) or bool(atom_descriptor_targets),
             bool(bond_targets),
             self.descriptor_targets,
+            atom_task_type,
         )
         # Auxiliary: the same atom labels, trained for the molecule targets' sake.
         self.atom_descriptor_targets = bool(atom_descriptor_targets) or (
@@ -851,6 +852,7 @@ def _auxiliary_atom_descriptors(
     atom_targets: bool,
     bond_targets: bool,
     descriptor_targets: bool,
+    atom_task_type: str = "regression",
 ) -> bool:
     """Whether per-atom descriptors are regressed as an auxiliary task (issue #22):
     ``dataset.auxiliary_atom_descriptors`` resolved against the rest of the dataset settings."""
@@ -869,6 +871,10 @@ def _auxiliary_atom_descriptors(
             ),
             ("dataset.bond_targets are given", bond_targets),
             ("dataset.descriptor_targets=true pre-trains on descriptors", descriptor_targets),
+            (
+                f"its atom targets are regression, not dataset.atom_task_type={atom_task_type}",
+                atom_task_type != "regression",
+            ),
         )
         if present
     ]
