@@ -43,7 +43,8 @@ before a seeded sample of ``--pretrain-size``; ``--pretrain-overrides`` adds set
 pre-training run (``dataset.atom_descriptor_targets=true``: RDKit's per-atom descriptors as atom
 targets beside the molecule's). Finished runs are kept under ``--work`` and reused, so rows can be
 added later. ``--tails`` scores each regression set's test molecules whose label lies beyond 3
-standard deviations of the training labels apart from the rest. With both ``graphormer`` and
+standard deviations of the training labels apart from the rest, and prints each row's
+predictions of those molecules (mean, min and max over the seeds). With both ``graphormer`` and
 ``graphormer+pretrained`` rows, each set also gets the test metric of the recipe README
 recommends: per seed, the one of the two runs that validates better. Wall times are of a shared
 machine.
@@ -255,19 +256,31 @@ def tails(name: str, rows: list[str], seeds: list[int], work: Path) -> None:
     tail = np.abs(true - train.mean()) > 3 * train.std()
     shown = ", ".join(f"{y:.2f}" for y in sorted(true[tail]))
     print(f"\n{name}: {int(tail.sum())} of {len(true)} test labels beyond 3 training SDs ({shown})")
+    on_tail: dict[str, np.ndarray] = {}  # row -> [seeds, tail molecules] predictions
     for row in rows:
-        inner, outer = [], []
+        inner, outer, kept = [], [], []
         for seed in seeds:
             out = work / "runs" / name / row / f"seed{seed}"
             if not (out / "result.json").is_file():
                 continue
-            pred = test_predictions(row, out, smiles)
+            pred = np.asarray(test_predictions(row, out, smiles), dtype=float).reshape(-1)
             inner.append(rmse(pred[~tail], true[~tail]))
             outer.append(rmse(pred[tail], true[tail]) if tail.any() else float("nan"))
+            kept.append(pred[tail])
         if inner:
             print(
                 f"  {row:<32} rmse within {np.mean(inner):.3f} ({', '.join(f'{v:.3f}' for v in inner)})"
                 f"  on the tail {np.mean(outer):.3f} ({', '.join(f'{v:.3f}' for v in outer)})"
+            )
+            on_tail[row] = np.stack(kept)
+    # Molecule by molecule: which of the tail decide a row's tail RMSE.
+    for i, index in enumerate(np.flatnonzero(tail)):
+        print(f"  {smiles[index]}  label {true[index]:.2f}; predicted, mean (min to max) over seeds:")
+        for row, pred in on_tail.items():
+            column = pred[:, i]
+            print(
+                f"    {row:<32} {column.mean():.2f} ({column.min():.2f} to {column.max():.2f})"
+                f"  squared error {np.mean((column - true[index]) ** 2):.1f}"
             )
 
 
