@@ -275,7 +275,9 @@ def tails(name: str, rows: list[str], seeds: list[int], work: Path) -> None:
             on_tail[row] = np.stack(kept)
     # Molecule by molecule: which of the tail decide a row's tail RMSE.
     for i, index in enumerate(np.flatnonzero(tail)):
-        print(f"  {smiles[index]}  label {true[index]:.2f}; predicted, mean (min to max) over seeds:")
+        print(
+            f"  {smiles[index]}  label {true[index]:.2f}; predicted, mean (min to max) over seeds:"
+        )
         for row, pred in on_tail.items():
             column = pred[:, i]
             print(
