@@ -13,7 +13,7 @@ from graphormer.cli.train import run as train_run
 from graphormer.data.descriptors import ATOM_DESCRIPTORS, atom_descriptor_values
 from graphormer.data.sources.smiles_csv import SmilesCsvSource
 from graphormer.data.tasks import TaskInfo
-from graphormer.errors import ConfigError
+from graphormer.errors import ConfigError, DataError
 from graphormer.training.evaluation import evaluate
 
 from helpers import TINY, compose_train, evaluate_run, nci_table, train_config
@@ -152,3 +152,111 @@ def test_ensembles_train_and_score_with_auxiliary_atoms(tmp_path):
         assert checkpoint.load(member["best_checkpoint"]).task["atom_auxiliary"] is True
     found = evaluate(tmp_path / "ens", split="test", output=tmp_path / "eval.json")
     assert math.isclose(found["test"]["rmse"], metrics["test"]["rmse"], rel_tol=1e-5)
+
+
+def test_ogb_molecule_sets_resolve_it_as_csvs_do(tmp_path):
+    from graphormer.data.sources.ogb import OGBSource
+
+    esol = OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors="auto").task_info()
+    assert esol.atom_auxiliary and esol.atom_tasks == len(ATOM_DESCRIPTORS)
+    assert esol.without_auxiliary() == OGBSource("ogbg-molesol", str(tmp_path)).task_info()
+    hiv = OGBSource("ogbg-molhiv", str(tmp_path), auxiliary_atom_descriptors="auto")
+    assert not hiv.task_info().atom_auxiliary and hiv.atom_task_names() == []
+    asked = OGBSource("ogbg-molhiv", str(tmp_path), auxiliary_atom_descriptors=True)
+    assert asked.task_info().atom_auxiliary and asked.atom_task_names() == list(ATOM_DESCRIPTORS)
+    with pytest.raises(ConfigError, match="must be auto, true or false, got 'yes'"):
+        OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors="yes")
+
+
+def test_ogb_graphs_get_rdkits_atom_descriptors_of_their_smiles(tmp_path):
+    from graphormer.data.sources.ogb import OGBSource
+    from graphormer.testing import nci_ogb_dataset
+
+    folder = nci_ogb_dataset(tmp_path, "ogbg-molesol", limit=40)
+    source = OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors="auto")
+    loaded = source.load()
+    smiles = pd.read_csv(folder / "mapping" / "mol.csv.gz").smiles.tolist()
+    expected = atom_descriptor_values(smiles, workers=1)
+    for index in (0, 17, 39):
+        graph = loaded.dataset[index]
+        assert graph.y_atom.shape == (graph.num_nodes, len(ATOM_DESCRIPTORS))
+        torch.testing.assert_close(graph.y_atom, torch.from_numpy(expected[index]), equal_nan=True)
+    cached = list((folder / "processed").glob("atom_descriptors_*.pt"))
+    assert len(cached) == 1
+    again = OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors=True).load()
+    torch.testing.assert_close(again.dataset[17].y_atom, loaded.dataset[17].y_atom, equal_nan=True)
+    # A cache that does not fit the graphs is refused with its path, never used.
+    torch.save(torch.zeros(3, len(ATOM_DESCRIPTORS)), cached[0])
+    with pytest.raises(DataError, match="atom_descriptors_"):
+        OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors=True).load()
+    plain = OGBSource("ogbg-molesol", str(tmp_path)).load()  # off: no atom labels at all
+    assert getattr(plain.dataset[0], "y_atom", None) is None
+
+
+def test_ogb_regression_trains_it_by_default(ogb_root, tmp_path):
+    metrics = train_config(
+        compose_train(
+            [
+                *TINY,
+                "dataset=ogbg-molesol",
+                f"dataset.root={ogb_root}",
+                "trainer.max_epochs=1",
+                f"output_dir={tmp_path / 'run'}",
+            ]
+        )
+    )
+    assert metrics["metric"] == "rmse"
+    assert set(metrics["test"]) == {"rmse", "atom_mae", "atom_rmse"}
+    record = checkpoint.load(metrics["best_checkpoint"])
+    assert record.task["atom_auxiliary"] is True
+    assert record.data["dataset"]["auxiliary_atom_descriptors"] == "auto"
+    result, _ = evaluate_run(metrics, tmp_path)
+    assert math.isclose(result["test"]["rmse"], metrics["test"]["rmse"], rel_tol=1e-5)
+    table = Predictor.from_checkpoint(metrics["best_checkpoint"], device="cpu").predict(
+        nci_table().smiles.iloc[:3].tolist()
+    )
+    assert list(table.columns) == ["smiles", "task_0", "error"]  # molecules alone
+
+
+def test_an_ogb_set_trains_exactly_as_the_same_molecules_in_a_csv(tmp_path):
+    """The auxiliary labels of OGB's graphs are the CSV path's, atom for atom: the same
+    molecules, split and seed train to the same metrics either way."""
+    import json
+
+    from graphormer.testing import write_ogb_layout
+
+    table = nci_table().iloc[:60]
+    table.to_csv(tmp_path / "mols.csv", index=False)
+    write_ogb_layout(tmp_path / "ogb", "ogbg-molesol", table.smiles.tolist(), table.tpsa)
+    # write_ogb_layout's split: the first 80% train, the next 10% valid, the rest test.
+    split = {"train": list(range(48)), "valid": list(range(48, 54)), "test": list(range(54, 60))}
+    (tmp_path / "split.json").write_text(json.dumps(split))
+    common = [*TINY, "trainer.max_epochs=2"]
+    csv = train_config(
+        compose_train(
+            [
+                *common,
+                "dataset=smiles_csv",
+                f"dataset.path={tmp_path / 'mols.csv'}",
+                "dataset.targets=[tpsa]",
+                f"dataset.split_file={tmp_path / 'split.json'}",
+                f"dataset.root={tmp_path / 'cache'}",
+                f"output_dir={tmp_path / 'csv'}",
+            ]
+        )
+    )
+    ogb = train_config(
+        compose_train(
+            [
+                *common,
+                "dataset=ogbg-molesol",
+                f"dataset.root={tmp_path / 'ogb'}",
+                f"output_dir={tmp_path / 'ogb_run'}",
+            ]
+        )
+    )
+    assert set(ogb["test"]) == set(csv["test"]) == {"rmse", "atom_mae", "atom_rmse"}
+    assert set(ogb["valid"]) == set(csv["valid"]) == {"rmse", "atom_mae", "atom_rmse"}
+    for split_name in ("valid", "test"):
+        for key, value in csv[split_name].items():
+            assert math.isclose(ogb[split_name][key], value, rel_tol=1e-6), (split_name, key)

@@ -26,6 +26,7 @@ __all__ = [
     "MOLECULE_FEATURE_SETS",
     "MoleculeFeatures",
     "atom_descriptor_values",
+    "auxiliary_atoms_apply",
     "rdkit2d_names",
     "rdkit2d_values",
 ]
@@ -149,6 +150,27 @@ def _atom_descriptor_chunk(smiles: Sequence[str]) -> list[np.ndarray | None]:
             values[:, 5] = EState.EStateIndices(mol)
         out.append(values)
     return out
+
+
+def auxiliary_atoms_apply(setting: bool | str, regression: bool, blockers: Sequence[str]) -> bool:
+    """Whether RDKit's per-atom descriptors are regressed as an auxiliary task (issue #22): one
+    rule for every source of molecules. ``setting`` is ``dataset.auxiliary_atom_descriptors``
+    (``auto``, true or false); ``regression``: the molecule targets are regression, where it
+    was measured to help and ``auto`` turns it on; ``blockers``: why it cannot apply to this
+    dataset (its atom level is taken, ...), which ``auto`` respects and ``true`` is refused over.
+    """
+    if setting not in (True, False, "auto"):
+        raise ConfigError(
+            f"dataset.auxiliary_atom_descriptors must be auto, true or false, got {setting!r}"
+        )
+    if setting == "auto":
+        return regression and not blockers
+    if setting and blockers:
+        raise ConfigError(
+            f"dataset.auxiliary_atom_descriptors=true cannot apply: {'; '.join(blockers)}. "
+            "Set dataset.auxiliary_atom_descriptors=false (or auto)"
+        )
+    return bool(setting)
 
 
 def atom_descriptor_values(

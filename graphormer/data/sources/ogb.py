@@ -12,6 +12,7 @@ Everything else (raw CSV parsing, labels, official splits) is OGB's code, unchan
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -21,12 +22,18 @@ import shutil
 import zipfile
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 import torch
 from ogb.graphproppred import PygGraphPropPredDataset
 from torch_geometric.data import Data, InMemoryDataset
 
-from graphormer.data.descriptors import MoleculeFeatures
+from graphormer.data.descriptors import (
+    ATOM_DESCRIPTORS,
+    MoleculeFeatures,
+    atom_descriptor_values,
+    auxiliary_atoms_apply,
+)
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import (
     DatasetCacheError,
@@ -178,15 +185,40 @@ class OGBSource(Source):
         molecule_features (str | None, optional): ``"rdkit2d"``: RDKit's 2D descriptors of each
             molecule (from the SMILES of ``mapping/mol.csv.gz``) as extra model inputs (issue
             #22), computed once and cached beside the processed graphs. (default: :obj:`None`)
+        auxiliary_atom_descriptors (bool | str, optional): RDKit's per-atom descriptors
+            (:data:`~graphormer.data.descriptors.ATOM_DESCRIPTORS`, of the same SMILES)
+            regressed from the atoms' final states as an auxiliary task beside OGB's targets
+            (issue #22), as ``dataset=smiles_csv`` does: ``"auto"`` (the configs' default) on
+            regression datasets (ogbg-molesol, ogbg-molfreesolv, ogbg-mollipo), True on any
+            molecule dataset, False off. Never a result: OGB's metric alone selects and
+            reports. (default: :obj:`False`: checkpoints made before it rebuild unchanged)
     """
 
     official_split = "OGB's official split (the one its leaderboard compares)"
 
-    def __init__(self, name: str, root: str = "data", molecule_features: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        root: str = "data",
+        molecule_features: str | None = None,
+        auxiliary_atom_descriptors: bool | str = False,
+    ) -> None:
         self.name = name
         self.root = root
         self.features = MoleculeFeatures(molecule_features)
-        self._task = ogb_task_info(name)
+        task = ogb_task_info(name)
+        blockers = [] if name in OGB_MOLECULE_DATASETS else [f"{name} is not a molecule dataset"]
+        self.auxiliary_atom_descriptors = auxiliary_atoms_apply(
+            auxiliary_atom_descriptors, task.task_type == "regression", blockers
+        )
+        if self.auxiliary_atom_descriptors:
+            task = dataclasses.replace(
+                task,
+                atom_tasks=len(ATOM_DESCRIPTORS),
+                atom_task_type="regression",
+                atom_auxiliary=True,
+            )
+        self._task = task
 
     def molecule_features(self) -> MoleculeFeatures | None:
         """The molecule-level input features (issue #22), or None."""
@@ -195,12 +227,44 @@ class OGBSource(Source):
     def task_info(self) -> TaskInfo:
         return self._task
 
+    def atom_task_names(self) -> list[str]:
+        """The auxiliary per-atom descriptors' names, when they are trained."""
+        return list(ATOM_DESCRIPTORS) if self.auxiliary_atom_descriptors else []
+
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         dataset = OGBGraphDataset(self.name, self.root, pre_transform=pre_transform)
         split = dataset.get_idx_split()
         if self.molecule_features() is not None:
             self._attach_molecule_features(dataset)
+        if self.auxiliary_atom_descriptors:
+            self._attach_atom_descriptors(dataset)
+        dataset._data_list = None  # graphs built before would lack the new attributes
         return LoadedDataset(dataset, {k: split[k] for k in ("train", "valid", "test")}, self._task)
+
+    def _mapping_smiles(self, setting: str) -> tuple[list[str], str]:
+        """Every molecule's SMILES, in graph order, from the folder's ``mapping/mol.csv.gz``."""
+        mapping = osp.join(ogb_folder(self.name, self.root), "mapping", "mol.csv.gz")
+        if not osp.isfile(mapping):
+            raise DataError(
+                f"{setting} needs each molecule's SMILES, but {mapping} does not exist: "
+                "re-download the dataset (delete its folder)"
+            )
+        return pd.read_csv(mapping)["smiles"].tolist(), mapping
+
+    @staticmethod
+    def _cached(path: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The tensor file at ``path``, or ``compute()`` saved there first."""
+        if osp.isfile(path):
+            try:
+                return load_data(path, [])
+            except Exception as error:  # truncated or not a tensor file
+                raise DataError(corrupt_cache_message(path, error)) from error
+        values = compute()
+        # Whole or not at all: an interrupted write never leaves a truncated cache (the
+        # datamodule's prepare lock already makes concurrent runs take turns).
+        with atomic_path(path) as partial:
+            torch.save(values, partial)
+        return values
 
     def _attach_molecule_features(self, dataset: OGBGraphDataset) -> None:
         """Gives every graph its raw ``molecule_features`` ``[1, D]``, computed from the
@@ -209,32 +273,51 @@ class OGBSource(Source):
         names = self.features.names()
         key = hashlib.sha1(json.dumps(names).encode()).hexdigest()[:12]
         path = osp.join(folder, "processed", f"molecule_features_{key}.pt")
-        values = None
-        if osp.isfile(path):
-            try:
-                values = load_data(path, [])
-            except Exception as error:  # truncated or not a tensor file
-                raise DataError(corrupt_cache_message(path, error)) from error
-        if values is None:
-            mapping = osp.join(folder, "mapping", "mol.csv.gz")
-            if not osp.isfile(mapping):
-                raise DataError(
-                    f"dataset.molecule_features needs each molecule's SMILES, but {mapping} does "
-                    "not exist: re-download the dataset (delete its folder)"
-                )
-            smiles = pd.read_csv(mapping)["smiles"].tolist()
-            values = torch.from_numpy(self.features.compute(smiles, None, mapping))
-            # Whole or not at all: an interrupted write never leaves a truncated cache (the
-            # datamodule's prepare lock already makes concurrent runs take turns).
-            with atomic_path(path) as partial:
-                torch.save(values, partial)
+
+        def compute() -> torch.Tensor:
+            smiles, mapping = self._mapping_smiles("dataset.molecule_features")
+            return torch.from_numpy(self.features.compute(smiles, None, mapping))
+
+        values = self._cached(path, compute)
         count = len(dataset)
         if values.shape != (count, len(names)):
             raise DataError(corrupt_cache_message(path, ValueError(f"shape {tuple(values.shape)}")))
         # One [1, D] row per graph, through the collated storage's slices.
         dataset._data.molecule_features = values
         dataset.slices["molecule_features"] = torch.arange(count + 1)
-        dataset._data_list = None  # graphs built before would lack the new attribute
+
+    def _attach_atom_descriptors(self, dataset: OGBGraphDataset) -> None:
+        """Gives every graph its auxiliary atom labels ``y_atom`` ``[atoms, 6]``: RDKit's
+        per-atom descriptors of the folder's SMILES, in RDKit's atom order, which is the order
+        of OGB's graphs (``smiles2graph`` parses the same SMILES); computed once and cached."""
+        folder = ogb_folder(self.name, self.root)
+        key = hashlib.sha1(json.dumps(list(ATOM_DESCRIPTORS)).encode()).hexdigest()[:12]
+        path = osp.join(folder, "processed", f"atom_descriptors_{key}.pt")
+        nodes = dataset.slices["x"]
+
+        def compute() -> torch.Tensor:
+            smiles, mapping = self._mapping_smiles("dataset.auxiliary_atom_descriptors")
+            if len(smiles) != len(dataset):
+                raise DataError(
+                    f"{mapping} holds {len(smiles)} SMILES for {len(dataset)} graphs: "
+                    "re-download the dataset (delete its folder), or set "
+                    "dataset.auxiliary_atom_descriptors=false"
+                )
+            values = atom_descriptor_values(smiles)
+            for index, (atoms, count) in enumerate(zip(values, nodes.diff().tolist(), strict=True)):
+                if atoms is None or len(atoms) != count:
+                    raise DataError(
+                        f"molecule {index} of {mapping} ({smiles[index]!r}): RDKit's per-atom "
+                        f"descriptors do not match its graph's {count} atoms; set "
+                        "dataset.auxiliary_atom_descriptors=false"
+                    )
+            return torch.from_numpy(np.concatenate(values).astype(np.float32))
+
+        values = self._cached(path, compute)
+        if values.shape != (int(nodes[-1]), len(ATOM_DESCRIPTORS)):
+            raise DataError(corrupt_cache_message(path, ValueError(f"shape {tuple(values.shape)}")))
+        dataset._data.y_atom = values
+        dataset.slices["y_atom"] = nodes.clone()
 
     def task_names(self) -> list[str] | None:
         """OGB's label columns: every column of the dataset folder's ``mapping/mol.csv.gz`` but

@@ -22,6 +22,7 @@ from graphormer.data.descriptors import (
     ATOM_DESCRIPTORS,
     MoleculeFeatures,
     atom_descriptor_values,
+    auxiliary_atoms_apply,
     rdkit2d_names,
     rdkit2d_values,
 )
@@ -856,11 +857,6 @@ def _auxiliary_atom_descriptors(
 ) -> bool:
     """Whether per-atom descriptors are regressed as an auxiliary task (issue #22):
     ``dataset.auxiliary_atom_descriptors`` resolved against the rest of the dataset settings."""
-    if setting not in (True, False, "auto"):
-        raise ConfigError(
-            f"dataset.auxiliary_atom_descriptors must be auto, true or false, got {setting!r}"
-        )
-    # Measured on regression targets only (README "Defaults for small sets").
     blockers = [
         reason
         for reason, present in (
@@ -878,11 +874,4 @@ def _auxiliary_atom_descriptors(
         )
         if present
     ]
-    if setting == "auto":
-        return task_type == "regression" and not blockers
-    if setting and blockers:
-        raise ConfigError(
-            f"dataset.auxiliary_atom_descriptors=true cannot apply: {'; '.join(blockers)}. "
-            "Set dataset.auxiliary_atom_descriptors=false (or auto)"
-        )
-    return bool(setting)
+    return auxiliary_atoms_apply(setting, task_type == "regression", blockers)
