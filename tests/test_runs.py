@@ -16,7 +16,7 @@ import torch
 from graphormer import checkpoint
 from graphormer.training import CheckpointError, GraphormerModule
 
-from helpers import REPO, TINY, call_failing, call_script
+from helpers import REPO, TINY, call_failing, call_script, run_script
 
 # Dropout on, so that the random streams matter for exactness.
 NOISY = [*TINY, "model.dropout=0.1", "model.attention_dropout=0.1", "trainer.max_epochs=4"]
@@ -129,6 +129,35 @@ def test_resume_into_a_new_folder_keeps_the_best_score(
     reference_best = json.loads((reference_run / "metrics.json").read_text())["best_checkpoint"]
     best = json.loads((resumed / "metrics.json").read_text())["best_checkpoint"]
     assert Path(best).name == Path(reference_best).name and Path(best).is_file()
+
+
+def test_a_ddp_run_resumes_exactly_with_every_ranks_dropout_stream(ogb_root, tmp_path):
+    """Under DDP each rank draws its own dropout masks and rank 0 alone writes checkpoints:
+    a resume must give each rank back its own stream, not rank 0's. Two epochs, then a third
+    resumed, against three straight (the schedule fixed in steps, so that both runs share it)."""
+    ddp = [
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "optim.total_steps=15",  # 320 graphs / (32 x 2 ranks) = 5 updates an epoch
+        "optim.warmup_steps=1",
+    ]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_script("train.py", train_args(ogb_root, straight, *ddp, "trainer.max_epochs=3"), tmp_path)
+    run_script("train.py", train_args(ogb_root, resumed, *ddp, "trainer.max_epochs=2"), tmp_path)
+    last = resumed / "checkpoints" / "last.ckpt"
+    stored = torch.load(last, weights_only=True)
+    assert stored["epoch"] == 1  # two epochs, 0 and 1: the override of NOISY's 4 took
+    assert len(stored["graphormer_rng_states"]["per_rank"]) == 2
+    log = run_script(
+        "train.py",
+        train_args(ogb_root, resumed, *ddp, "trainer.max_epochs=3", f"ckpt_path={last}"),
+        tmp_path,
+    )
+    assert "rank 0's dropout stream" not in log
+    assert_same_weights(final_state(resumed), final_state(straight))
+    assert scores(resumed) == scores(straight)
+    assert scores(straight)["epochs"] == 3
 
 
 def test_workers_do_not_change_the_results(reference_run, ogb_root, tmp_path):

@@ -19,7 +19,11 @@ from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.tasks import TaskInfo, score, score_atoms, score_bonds, score_reported
 from graphormer.errors import UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
-from graphormer.training.rng import RNG_KEY, capture_rng_state, restore_rng_state
+from graphormer.training.rng import (
+    RNG_KEY,
+    capture_rng_states_of_all_ranks,
+    restore_rng_state_of_rank,
+)
 from graphormer.training.schedule import warmup_linear_decay
 from graphormer.training.settings import FlagSettings
 
@@ -868,8 +872,9 @@ class GraphormerModule(pl.LightningModule):
             checkpoint["state_dict"], precision
         )
         # The random streams (dropout, ...), so that a resumed run continues exactly where the
-        # interrupted one stopped; stored as tensors and plain values (weights_only-loadable).
-        checkpoint[RNG_KEY] = capture_rng_state()
+        # interrupted one stopped, every rank's under DDP; stored as tensors and plain values
+        # (weights_only-loadable).
+        checkpoint[RNG_KEY] = capture_rng_states_of_all_ranks()
         # Last: Lightning calls this hook after the callbacks' states are in, so the digest
         # covers everything a resume reads (issue #20).
         checkpoints.seal(checkpoint)
@@ -882,7 +887,14 @@ class GraphormerModule(pl.LightningModule):
         state = checkpoint.get(RNG_KEY)
         # Only when fit resumes; evaluating a checkpoint leaves the streams alone.
         if state is not None and self._trainer is not None and self.trainer.state.fn == "fit":
-            restore_rng_state(state)
+            size = self.trainer.world_size
+            if not restore_rng_state_of_rank(state, self.global_rank, size) and size > 1:
+                rank_zero_warn(
+                    "the checkpoint holds no random streams of a run on "
+                    f"{size} processes (it ran on another number, or before they were kept): "
+                    "every rank continues with rank 0's dropout stream, so the resumed run "
+                    "is not the exact continuation of the interrupted one"
+                )
 
 
 def _loss_weights(given: dict[str, float] | None) -> dict[str, float]:

@@ -8,7 +8,13 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RNG_KEY", "capture_rng_state", "restore_rng_state"]
+__all__ = [
+    "RNG_KEY",
+    "capture_rng_state",
+    "capture_rng_states_of_all_ranks",
+    "restore_rng_state",
+    "restore_rng_state_of_rank",
+]
 
 RNG_KEY = "graphormer_rng_states"
 
@@ -36,3 +42,33 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda_states)
+
+
+def capture_rng_states_of_all_ranks() -> dict[str, Any]:
+    """This process's states (:func:`capture_rng_state`) and, under a distributed run of more
+    than one process, every rank's as ``per_rank`` (rank order): each rank draws its own
+    dropout masks, and a checkpoint is written by rank 0 alone, so without them a resumed
+    run would give every rank rank 0's streams. A collective: every rank must call it, as
+    every rank builds each checkpoint (Lightning's ``dump_checkpoint``)."""
+    state = capture_rng_state()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        size = torch.distributed.get_world_size()
+        if size > 1:
+            gathered: list[Any] = [None] * size
+            # Values this process made itself, never read from disk: pickling them between
+            # the ranks is safe; the checkpoint stores them as tensors and plain values.
+            torch.distributed.all_gather_object(gathered, state)
+            state["per_rank"] = gathered
+    return state
+
+
+def restore_rng_state_of_rank(state: dict[str, Any], rank: int, world_size: int) -> bool:
+    """Restores rank ``rank``'s own streams from a checkpoint's states; True when it could,
+    False when the checkpoint holds no states of a run of ``world_size`` processes (written by
+    one process, or by a different number), where rank 0's are restored on every rank."""
+    per_rank = state.get("per_rank")
+    if world_size > 1 and per_rank is not None and len(per_rank) == world_size:
+        restore_rng_state(per_rank[rank])
+        return True
+    restore_rng_state(state)
+    return world_size == 1 and per_rank is None
