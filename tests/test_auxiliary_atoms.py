@@ -4,6 +4,7 @@ logged but never selects checkpoints, never is predicted and never blocks ensemb
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -129,6 +130,19 @@ def test_training_logs_it_but_selects_and_predicts_molecules(auxiliary_run):
     assert list(table.columns) == ["smiles", "tpsa", "error"]
     result, _ = evaluate_run(metrics, work)
     assert math.isclose(result["test"]["rmse"], metrics["test"]["rmse"], rel_tol=1e-5)
+
+
+def test_members_with_and_without_it_predict_together(auxiliary_run):
+    """The auxiliary is how a member trained, not what it predicts: a model trained with it
+    and one trained before it (or with it off) on the same data form one ensemble."""
+    runs, _ = auxiliary_run
+    paths = [runs["default"]["best_checkpoint"], runs["off"]["best_checkpoint"]]
+    ensemble = Predictor.from_checkpoint(paths, device="cpu")
+    smiles = nci_table().smiles.iloc[:4].tolist()
+    both = ensemble.predict(smiles)
+    alone = [Predictor.from_checkpoint(p, device="cpu").predict(smiles) for p in paths]
+    expected = (alone[0]["tpsa"] + alone[1]["tpsa"]) / 2
+    np.testing.assert_allclose(both["tpsa"], expected, rtol=1e-5)
 
 
 def test_ensembles_train_and_score_with_auxiliary_atoms(tmp_path):

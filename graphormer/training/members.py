@@ -134,12 +134,18 @@ def resolve_members(ckpt: Any, allow_missing: bool = False) -> Members:
     return Members(paths, folder=path, missing=missing)
 
 
+# Dataset settings that change how members trained, not what they predict or from which data.
+_TRAINING_ONLY_DATA = frozenset({"auxiliary_atom_descriptors"})
+
+
 def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
     """Members are combined only when they predict the same tasks from the same featurisation:
     same task, same model inputs, same structural settings."""
     first = modules[0]
     for record, module in zip(records[1:], modules[1:], strict=True):
-        if not module.task.same_task(first.task):
+        # Auxiliary atom targets (issue #22) are trained, never predicted: members with and
+        # without them predict the same molecules.
+        if not module.task.without_auxiliary().same_task(first.task.without_auxiliary()):
             raise CheckpointError(
                 f"checkpoint {record.path} predicts {module.task}, but {records[0].path} "
                 f"predicts {first.task}: an ensemble's members share one task"
@@ -161,7 +167,14 @@ def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
                 f"{keys[0]}: {inputs[1][keys[0]]} vs {inputs[0][keys[0]]}): an ensemble's "
                 "members read the same features"
             )
-        data = [(m.hparams.get("data") or {}).get("dataset") or {} for m in (first, module)]
+        data = [
+            {
+                k: v
+                for k, v in ((m.hparams.get("data") or {}).get("dataset") or {}).items()
+                if k not in _TRAINING_ONLY_DATA
+            }
+            for m in (first, module)
+        ]
         differ = sorted(k for k in set(data[0]) | set(data[1]) if data[0].get(k) != data[1].get(k))
         if differ:
             # Another split (a cross-validation's folds) would score members on molecules some
