@@ -3,6 +3,7 @@ regresses RDKit's per-atom descriptors beside a CSV's regression targets, a seco
 logged but never selects checkpoints, never is predicted and never blocks ensembles."""
 
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -205,6 +206,54 @@ def test_ogb_graphs_get_rdkits_atom_descriptors_of_their_smiles(tmp_path):
         OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors=True).load()
     plain = OGBSource("ogbg-molesol", str(tmp_path)).load()  # off: no atom labels at all
     assert getattr(plain.dataset[0], "y_atom", None) is None
+
+
+def test_an_ogb_folder_rewritten_with_other_molecules_never_reuses_their_labels(tmp_path):
+    from graphormer.data.sources.ogb import OGBSource
+    from graphormer.testing import write_ogb_layout
+
+    table = nci_table().iloc[:40]
+    write_ogb_layout(tmp_path, "ogbg-molesol", table.smiles.tolist(), table.tpsa)
+    OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors=True).load()
+    # The same folder, rebuilt with the molecules in reverse order (its graph cache removed,
+    # as the corrupt-cache advice says): graph 0 is now the last molecule.
+    folder = write_ogb_layout(
+        tmp_path, "ogbg-molesol", table.smiles.tolist()[::-1], table.tpsa[::-1]
+    )
+    shutil.rmtree(folder / "processed" / "plain")
+    loaded = OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors=True).load()
+    expected = atom_descriptor_values([table.smiles.iloc[-1]], workers=1)[0]
+    torch.testing.assert_close(loaded.dataset[0].y_atom, torch.from_numpy(expected), equal_nan=True)
+    assert len(list((folder / "processed").glob("atom_descriptors_*.pt"))) == 2
+
+
+def test_a_smiles_that_is_not_its_graph_loses_its_atom_labels_not_the_run(tmp_path):
+    from graphormer.data.sources.ogb import OGBSource
+    from graphormer.testing import write_ogb_layout
+
+    table = nci_table().iloc[:40]
+    folder = write_ogb_layout(tmp_path, "ogbg-molesol", table.smiles.tolist(), table.tpsa)
+    mapping = folder / "mapping" / "mol.csv.gz"
+    smiles = table.smiles.tolist()
+    # Molecule 5's SMILES written with its atoms in reverse order: the same molecule, the
+    # same atom count, another atom order than its graph's (unless it reads the same).
+    from rdkit import Chem
+
+    mol = Chem.MolFromSmiles(smiles[5])
+    reordered = Chem.RenumberAtoms(mol, list(range(mol.GetNumAtoms()))[::-1])
+    smiles[5] = Chem.MolToSmiles(reordered, canonical=False)
+    assert [a.GetAtomicNum() for a in Chem.MolFromSmiles(smiles[5]).GetAtoms()] != [
+        a.GetAtomicNum() for a in mol.GetAtoms()
+    ]
+    pd.DataFrame({"smiles": smiles}).to_csv(mapping, index=False)
+    with pytest.warns(UserWarning, match=r"1 molecule\(s\) of .* do not parse .*5 \("):
+        loaded = OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors=True).load()
+    assert torch.isnan(loaded.dataset[5].y_atom).all()
+    assert not torch.isnan(loaded.dataset[4].y_atom[:, 0]).any()
+    # A file of other molecules altogether is refused, not turned into missing labels.
+    pd.DataFrame({"smiles": smiles[::-1]}).to_csv(mapping, index=False)
+    with pytest.raises(DataError, match="does not belong to these graphs"):
+        OGBSource("ogbg-molesol", str(tmp_path), auxiliary_atom_descriptors=True).load()
 
 
 def test_ogb_regression_trains_it_by_default(ogb_root, tmp_path):

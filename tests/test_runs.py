@@ -160,6 +160,49 @@ def test_a_ddp_run_resumes_exactly_with_every_ranks_dropout_stream(ogb_root, tmp
     assert scores(straight)["epochs"] == 3
 
 
+def test_each_rank_gets_its_own_stream_back_and_other_world_sizes_are_told():
+    from graphormer.training.rng import capture_rng_state, restore_rng_state_of_rank
+
+    states = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        states.append(capture_rng_state())
+    draws = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        draws.append(torch.rand(3))
+    stored = {**states[0], "per_rank": states}
+    torch.manual_seed(99)
+    assert restore_rng_state_of_rank(stored, 1, 2)  # rank 1 of 2: its own stream
+    assert torch.equal(torch.rand(3), draws[1])
+    # Another world size, or a checkpoint of one process under DDP: rank 0's, and False.
+    assert not restore_rng_state_of_rank(stored, 2, 3)
+    assert torch.equal(torch.rand(3), draws[0])
+    assert not restore_rng_state_of_rank(states[0], 1, 2)
+    assert torch.equal(torch.rand(3), draws[0])
+    assert restore_rng_state_of_rank(states[1], 0, 1)  # one process, as before
+    assert torch.equal(torch.rand(3), draws[1])
+
+
+def test_a_ddp_resume_of_a_one_process_checkpoint_says_it_is_not_exact(ogb_root, tmp_path):
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]
+    out = tmp_path / "run"
+    run_script("train.py", train_args(ogb_root, out, "trainer.max_epochs=1"), tmp_path)
+    log = run_script(
+        "train.py",
+        train_args(
+            ogb_root,
+            tmp_path / "ddp",
+            *ddp,
+            "trainer.max_epochs=2",
+            f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}",
+            "resume_strict=false",
+        ),
+        tmp_path,
+    )
+    assert "every rank continues with rank 0's dropout stream" in log
+
+
 def test_workers_do_not_change_the_results(reference_run, ogb_root, tmp_path):
     out = tmp_path / "run"
     call_script("train.py", train_args(ogb_root, out, "datamodule.num_workers=2"), cwd=tmp_path)

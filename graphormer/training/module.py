@@ -874,7 +874,8 @@ class GraphormerModule(pl.LightningModule):
         # The random streams (dropout, ...), so that a resumed run continues exactly where the
         # interrupted one stopped, every rank's under DDP; stored as tensors and plain values
         # (weights_only-loadable).
-        checkpoint[RNG_KEY] = capture_rng_states_of_all_ranks()
+        size = self.trainer.world_size if self._trainer is not None else 1
+        checkpoint[RNG_KEY] = capture_rng_states_of_all_ranks(size)
         # Last: Lightning calls this hook after the callbacks' states are in, so the digest
         # covers everything a resume reads (issue #20).
         checkpoints.seal(checkpoint)

@@ -44,16 +44,16 @@ def restore_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
-def capture_rng_states_of_all_ranks() -> dict[str, Any]:
-    """This process's states (:func:`capture_rng_state`) and, under a distributed run of more
-    than one process, every rank's as ``per_rank`` (rank order): each rank draws its own
-    dropout masks, and a checkpoint is written by rank 0 alone, so without them a resumed
-    run would give every rank rank 0's streams. A collective: every rank must call it, as
+def capture_rng_states_of_all_ranks(world_size: int) -> dict[str, Any]:
+    """This process's states (:func:`capture_rng_state`) and, in a run of ``world_size`` > 1
+    processes (the trainer's), every rank's as ``per_rank`` (rank order): each rank draws its
+    own dropout masks, and a checkpoint is written by rank 0 alone, so without them a resumed
+    run would give every rank rank 0's streams. Then a collective: every rank must call it, as
     every rank builds each checkpoint (Lightning's ``dump_checkpoint``)."""
     state = capture_rng_state()
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         size = torch.distributed.get_world_size()
-        if size > 1:
+        if size == world_size:
             gathered: list[Any] = [None] * size
             # Values this process made itself, never read from disk: pickling them between
             # the ranks is safe; the checkpoint stores them as tensors and plain values.

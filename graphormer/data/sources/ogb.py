@@ -19,6 +19,7 @@ import os
 import os.path as osp
 import pickle
 import shutil
+import warnings
 import zipfile
 from collections.abc import Callable
 
@@ -190,8 +191,9 @@ class OGBSource(Source):
             regressed from the atoms' final states as an auxiliary task beside OGB's targets
             (issue #22), as ``dataset=smiles_csv`` does: ``"auto"`` (the configs' default) on
             regression datasets (ogbg-molesol, ogbg-molfreesolv, ogbg-mollipo), True on any
-            molecule dataset, False off. Never a result: OGB's metric alone selects and
-            reports. (default: :obj:`False`: checkpoints made before it rebuild unchanged)
+            molecule dataset, False off. Logged and scored (``atom_mae``), never a
+            result: OGB's metric alone selects checkpoints, and predictions are of molecules.
+            (default: :obj:`False`: checkpoints made before it rebuild unchanged)
     """
 
     official_split = "OGB's official split (the one its leaderboard compares)"
@@ -243,13 +245,28 @@ class OGBSource(Source):
 
     def _mapping_smiles(self, setting: str) -> tuple[list[str], str]:
         """Every molecule's SMILES, in graph order, from the folder's ``mapping/mol.csv.gz``."""
+        mapping = self._mapping_path(setting)
+        return pd.read_csv(mapping)["smiles"].tolist(), mapping
+
+    def _mapping_path(self, setting: str) -> str:
         mapping = osp.join(ogb_folder(self.name, self.root), "mapping", "mol.csv.gz")
         if not osp.isfile(mapping):
             raise DataError(
                 f"{setting} needs each molecule's SMILES, but {mapping} does not exist: "
                 "re-download the dataset (delete its folder)"
             )
-        return pd.read_csv(mapping)["smiles"].tolist(), mapping
+        return mapping
+
+    def _cache_path(self, kind: str, names: list[str], setting: str) -> str:
+        """Where values computed from the folder's SMILES are cached: keyed by what is computed
+        and by the SMILES file's content, so that a folder rewritten with other molecules (a
+        user's own OGB-layout set, rebuilt) never reuses another set's values."""
+        digest = hashlib.sha1(json.dumps(names).encode())
+        with open(self._mapping_path(setting), "rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+        folder = ogb_folder(self.name, self.root)
+        return osp.join(folder, "processed", f"{kind}_{digest.hexdigest()[:16]}.pt")
 
     @staticmethod
     def _cached(path: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -269,10 +286,8 @@ class OGBSource(Source):
     def _attach_molecule_features(self, dataset: OGBGraphDataset) -> None:
         """Gives every graph its raw ``molecule_features`` ``[1, D]``, computed from the
         folder's SMILES once and cached (keyed by the feature names) as a tensor file."""
-        folder = ogb_folder(self.name, self.root)
         names = self.features.names()
-        key = hashlib.sha1(json.dumps(names).encode()).hexdigest()[:12]
-        path = osp.join(folder, "processed", f"molecule_features_{key}.pt")
+        path = self._cache_path("molecule_features", names, "dataset.molecule_features")
 
         def compute() -> torch.Tensor:
             smiles, mapping = self._mapping_smiles("dataset.molecule_features")
@@ -289,28 +304,46 @@ class OGBSource(Source):
     def _attach_atom_descriptors(self, dataset: OGBGraphDataset) -> None:
         """Gives every graph its auxiliary atom labels ``y_atom`` ``[atoms, 6]``: RDKit's
         per-atom descriptors of the folder's SMILES, in RDKit's atom order, which is the order
-        of OGB's graphs (``smiles2graph`` parses the same SMILES); computed once and cached."""
-        folder = ogb_folder(self.name, self.root)
-        key = hashlib.sha1(json.dumps(list(ATOM_DESCRIPTORS)).encode()).hexdigest()[:12]
-        path = osp.join(folder, "processed", f"atom_descriptors_{key}.pt")
+        of OGB's graphs (``smiles2graph`` parses the same SMILES; checked atom by atom against
+        the graphs' atomic numbers); computed once and cached."""
+        setting = "dataset.auxiliary_atom_descriptors"
+        path = self._cache_path("atom_descriptors", list(ATOM_DESCRIPTORS), setting)
         nodes = dataset.slices["x"]
 
         def compute() -> torch.Tensor:
-            smiles, mapping = self._mapping_smiles("dataset.auxiliary_atom_descriptors")
+            smiles, mapping = self._mapping_smiles(setting)
             if len(smiles) != len(dataset):
                 raise DataError(
                     f"{mapping} holds {len(smiles)} SMILES for {len(dataset)} graphs: "
                     "re-download the dataset (delete its folder), or set "
-                    "dataset.auxiliary_atom_descriptors=false"
+                    f"{setting}=false"
                 )
             values = atom_descriptor_values(smiles)
-            for index, (atoms, count) in enumerate(zip(values, nodes.diff().tolist(), strict=True)):
-                if atoms is None or len(atoms) != count:
-                    raise DataError(
-                        f"molecule {index} of {mapping} ({smiles[index]!r}): RDKit's per-atom "
-                        f"descriptors do not match its graph's {count} atoms; set "
-                        "dataset.auxiliary_atom_descriptors=false"
-                    )
+            # OGB's first atom feature is the atomic number's index (atomic number - 1).
+            elements = (dataset._data.x[:, 0] + 1).split(nodes.diff().tolist())
+            unmatched = [
+                index
+                for index, (atoms, graph) in enumerate(zip(values, elements, strict=True))
+                if atoms is None or not _same_elements(smiles[index], graph)
+            ]
+            if len(unmatched) * 2 > len(smiles):
+                raise DataError(
+                    f"{mapping}: the SMILES of {len(unmatched)} of {len(smiles)} molecules do "
+                    "not parse to their graphs' atoms in order (the file does not belong to "
+                    f"these graphs): re-download the dataset (delete its folder), or set "
+                    f"{setting}=false"
+                )
+            for index in unmatched:
+                values[index] = np.full((len(elements[index]), len(ATOM_DESCRIPTORS)), np.nan)
+            if unmatched:
+                shown = ", ".join(f"{i} ({smiles[i]!r})" for i in unmatched[:3])
+                warnings.warn(
+                    f"{setting}: {len(unmatched)} molecule(s) of {mapping} do not parse to "
+                    f"their graphs' atoms in order ({shown}{' ...' if len(unmatched) > 3 else ''}"
+                    "; 0-based): their atoms have no auxiliary labels (missing, masked in the "
+                    "loss); every other molecule keeps its own",
+                    stacklevel=2,
+                )
             return torch.from_numpy(np.concatenate(values).astype(np.float32))
 
         values = self._cached(path, compute)
@@ -330,3 +363,14 @@ class OGBSource(Source):
         except (OSError, ValueError):
             return None
         return [str(c) for c in columns if c not in ("smiles", "mol_id")]
+
+
+def _same_elements(smiles: str, elements: torch.Tensor) -> bool:
+    """Whether RDKit parses ``smiles`` to the atomic numbers ``elements``, in order."""
+    from rdkit import Chem, RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+    mol = Chem.MolFromSmiles(smiles) if isinstance(smiles, str) else None
+    if mol is None:
+        return False
+    return [atom.GetAtomicNum() for atom in mol.GetAtoms()] == elements.tolist()
