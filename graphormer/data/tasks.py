@@ -146,6 +146,13 @@ class TaskInfo:
                 f"{self.num_tasks} molecule and {self.atom_tasks} atom target(s)"
             )
 
+    def with_auxiliary_atoms(self, atom_tasks: int) -> TaskInfo:
+        """This task with ``atom_tasks`` auxiliary regression targets per atom (issue #22),
+        trained beside its molecule targets; :meth:`without_auxiliary` undoes it."""
+        return replace(
+            self, atom_tasks=atom_tasks, atom_task_type="regression", atom_auxiliary=True
+        )
+
     def without_auxiliary(self) -> TaskInfo:
         """The task its results are of: auxiliary atom targets (trained, never predicted)
         left out."""

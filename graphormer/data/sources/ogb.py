@@ -12,9 +12,6 @@ Everything else (raw CSV parsing, labels, official splits) is OGB's code, unchan
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
 import os.path as osp
 import pickle
@@ -44,6 +41,7 @@ from graphormer.data.sources.folders import (
     corrupt_cache_message,
     remove_empty_tree,
 )
+from graphormer.data.sources.graph_cache import input_digest
 from graphormer.data.structure import StructuralFeatures, add_structural_features
 from graphormer.data.tasks import TaskInfo, ogb_master_table
 from graphormer.errors import ConfigError, DataError
@@ -214,12 +212,7 @@ class OGBSource(Source):
             auxiliary_atom_descriptors, task.task_type == "regression", blockers
         )
         if self.auxiliary_atom_descriptors:
-            task = dataclasses.replace(
-                task,
-                atom_tasks=len(ATOM_DESCRIPTORS),
-                atom_task_type="regression",
-                atom_auxiliary=True,
-            )
+            task = task.with_auxiliary_atoms(len(ATOM_DESCRIPTORS))
         self._task = task
 
     def molecule_features(self) -> MoleculeFeatures | None:
@@ -261,12 +254,8 @@ class OGBSource(Source):
         """Where values computed from the folder's SMILES are cached: keyed by what is computed
         and by the SMILES file's content, so that a folder rewritten with other molecules (a
         user's own OGB-layout set, rebuilt) never reuses another set's values."""
-        digest = hashlib.sha1(json.dumps(names).encode())
-        with open(self._mapping_path(setting), "rb") as file:
-            for block in iter(lambda: file.read(1 << 20), b""):
-                digest.update(block)
-        folder = ogb_folder(self.name, self.root)
-        return osp.join(folder, "processed", f"{kind}_{digest.hexdigest()[:16]}.pt")
+        key = input_digest([self._mapping_path(setting)], names)
+        return osp.join(ogb_folder(self.name, self.root), "processed", f"{kind}_{key}.pt")
 
     @staticmethod
     def _cached(path: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
