@@ -35,7 +35,8 @@ import pandas as pd
 from common import run_timed, train_command
 
 
-def _charges(mol) -> list[float] | None:
+def gasteiger_charges(mol) -> list[float] | None:
+    """RDKit's Gasteiger charge of each atom of ``mol``, or None when one is not finite."""
     from rdkit.Chem import rdPartialCharges
 
     rdPartialCharges.ComputeGasteigerCharges(mol)
@@ -49,7 +50,7 @@ def _table(count: int) -> pd.DataFrame:
     from graphormer.testing import nci_rotatable_bonds
 
     table = nci_rotatable_bonds(count)
-    charges = [_charges(Chem.MolFromSmiles(s)) for s in table.smiles]
+    charges = [gasteiger_charges(Chem.MolFromSmiles(s)) for s in table.smiles]
     table["charge"] = [
         None if c is None else "[" + ", ".join(f"{v:.4f}" for v in c) + "]" for c in charges
     ]

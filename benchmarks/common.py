@@ -39,9 +39,10 @@ def train_command(out: Path, *overrides: str) -> list[str]:
     ]
 
 
-def run_timed(command: list[str], name: str, one_thread: bool = True) -> float:
+def run_timed(command: list[str], name: str, one_thread: bool = True, show: bool = False) -> float:
     """Runs ``command`` with this checkout first on ``PYTHONPATH`` (and, with ``one_thread``,
-    one thread); its wall seconds. A failure ends the benchmark with the command's last output."""
+    one thread); its wall seconds. A failure ends the benchmark with the command's last output;
+    ``show`` prints the output of a success too (a benchmark's figures)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     if one_thread:
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -51,6 +52,8 @@ def run_timed(command: list[str], name: str, one_thread: bool = True) -> float:
     wall = time.perf_counter() - start
     if result.returncode:
         raise SystemExit(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    if show:
+        print(result.stdout, end="", flush=True)
     return wall
 
 

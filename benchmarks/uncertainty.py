@@ -1,7 +1,7 @@
 """How sure is the model? Ensembles, conformal intervals and calibrated probabilities, offline.
 
     python benchmarks/uncertainty.py --work /tmp/uncertainty [--molecules 2000] [--members 5]
-        [--epochs 8] [--plot docs/uncertainty_tpsa.png]
+        [--epochs 8] [--plot docs/images/uncertainty_tpsa.png]
 
 Real molecules (rdkit's NCI set) with the topological polar surface area rdkit computes (the
 offline demo's target), a seeded random split 60/20/20 (split-conformal intervals assume
