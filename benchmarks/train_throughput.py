@@ -40,6 +40,8 @@ PRESETS = {"slim": "graphormer_slim", "base": "graphormer_base"}
 # models have the same embedding tables: 512 rows per atom/bond column, 512 degrees, 512
 # spatial entries (Microsoft's layout; unreachable pairs share the "far" entry).
 SAME_TABLES = {"feature_stride": 512, "max_degree": 511, "max_distance": 509}
+# Hugging Face's head reads the graph token alone (the paper's readout), whatever our preset's.
+SAME_HEAD = {"readout": "token"}
 NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
 
 
@@ -165,7 +167,12 @@ def run_ours(
     data = [transform(to_data(g, y=g["num_nodes"] / 30.0)) for g in graphs]
     pad = 8 if device == "cuda" else 1
     collator = GraphormerCollator(max_hops=5, pad_to_multiple=pad)
-    config = {**model_preset(PRESETS[scenario.model]), **SAME_TABLES, **scenario.overrides}
+    config = {
+        **model_preset(PRESETS[scenario.model]),
+        **SAME_TABLES,
+        **SAME_HEAD,
+        **scenario.overrides,
+    }
     config["unreachable_as_far"] = True
     model = Graphormer(GraphormerConfig(**config, num_tasks=1)).to(device)
     model.train(scenario.train)
