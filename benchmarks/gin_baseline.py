@@ -2,6 +2,7 @@
 Networks?", https://arxiv.org/abs/1810.00826) on the same TU data and the same split.
 
     python benchmarks/gin_baseline.py [--epochs 30] [--model graphormer_slim] [--only NAME]
+        [--overrides KEY=VALUE ...]
 
 The data are TU datasets built offline: ``NCI1-like`` and ``NCI-3class`` from rdkit's NCI
 molecules (as the tests build them: node labels = atom types, float node attributes, edge labels =
@@ -118,7 +119,9 @@ def run_gin(source, epochs: int, seed: int = 0) -> dict[str, float]:
     return result
 
 
-def run_graphormer(root: Path, name: str, epochs: int, model: str) -> dict[str, float]:
+def run_graphormer(
+    root: Path, name: str, epochs: int, model: str, overrides: list[str]
+) -> dict[str, float]:
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose(
             "train",
@@ -126,6 +129,7 @@ def run_graphormer(root: Path, name: str, epochs: int, model: str) -> dict[str, 
                 "dataset=tu", f"dataset.name={name}", f"dataset.root={root}", f"model={model}",
                 "optim.lr=1e-3", "datamodule.batch_size=32", f"trainer.max_epochs={epochs}",
                 "trainer.enable_progress_bar=false", f"output_dir={root / ('run_' + name)}",
+                *overrides,
             ],
         )  # fmt: skip
     metrics = train(settings_from(cfg))
@@ -161,6 +165,12 @@ def main() -> None:
     parser.add_argument("--model", default="graphormer_slim")
     parser.add_argument("--limit", type=int, default=1000, help="molecules per NCI dataset")
     parser.add_argument("--only", choices=sorted(DATASETS), action="append", help="dataset(s)")
+    parser.add_argument(
+        "--overrides",
+        nargs="*",
+        default=[],
+        help="train.py settings of graphormer's runs, e.g. model.readout=token",
+    )
     args = parser.parse_args()
     single_thread()
     with tempfile.TemporaryDirectory() as folder:
@@ -175,7 +185,7 @@ def main() -> None:
             gin = run_gin(source, args.epochs)
             gin_s = time.perf_counter() - start
             start = time.perf_counter()
-            ours = run_graphormer(root, name, args.epochs, args.model)
+            ours = run_graphormer(root, name, args.epochs, args.model, args.overrides)
             ours_s = time.perf_counter() - start
             print(
                 f"\n{name}: {classes} classes, split {sizes} (stratified, seed 0), {args.epochs} epochs"
