@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import IO
 
+from graphormer.outputs import folder_problem
+
 __all__ = [
     "ENSEMBLE_FILE",
     "RUN_MARKER",
@@ -24,6 +26,8 @@ RUN_MARKER = ".graphormer-run"
 ENSEMBLE_FILE = "ensemble.json"
 # What a run leaves in its folder: finding any of them means the folder is taken.
 _RECORDS = ("metrics.json", "checkpoints", "logs", "tb", ".hydra", "members", "folds", RUN_MARKER)
+# Hydra's log of a train.py run, in its run folder.
+_HYDRA_LOG = "train.log"
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
 # The folders this process claimed: the open marker (its lock lasts as long as the process) and
 # whether the folder was new, so that a failed new run can be cleaned up.
@@ -93,13 +97,32 @@ def claim_run_dir(run_dir: str | Path, resume_from: str | Path | None = None) ->
     run_dir = Path(run_dir).absolute()
     if not is_first_process():
         return None
+    problem = folder_problem(run_dir)
+    if problem is not None:
+        return (
+            f"the run folder {run_dir} {problem}; choose a writable folder with "
+            "hydra.run.dir=DIR (or leave it out for a new one)"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
-    records = _RECORDS
+    records, launched = _RECORDS, ()
     if any(name in os.environ for name in _RANK_VARIABLES):
-        # torchrun / SLURM: every rank runs Hydra into this folder and may write .hydra/ before
-        # this rank gets here; a previous run still shows by its other records.
+        # torchrun / SLURM: every rank runs Hydra into this folder and may write .hydra/ and
+        # its log before this rank gets here; a previous run still shows by its other records.
         records = tuple(name for name in _RECORDS if name != ".hydra")
+        launched = (".hydra", _HYDRA_LOG)
     taken = [name for name in records if (run_dir / name).exists()]
+    # A folder is new (empty) or a run's own: a user's files are never written among, appended
+    # to, or removed with a failed run's.
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in launched)
+    if not taken and foreign:
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
+        return (
+            f"the run folder {run_dir} already holds files that are not a run's ({shown}): a "
+            "run writes into a new or empty folder, never among other files; choose another "
+            "folder with hydra.run.dir=DIR (or leave it out for a new one)"
+        )
     new = False
     if not taken:
         try:  # exclusive creation: of two runs that start together, exactly one gets the folder

@@ -17,15 +17,17 @@ from omegaconf.errors import MissingMandatoryValue
 
 from graphormer.console import report
 from graphormer.errors import ConfigError, UserFacingError
+from graphormer.outputs import folder_problem
 from graphormer.rundir import (
     ENSEMBLE_FILE,
+    RUN_MARKER,
     claim_run_dir,
     discard_if_untrained,
     newest_checkpoint,
     run_dir_of,
 )
 
-__all__ = ["RunDirGuard", "checkpoint_inputs", "plain", "run_reporting_errors"]
+__all__ = ["LogDirGuard", "RunDirGuard", "checkpoint_inputs", "plain", "run_reporting_errors"]
 
 
 def _resume_dir(ckpt_path: Any, default: str) -> str:
@@ -159,3 +161,24 @@ class RunDirGuard(Callback):
                     discard_if_untrained(claimed)
                 print(f"error: {message}", file=sys.stderr)
                 sys.exit(1)
+
+
+class LogDirGuard(Callback):
+    """Hydra callback of the commands other than train (eval, predict, ...): their folder for
+    ``.hydra/`` and the log is one that can be written, and never a training run's folder,
+    whose own ``.hydra/config.yaml`` (what a resume continues) Hydra would replace."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        folder = Path(config.hydra.run.dir).absolute()
+        problem = folder_problem(folder)
+        if problem is None and (folder / RUN_MARKER).exists():
+            problem = (
+                "is a training run's folder: this command's .hydra/ would replace the run's own"
+            )
+        if problem is not None:
+            print(
+                f"error: hydra.run.dir={config.hydra.run.dir}: the folder {folder} {problem}; "
+                "choose another with hydra.run.dir=DIR (or leave it out for a new one)",
+                file=sys.stderr,
+            )
+            sys.exit(1)
