@@ -54,7 +54,7 @@ def folder_problem(folder: PathLike) -> str | None:
         return f"is not a folder{where}"
     if not os.access(existing, os.W_OK | os.X_OK):
         where = "" if existing == path else f" (in {existing})"
-        return f"cannot be written{where}: the folder is read-only or not yours"
+        return f"cannot be written{where}: it is read-only, or not writable by you"
     return None
 
 
