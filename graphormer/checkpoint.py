@@ -42,6 +42,7 @@ __all__ = [
     "checkpoint_digest",
     "CheckpointError",
     "CheckpointRecord",
+    "data_files",
     "load",
     "meta_entry",
     "save",
@@ -187,6 +188,29 @@ def save(
     with atomic_path(path) as partial:
         torch.save(checkpoint, partial)
     return path
+
+
+# The dataset settings that name files a run reads its data from (``root`` is a folder the
+# run also writes its caches to).
+DATA_FILE_KEYS = ("path", "split_file")
+
+
+def data_files(path: str | Path) -> dict[str, str]:
+    """The files the run of checkpoint ``path`` read its data from, by their ``dataset.`` key
+    (``dataset.path``, ``dataset.split_file``): inputs that no output may replace. A quick look
+    at the settings (the weights are neither read nor verified); empty for converted weights and
+    for a file that cannot be read, which :func:`load` then refuses in its own words."""
+    try:
+        checkpoint = load_data(path, mmap=True)
+        dataset = checkpoint["hyper_parameters"]["data"]["dataset"]
+        found = {f"dataset.{key}": dataset.get(key) for key in DATA_FILE_KEYS}
+    except Exception:  # any damage: load() names it when the command reads the file
+        return {}
+    return {
+        key: str(value)
+        for key, value in found.items()
+        if isinstance(value, str) and value and not value.startswith("rdkit:")
+    }
 
 
 def load(path: str | Path) -> CheckpointRecord:

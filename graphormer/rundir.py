@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import IO
 
+from graphormer.outputs import folder_problem
+
 __all__ = [
     "ENSEMBLE_FILE",
     "RUN_MARKER",
@@ -24,10 +26,13 @@ RUN_MARKER = ".graphormer-run"
 ENSEMBLE_FILE = "ensemble.json"
 # What a run leaves in its folder: finding any of them means the folder is taken.
 _RECORDS = ("metrics.json", "checkpoints", "logs", "tb", ".hydra", "members", "folds", RUN_MARKER)
+# Hydra's log of a train.py run, in its run folder.
+_HYDRA_LOG = "train.log"
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
-# The folders this process claimed: the open marker (its lock lasts as long as the process) and
-# whether the folder was new, so that a failed new run can be cleaned up.
-_HELD: dict[Path, tuple[IO[str] | None, bool]] = {}
+# The folders this process claimed: the open marker (its lock lasts as long as the process),
+# whether the run is new (so that a failed new run can be cleaned up) and whether this launch
+# created the folder itself (an empty folder the user made stays).
+_HELD: dict[Path, tuple[IO[str] | None, bool, bool]] = {}
 
 
 def is_first_process() -> bool:
@@ -93,13 +98,34 @@ def claim_run_dir(run_dir: str | Path, resume_from: str | Path | None = None) ->
     run_dir = Path(run_dir).absolute()
     if not is_first_process():
         return None
+    problem = folder_problem(run_dir)
+    if problem is not None:
+        return (
+            f"the run folder {run_dir} {problem}; choose a writable folder with "
+            "hydra.run.dir=DIR (or leave it out for a new one)"
+        )
+    created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
-    records = _RECORDS
+    records, launched = _RECORDS, ()
     if any(name in os.environ for name in _RANK_VARIABLES):
-        # torchrun / SLURM: every rank runs Hydra into this folder and may write .hydra/ before
-        # this rank gets here; a previous run still shows by its other records.
+        # torchrun / SLURM: every rank runs Hydra into this folder and may write .hydra/ and
+        # its log before this rank gets here; a previous run still shows by its other records.
         records = tuple(name for name in _RECORDS if name != ".hydra")
+        launched = (".hydra", _HYDRA_LOG)
+        created = True  # by this launch's ranks, which may have got here first
     taken = [name for name in records if (run_dir / name).exists()]
+    # A folder is new (empty) or a run's own: a user's files are never written among, appended
+    # to, or removed with a failed run's.
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in launched)
+    if not taken and foreign:
+        shown = ", ".join(foreign[:5]) + (
+            f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        )
+        return (
+            f"the run folder {run_dir} already holds files that are not a run's ({shown}): a "
+            "run writes into a new or empty folder, never among other files; choose another "
+            "folder with hydra.run.dir=DIR (or leave it out for a new one)"
+        )
     new = False
     if not taken:
         try:  # exclusive creation: of two runs that start together, exactly one gets the folder
@@ -123,23 +149,24 @@ def claim_run_dir(run_dir: str | Path, resume_from: str | Path | None = None) ->
     held = _lock(run_dir)
     if isinstance(held, str):
         return held
-    _HELD[run_dir] = (held, new)
+    _HELD[run_dir] = (held, new, created)
     return None
 
 
 def release_run_dir(run_dir: str | Path) -> None:
     """Lets go of a folder this process claimed (its lock), before the process ends."""
-    handle, _ = _HELD.pop(Path(run_dir).absolute(), (None, False))
+    handle, _, _ = _HELD.pop(Path(run_dir).absolute(), (None, False, False))
     if handle is not None:
         handle.close()
 
 
 def discard_if_untrained(run_dir: str | Path) -> bool:
-    """Removes a folder this process created for a new run when nothing was trained in it (no
-    checkpoint, no ``metrics.json``): a failed start leaves no empty run behind. Only the files a
-    run writes are removed; returns whether the folder is gone."""
+    """Removes a new run this process started when nothing was trained in it (no checkpoint, no
+    ``metrics.json``): a failed start leaves no empty run behind. Only what the run created is
+    removed (a new run's folder was empty when claimed), the folder itself only if this launch
+    made it; returns whether the run was removed."""
     run_dir = Path(run_dir).absolute()
-    handle, new = _HELD.get(run_dir, (None, False))
+    handle, new, created = _HELD.get(run_dir, (None, False, False))
     if not new or (run_dir / "metrics.json").exists():
         return False
     if any((run_dir / "checkpoints").glob("*.ckpt")) or _has_logged_metrics(run_dir):
@@ -155,10 +182,11 @@ def discard_if_untrained(run_dir: str | Path) -> bool:
     if handle is not None:
         handle.close()
     del _HELD[run_dir]
-    try:
-        run_dir.rmdir()  # only if empty: a user's own files keep it
-    except OSError:
-        return False
+    if created:
+        try:
+            run_dir.rmdir()  # only if empty: what appeared there since the claim keeps it
+        except OSError:
+            return False
     return True
 
 

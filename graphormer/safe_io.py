@@ -111,12 +111,15 @@ def allowed_names(groups: Sequence[str] = _GROUPS) -> set[str]:
     return names
 
 
-def load_data(source: str | Path | Any, groups: Sequence[str] = (), map_location="cpu") -> Any:
+def load_data(
+    source: str | Path | Any, groups: Sequence[str] = (), map_location="cpu", mmap: bool = False
+) -> Any:
     """``torch.load(source, weights_only=True)`` with the classes of ``groups`` allowed. Errors
     are torch's (:class:`pickle.UnpicklingError` for a refused class); callers name the file and
-    the fix, with :func:`unpickling_reason` for the cause."""
+    the fix, with :func:`unpickling_reason` for the cause. ``mmap``: tensors stay on disk until
+    read (for a look at a large file's settings)."""
     allow(*groups)
-    return torch.load(source, map_location=map_location, weights_only=True)
+    return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
 
 
 def unpickling_reason(error: Exception) -> str:

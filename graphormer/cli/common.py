@@ -17,9 +17,17 @@ from omegaconf.errors import MissingMandatoryValue
 
 from graphormer.console import report
 from graphormer.errors import ConfigError, UserFacingError
-from graphormer.rundir import claim_run_dir, discard_if_untrained, run_dir_of
+from graphormer.outputs import folder_problem
+from graphormer.rundir import (
+    ENSEMBLE_FILE,
+    RUN_MARKER,
+    claim_run_dir,
+    discard_if_untrained,
+    newest_checkpoint,
+    run_dir_of,
+)
 
-__all__ = ["RunDirGuard", "checkpoint_inputs", "plain", "run_reporting_errors"]
+__all__ = ["LogDirGuard", "RunDirGuard", "checkpoint_inputs", "plain", "run_reporting_errors"]
 
 
 def _resume_dir(ckpt_path: Any, default: str) -> str:
@@ -99,11 +107,31 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
 
 
 def checkpoint_inputs(ckpt: Any) -> dict[str, Any]:
-    """``ckpt=`` as inputs no output may overwrite: one path, or each of a list's (an ensemble's
-    members)."""
-    if isinstance(ckpt, list | tuple):
-        return {f"ckpt[{i}]": str(p) for i, p in enumerate(ckpt)}
-    return {"ckpt": ckpt}
+    """What ``ckpt=`` reads, as inputs no output may overwrite, whatever ``overwrite=`` says: the
+    checkpoint (or each of a list's, an ensemble's members; a folder with all it holds), its run
+    folder's ``calibration.json``, ``ensemble.json`` and ``metrics.json``, and the data files
+    its run read (``dataset.path``, ``dataset.split_file``)."""
+    from graphormer.checkpoint import data_files
+    from graphormer.training.calibration import CALIBRATION_FILE
+    from graphormer.training.members import MEMBERS_DIR
+
+    listed = isinstance(ckpt, list | tuple)
+    entries = {f"ckpt[{i}]": p for i, p in enumerate(ckpt)} if listed else {"ckpt": ckpt}
+    inputs: dict[str, Any] = {}
+    for key, value in entries.items():
+        inputs[key] = str(value)
+        path = Path(str(value)).expanduser()
+        if path.is_dir():
+            checkpoint = newest_checkpoint(path) or newest_checkpoint(path / MEMBERS_DIR / "0")
+        else:
+            checkpoint = path if path.is_file() else None
+            folder = run_dir_of(path)
+            for name in (CALIBRATION_FILE, ENSEMBLE_FILE, "metrics.json") if folder else ():
+                inputs.setdefault(f"run's {name}", str(folder / name))
+        if checkpoint is not None:
+            for setting, file in data_files(checkpoint).items():
+                inputs.setdefault(f"checkpoint's {setting}", file)
+    return inputs
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
@@ -133,3 +161,24 @@ class RunDirGuard(Callback):
                     discard_if_untrained(claimed)
                 print(f"error: {message}", file=sys.stderr)
                 sys.exit(1)
+
+
+class LogDirGuard(Callback):
+    """Hydra callback of the commands other than train (eval, predict, ...): their folder for
+    ``.hydra/`` and the log is one that can be written, and never a training run's folder,
+    whose own ``.hydra/config.yaml`` (what a resume continues) Hydra would replace."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        folder = Path(config.hydra.run.dir).absolute()
+        problem = folder_problem(folder)
+        if problem is None and (folder / RUN_MARKER).exists():
+            problem = (
+                "is a training run's folder: this command's .hydra/ would replace the run's own"
+            )
+        if problem is not None:
+            print(
+                f"error: hydra.run.dir={config.hydra.run.dir}: the folder {folder} {problem}; "
+                "choose another with hydra.run.dir=DIR (or leave it out for a new one)",
+                file=sys.stderr,
+            )
+            sys.exit(1)

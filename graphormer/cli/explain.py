@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.cli.common import checkpoint_inputs, plain, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import check_outputs
@@ -36,10 +36,11 @@ def run(cfg: DictConfig) -> list[Path]:
     smiles = _smiles_list(cfg.get("smiles"))
     if not cfg.get("output"):
         raise ConfigError("give output=DIR, the folder to write the pictures to")
-    if Path(cfg["output"]).expanduser().is_file():
-        raise ConfigError(f"output={cfg['output']} is a file; give a folder for the pictures")
     check_outputs(
-        {"output": cfg["output"]}, {"ckpt": cfg["ckpt"]}, overwrite=bool(cfg.get("overwrite"))
+        {"output": cfg["output"]},
+        checkpoint_inputs(cfg["ckpt"]),
+        overwrite=bool(cfg.get("overwrite")),
+        folders=("output",),
     )
     predictor = Predictor.from_checkpoint(
         cfg["ckpt"],

@@ -44,9 +44,6 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     cfg = plain(cfg)
     embeddings = _embeddings_path(cfg.get("embeddings"))
     output = Path(str(cfg["output"])).expanduser() if cfg.get("output") else None
-    for key, path in (("output", output), ("embeddings", embeddings)):
-        if path is not None and path.is_dir():
-            raise ConfigError(f"{key}={path} is a folder; give a file name, e.g. {path}/out.csv")
     check_outputs(
         {"output": output, "embeddings": embeddings},
         {**checkpoint_inputs(cfg["ckpt"]), "input": cfg.get("input") or None},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Sequence
@@ -135,7 +136,29 @@ class GraphDataModule(pl.LightningDataModule):
             name = self.source.name
             lock = os.path.join(str(self.source.root), f".graphormer-prepare-{name}.lock")
             with exclusive_lock(lock):  # one per dataset: other datasets' runs are not held
-                self.loaded = self.source.load(self.pre_transform)
+                self.loaded = self._load()
+
+    def _load(self) -> LoadedDataset:
+        """The source's dataset; a root where its files or caches cannot be written (a file, a
+        read-only folder without the prepared dataset) is one error naming ``dataset.root``."""
+        root = os.path.abspath(os.path.expanduser(str(self.source.root)))
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise DataError(
+                f"dataset.root={self.source.root} is a file, not a folder: give dataset.root= "
+                "the folder that holds (or is to hold) the dataset and its caches"
+            )
+        try:
+            return self.source.load(self.pre_transform)
+        except OSError as error:
+            where = os.path.abspath(str(error.filename or ""))
+            unwritable = error.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR)
+            if not unwritable or os.path.commonpath([root, where]) != root:
+                raise
+            raise DataError(
+                f"dataset.root={self.source.root}: cannot write {where} ({error.strerror}); give "
+                "dataset.root= a writable folder (a read-only one works once it holds the "
+                "prepared dataset)"
+            ) from error
 
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit"):
@@ -143,7 +166,7 @@ class GraphDataModule(pl.LightningDataModule):
         if self.train_index is not None:
             return
         if self.loaded is None:  # ranks that did not prepare the data
-            self.loaded = self.source.load(self.pre_transform)
+            self.loaded = self._load()
         sizes = self.sizes = self.source.node_counts(self.loaded.dataset)
         train = self.loaded.split["train"]
         too_big = sizes[train] > self.max_nodes
