@@ -195,7 +195,12 @@ def _dataclass_keys(cls: type, prefix: str, defaults: Mapping[str, Any]) -> list
         default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
         name = f"{prefix}{f.name}"
         keys.append(
-            Key(name, defaults.get(name, _default(default)), _annotation(f.type), meanings.get(f.name, ""))
+            Key(
+                name,
+                defaults.get(name, _default(default)),
+                _annotation(f.type),
+                meanings.get(f.name, ""),
+            )
         )
     return keys
 
@@ -451,7 +456,9 @@ def configuration_page() -> str:
     out += ["| option | |", "|---|---|"]
     for group in GROUPS:
         for option in options(group):
-            out.append(f"| `{group}={option}` | {_first_comment(CONFIGS / group / f'{option}.yaml')} |")
+            out.append(
+                f"| `{group}={option}` | {_first_comment(CONFIGS / group / f'{option}.yaml')} |"
+            )
     out += ["", "### Top-level keys", ""]
     out += _table(keys["config"])
     titles = {
@@ -511,16 +518,25 @@ def configuration_page() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def command_help(command: str) -> str:
-    """What ``python scripts/<command>.py --help`` prints."""
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / f"{command}.py"), "--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    )
-    return result.stdout.rstrip()
+def command_helps() -> dict[str, str]:
+    """What ``python scripts/<command>.py --help`` prints, for each command (run at once)."""
+    running = {
+        command: subprocess.Popen(
+            [sys.executable, str(REPO / "scripts" / f"{command}.py"), "--help"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for command in COMMANDS
+    }
+    helps = {}
+    for command, process in running.items():
+        out, err = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"scripts/{command}.py --help failed: {err.strip()}")
+        helps[command] = out.rstrip()
+    return helps
 
 
 def commands_page(helps: Mapping[str, str] | None = None) -> str:
@@ -536,14 +552,18 @@ def commands_page(helps: Mapping[str, str] | None = None) -> str:
         "command prints it (`python -m graphormer.cli.reference` captures it).",
         "",
     ]
+    helps = command_helps() if helps is None else helps
     for command in COMMANDS:
-        text = helps[command] if helps is not None else command_help(command)
+        text = helps[command]
         out += [f"## graphormer-{command}", "", "```text", text, "```", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
 def pages() -> dict[Path, str]:
-    return {PAGES / "configuration.md": configuration_page(), PAGES / "commands.md": commands_page()}
+    return {
+        PAGES / "configuration.md": configuration_page(),
+        PAGES / "commands.md": commands_page(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -560,7 +580,9 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(f"wrote {path.relative_to(REPO)}")
     for path in stale:
-        print(f"error: {path.relative_to(REPO)} is not current: run python -m graphormer.cli.reference")
+        print(
+            f"error: {path.relative_to(REPO)} is not current: run python -m graphormer.cli.reference"
+        )
     return 1 if stale else 0
 
 
