@@ -4,6 +4,8 @@ composes against its command's configuration (valid keys and values) without tra
 import inspect
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from graphormer.cli.train import settings_from
 from graphormer.data.sources import SOURCES
 from graphormer.errors import ConfigError
 
-from helpers import REPO, compose_config
+from helpers import REPO, compose_config, run_script
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 COMMANDS = {"train", "eval", "predict", "explain", "convert", "prepare"}
@@ -140,3 +142,38 @@ def test_an_undocumented_key_is_found(monkeypatch):
     keys["optim"] = [k for k in keys["optim"] if k.name != "optim.lr"]
     monkeypatch.setattr(reference, "train_keys", lambda: keys)
     assert any(m.endswith(": optim.lr") for m in reference.undocumented())
+
+
+def _worked_examples(page: Path) -> list[tuple[str, list[str]]]:
+    """Each Python block of a page with the command lines of the shell block after it."""
+    blocks = re.findall(r"^```(python|bash)\n(.*?)^```", page.read_text(), re.M | re.S)
+    return [
+        (code, shown_commands(f"```bash\n{after}```"))
+        for (kind, code), (next_kind, after) in zip(blocks, blocks[1:], strict=False)
+        if kind == "python" and next_kind == "bash"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", [0, 1], ids=["atoms", "bonds"])
+def test_worked_example_runs_as_written(example, tmp_path):
+    """The atom- and bond-target examples, run as the page writes them: its Python makes the CSV,
+    then each command runs, the checkpoint it printed standing in for the placeholder."""
+    code, lines = _worked_examples(REPO / "docs" / "guide" / "atom-bond-targets.md")[example]
+    made = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    checkpoint = None
+    for line in lines:
+        command, args = command_and_overrides(line)
+        if checkpoint is not None:
+            args = [re.sub(r"=outputs/\S*PLACEHOLDER\S*", f"={checkpoint}", a) for a in args]
+        output = run_script(f"{command}.py", args, cwd=tmp_path)
+        found = re.search(r"best checkpoint: (\S+)", output)
+        checkpoint = found[1] if found else checkpoint
+        assert checkpoint is not None, output[-2000:]
+        if command == "explain":
+            assert list((tmp_path / "pictures" / "mol_0").glob("*s_*.png")), output[-2000:]
+        if command == "predict":
+            assert re.search(r"predicted (\d+) of \1 molecules", output), output[-2000:]
