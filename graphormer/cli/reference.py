@@ -75,7 +75,7 @@ def _plain_text(text: str) -> str:
     text = re.sub(r":(?:class|func|data|meth|attr|obj|mod):`([^`]+)`", r"`\1`", text)
     text = text.replace("``", "`")
     text = re.sub(r"\s*\((?:issue )?#\d+\)", "", text)
-    text = re.sub(r"(?:[,;] )?\bissue #\d+", "", text)
+    text = re.sub(r"[,;] issue #\d+", "", text)
     text = re.sub(r"\s*\(default: (?:[^()]|\([^()]*\))*\)\.?", "", text)
     text = re.sub(r"\s+", " ", text).strip()
     return text.replace("|", "\\|")
