@@ -78,7 +78,10 @@ def _plain_text(text: str) -> str:
     text = re.sub(r"[,;] issue #\d+", "", text)
     text = re.sub(r"\s*\(default: (?:[^()]|\([^()]*\))*\)\.?", "", text)
     text = re.sub(r"\s+", " ", text).strip()
-    return text.replace("|", "\\|")
+    # Outside code spans, <name> would be read as an HTML tag and vanish.
+    parts = text.split("`")
+    parts[::2] = [part.replace("<", "&lt;").replace(">", "&gt;") for part in parts[::2]]
+    return "`".join(parts).replace("|", "\\|")
 
 
 def docstring_entries(obj: Any) -> dict[str, str]:
