@@ -410,7 +410,7 @@ def _refuse_fine_tuning_settings(settings: RunSettings) -> None:
         raise ConfigError(
             "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
             "pre-training run's checkpoint, or published weights converted with "
-            "scripts/convert.py; see README 'Reproducing the paper')"
+            "scripts/convert.py; see docs/guide/paper.md)"
         )
     if settings.pretrained_head != "random":
         raise ConfigError(

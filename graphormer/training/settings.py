@@ -127,7 +127,31 @@ def _from(cls, group: str, values: Mapping[str, Any] | None):
 
 @dataclass(frozen=True)
 class OptimSettings:
-    """AdamW with linear warm-up to ``lr`` and linear decay to ``end_lr`` (``optim.*``)."""
+    """AdamW with linear warm-up to ``lr`` and linear decay to ``end_lr`` (``optim.*``).
+
+    Attributes:
+        lr: the peak learning rate, reached at the end of the warm-up.
+        end_lr: the learning rate the linear decay ends at.
+        weight_decay: AdamW's decoupled weight decay.
+        betas: AdamW's moment coefficients.
+        eps: AdamW's epsilon.
+        warmup_steps: optimiser updates of linear warm-up; None: ``warmup_ratio`` of all the
+            run's updates.
+        warmup_ratio: the warm-up's share of all updates when ``warmup_steps`` is None.
+        total_steps: the update at which the learning rate reaches ``end_lr``; None: the last
+            update of the run (the paper's recipes count updates).
+        fused: one fused AdamW kernel per step; None: wherever Lightning can still clip
+            gradients (not under ``*-mixed`` precision).
+        ema_decay: validation, the choice of the best checkpoint, every checkpoint's weights and
+            so evaluation, prediction and fine-tuning use an exponential moving average of the
+            weights with this decay (the plain mean until its horizon of 1 / (1 - decay)
+            updates); None: the weights themselves, as the paper's recipes.
+        pretrained_lr_scale: with ``pretrained=``, the tensors copied from the checkpoint train
+            at ``lr`` times this and the ones new to the task at ``lr``; None: one learning rate.
+        pretrained_decay: with ``pretrained=``, after each update the copied tensors move
+            ``lr x rate`` of the way back to their pre-trained values (L2-SP, decoupled), the new
+            ones decay toward zero at ``weight_decay``; None: all decay toward zero.
+    """
 
     lr: float = 2e-4
     end_lr: float = 1e-9
@@ -187,7 +211,14 @@ class OptimSettings:
 
 @dataclass(frozen=True)
 class FlagSettings:
-    """FLAG adversarial augmentation (Kong et al., 2020): ``flag.*``; off when ``m`` is 0."""
+    """FLAG adversarial augmentation (Kong et al., 2020): ``flag.*``; off when ``m`` is 0.
+
+    Attributes:
+        m: ascent steps on a perturbation of the node input embeddings per update (0: off);
+            training only.
+        step_size: each ascent step, and the range of the perturbation's random start.
+        mag: above 0, a bound on each node's perturbation norm; 0: unbounded.
+    """
 
     m: int = 0
     step_size: float = 1e-3
@@ -209,7 +240,25 @@ class FlagSettings:
 @dataclass(frozen=True)
 class DataModuleSettings:
     """Batching and preprocessing (``datamodule.*``): the arguments of
-    :class:`~graphormer.data.GraphDataModule` besides the source and seed."""
+    :class:`~graphormer.data.GraphDataModule` besides the source and seed.
+
+    Attributes:
+        batch_size: graphs per training batch, per device.
+        eval_batch_size: graphs per evaluation batch; None: ``batch_size``.
+        num_workers: DataLoader worker processes (results do not depend on it).
+        max_nodes: training skips graphs with more nodes, counted in one warning; evaluation
+            keeps every graph.
+        max_hops: edges kept per shortest path in the structural cache; the configs follow
+            ``model.multi_hop_max_dist``.
+        pad_to_multiple: nodes plus the graph token are padded to a multiple of this; None: 8
+            on GPUs, 1 on the CPU.
+        on_the_fly: compute structural features per batch instead of caching them (very large
+            datasets).
+        group_by_size: batch graphs of similar size together (far less padding).
+        max_tokens: at most this many tokens per batch, counted as graphs x padded nodes
+            (graph token included), for training and evaluation: a bound on a batch's memory;
+            None: no budget.
+    """
 
     batch_size: int = 64
     eval_batch_size: int | None = None
@@ -269,7 +318,32 @@ _RUN_OWNED = {"callbacks", "logger", "default_root_dir", "enable_model_summary",
 @dataclass(frozen=True)
 class TrainerSettings:
     """Lightning ``Trainer`` arguments (``trainer.*``). The common ones are checked here; any
-    other Trainer argument passes through in ``extra`` (Lightning checks it)."""
+    other Trainer argument passes through in ``extra`` (Lightning checks it).
+
+    Attributes:
+        accelerator: ``cpu``, ``gpu`` (``cuda``), ``mps``, ``tpu`` or ``auto``.
+        devices: how many devices (an integer), ``-1`` or ``auto`` for all, or a list of
+            device indices.
+        num_nodes: machines of a multi-node run (one process per device on each).
+        strategy: Lightning's strategy: ``auto``, ``ddp`` (distributed data parallel), ...
+        precision: ``32-true``, ``bf16-mixed``, ``16-mixed``, ... or ``auto``: bf16-mixed on
+            GPUs that have it, 16-mixed on the others, 32-true on the CPU.
+        max_epochs: epochs to train; -1: no limit (then ``max_steps`` must be set).
+        max_steps: optimiser updates to train; -1: ``max_epochs`` decides.
+        gradient_clip_val: gradients are clipped to this norm (the paper's 5.0); None: no clipping.
+        gradient_clip_algorithm: ``norm`` or ``value``; None: Lightning's (``norm``).
+        enable_progress_bar: None: a progress bar in a terminal and one plain line per epoch
+            otherwise; true or false to choose.
+        log_every_n_steps: training steps between logged values.
+        check_val_every_n_epoch: epochs between validations.
+        val_check_interval: also validate every N training batches (an integer) or at a
+            fraction of an epoch; None: at the end of each epoch.
+        num_sanity_val_steps: validation batches run before training, as a check.
+        accumulate_grad_batches: batches whose gradients make one optimiser update.
+        use_distributed_sampler: false: the data module shards training and evaluation itself
+            (exact evaluation under DDP); leave it false.
+        deterministic: Lightning's deterministic algorithms switch: true, false or ``warn``.
+    """
 
     accelerator: str = "cpu"
     devices: Any = 1
@@ -417,7 +491,13 @@ class EnsembleSettings:
 
 @dataclass(frozen=True)
 class CrossValidationSettings:
-    """K-fold cross-validation or N seeded random splits (``cv.*``, #19); both null: off."""
+    """K-fold cross-validation or N seeded random splits (``cv.*``, #19); both null: off.
+
+    Attributes:
+        folds: K-fold cross-validation (K >= 3): fold k is the test split, fold k+1 the
+            validation split; folds keep scaffolds whole and spread a binary task's positives.
+        replicates: N runs on seeded random splits (``dataset.split_seed``, +1, ...).
+    """
 
     folds: int | None = None
     replicates: int | None = None

@@ -453,7 +453,7 @@ class SmilesCsvSource(Source):
         targets (Sequence[str]): target columns.
         task_type (str): ``"binary"`` (0/1 targets, BCE, ROC-AUC), ``"regression"`` (MSE, RMSE)
             or ``"multiclass"`` (one integer class-id column, cross-entropy, accuracy or ``f1``).
-        smiles_column (str, optional): (default: :obj:`"smiles"`)
+        smiles_column (str, optional): the column holding the SMILES. (default: :obj:`"smiles"`)
         split (str, optional): ``"scaffold"``, ``"random"``, ``"column"`` (each row's split is
             named in ``split_column``: train, valid or test) or ``"file"`` (rows listed per split
             in ``split_file``). (default: :obj:`"scaffold"`)
