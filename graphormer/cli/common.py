@@ -295,8 +295,8 @@ def _unknown_key(config: str, key: str, overrides: list[str]) -> str | None:
     except ConfigCompositionException:
         return None
     parent, _, name = key.rpartition(".")
-    inside = [k.removeprefix(parent + ".") if parent else k for k in known]
-    siblings = sorted({k.split(".")[0] for k, full in zip(inside, known) if _under(full, parent)})
+    below = [k.removeprefix(parent + ".") if parent else k for k in known if _under(k, parent)]
+    siblings = sorted({k.split(".")[0] for k in below})
     close = [f"{parent}.{c}" if parent else c for c in difflib.get_close_matches(name, siblings)]
     close = close or difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.8)
     hint = f"did you mean {' or '.join(close)}? " if close else ""
