@@ -30,10 +30,12 @@ def run(cfg: DictConfig) -> list[Path]:
     (see :func:`~graphormer.inference.write_explanation`); returns the folders."""
     from graphormer.data.featurize import featurize_smiles
     from graphormer.inference.explain import write_explanation
+    from graphormer.inference.pictures import check_picture_size
     from graphormer.inference.predictor import Predictor
 
     cfg = plain(cfg)
     smiles = _smiles_list(cfg.get("smiles"))
+    check_picture_size(cfg["size"])
     if not cfg.get("output"):
         raise ConfigError("give output=DIR, the folder to write the pictures to")
     if Path(cfg["output"]).expanduser().is_file():
