@@ -13,6 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from graphormer.cli.common import plain, run_command, run_reporting_errors
+from graphormer.console import command as program
 from graphormer.console import report
 from graphormer.outputs import check_outputs
 
@@ -63,7 +64,7 @@ def run(cfg: DictConfig) -> None:
         "optim.lr=2e-4",
     ]
     command = " ".join(shlex.quote(o) for o in overrides)
-    report(f"fine-tune with: graphormer-train {command} dataset=...")
+    report(f"fine-tune with: {program('train')} {command} dataset=...")
 
 
 @hydra.main(config_path="../configs", config_name="convert", version_base="1.3")

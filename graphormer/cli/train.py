@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from graphormer.cli.common import leaves, plain, run_command, run_reporting_errors
-from graphormer.console import report
+from graphormer.console import command, report
 from graphormer.errors import ConfigError
 from graphormer.rundir import ENSEMBLE_FILE, discard_if_untrained, is_first_process, run_dir_of
 
@@ -323,10 +322,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except RunInterrupted as stop:
         if settings.ensemble.size > 1 and not settings.cv.enabled:  # the whole ensemble
             stop.advice = (
-                f"resume with: {_program()} ckpt_path={Path(settings.output_dir).resolve()}"
+                f"resume with: {command('train')} ckpt_path={Path(settings.output_dir).resolve()}"
             )
         elif stop.checkpoint is not None:  # the run's own settings come with it: nothing else
-            stop.advice = f"resume with: {_program()} ckpt_path={stop.checkpoint}"
+            stop.advice = f"resume with: {command('train')} ckpt_path={stop.checkpoint}"
         raise
 
 
@@ -364,7 +363,7 @@ def _resume_ensemble(cfg: DictConfig, given: list[str]) -> dict[str, Any]:
     try:
         return train_ensemble(settings, lambda member: build_loggers(cfg, member), resume=True)
     except RunInterrupted as stop:
-        stop.advice = f"resume with: {_program()} ckpt_path={folder}"
+        stop.advice = f"resume with: {command('train')} ckpt_path={folder}"
         raise
 
 
@@ -373,12 +372,6 @@ def _train(settings: RunSettings, cfg: DictConfig) -> dict[str, Any]:
     from graphormer.training.experiment import fit
 
     return fit(settings, lambda folder: build_loggers(cfg, folder))
-
-
-def _program() -> str:
-    """This command as the user typed it: ``python scripts/train.py`` or ``graphormer-train``."""
-    script = sys.argv[0]
-    return f"python {script}" if script.endswith(".py") else "graphormer-train"
 
 
 def _task(cfg: DictConfig) -> float:
