@@ -1,6 +1,6 @@
 """``graphormer-explain`` (``python scripts/explain.py``): attention pictures of molecules.
 
-graphormer-explain ckpt=PATH smiles=SMILES output=DIR [overwrite=true]
+graphormer-explain ckpt=PATH smiles=SMILES|[S1,S2,...] output=DIR [size=600] [overwrite=true]
 
 Writes DIR/mol_<i>/: rollout.png and layers.png (atoms shaded by the graph token's attention),
 heads_layer<l>.png (per-head heatmaps), attention.npy and rollout.npy (the raw maps).
@@ -88,8 +88,8 @@ def _smiles_list(value: object) -> list[str]:
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value):
         return [str(s) for s in value]
     raise ConfigError(
-        "give smiles=SMILES or smiles=[...], the molecules to explain; quote SMILES with "
-        "( ) = # [ ] or dots: 'smiles=\"CC(=O)Oc1ccccc1C(=O)O\"'"
+        "give smiles=SMILES or smiles=[...], the molecules to explain, e.g. "
+        "'smiles=[CC(=O)Oc1ccccc1C(=O)O,CCO]' (in single quotes for the shell)"
     )
 
 

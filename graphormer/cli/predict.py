@@ -156,8 +156,8 @@ def read_input(
             smiles = [smiles]  # one SMILES (Hydra reads a bare `smiles=C` as a string)
         if not smiles:
             raise ConfigError(
-                "smiles= is empty: give one or more SMILES, e.g. smiles=[CCO,c1ccccc1O]; quote "
-                'SMILES with ( ) = # [ ] or dots: \'smiles=["CC(=O)O","[Na+].[Cl-]"]\''
+                "smiles= is empty: give one or more SMILES, e.g. 'smiles=[CCO,CC(=O)O]' (in "
+                "single quotes for the shell)"
             )
         return pd.DataFrame({"smiles": [str(s) for s in smiles]}), "smiles"
     if not path:
