@@ -301,3 +301,9 @@ def test_a_runs_last_line_is_its_result(tpsa_run):
     assert lines[-2].startswith("valid rmse: ")
     assert (result.stdout + result.stderr).count("skipped 3 row(s)") == 1
     assert result.stdout.count("data: smiles_csv") == 1
+
+
+def test_a_value_hydra_cannot_read_says_how_to_quote_it(tmp_path):
+    line = error_line(call_failing("train.py", ["dataset.path=mols(1).csv"], cwd=tmp_path))
+    assert line.startswith("error: dataset.path=mols(1).csv cannot be read as KEY=VALUE (")
+    assert line.endswith("""e.g. 'dataset.path="mols(1).csv"'""")

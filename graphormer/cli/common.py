@@ -233,12 +233,18 @@ def _sweep_variants(overrides: list[str]) -> list[list[str]]:
 
 def _composition_error(config: str, overrides: list[str]) -> str | None:
     from hydra import compose
-    from hydra.errors import ConfigCompositionException, MissingConfigException
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     try:
         compose(config, overrides=overrides)
         return None
+    except OverrideParseException as error:
+        return _unreadable_argument(overrides, error)
     except MissingConfigException as error:
         return _missing_option(config, error, overrides)
     except ConfigCompositionException as error:
@@ -247,6 +253,27 @@ def _composition_error(config: str, overrides: list[str]) -> str | None:
         if isinstance(cause, ConfigKeyError | ConfigAttributeError) and key:
             return _unknown_key(config, key, overrides)
         return None  # Hydra reports it, as it does
+
+
+def _unreadable_argument(overrides: list[str], error: Exception) -> str:
+    """An argument that Hydra's grammar cannot read (``dataset.path=mols(1).csv``), and how to
+    quote it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    culprit = overrides[0] if overrides else ""
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except Exception:
+            culprit = override
+            break
+    key, _, value = culprit.partition("=")
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else "a grammar error"
+    return (
+        f"{culprit} cannot be read as KEY=VALUE ({reason}): a value holding ( ) [ ] {{ }} = , "
+        f"or spaces needs quotes inside the shell's, e.g. '{key}=\"{value}\"'"
+    )
 
 
 def _missing_option(config: str, error: Any, overrides: list[str]) -> str | None:
