@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from graphormer.cli import CONFIGS
-from graphormer.cli.common import quote_smiles
+from graphormer.cli.arguments import quote_smiles
 from graphormer.console import command
 from graphormer.data import GraphDataModule, SmilesCsvSource, build_source
 from graphormer.errors import ConfigError, DataError

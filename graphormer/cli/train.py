@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from graphormer.cli.common import leaves, plain, run_command, run_reporting_errors
+from graphormer.cli.arguments import leaves
+from graphormer.cli.common import plain, run_command, run_reporting_errors
 from graphormer.console import command, report
 from graphormer.errors import ConfigError
 from graphormer.rundir import ENSEMBLE_FILE, discard_if_untrained, is_first_process, run_dir_of
