@@ -307,3 +307,12 @@ def test_a_value_hydra_cannot_read_says_how_to_quote_it(tmp_path):
     line = error_line(call_failing("train.py", ["dataset.path=mols(1).csv"], cwd=tmp_path))
     assert line.startswith("error: dataset.path=mols(1).csv cannot be read as KEY=VALUE (")
     assert line.endswith("""e.g. 'dataset.path="mols(1).csv"'""")
+
+
+def test_a_required_value_is_named_before_hydra_needs_it(tmp_path):
+    # dataset=tu's name is part of the run folder Hydra makes before the command starts.
+    line = error_line(call_failing("train.py", ["dataset=tu"], cwd=tmp_path))
+    assert line == (
+        "error: dataset.name is required: pass dataset.name=... on the command line (see --help)"
+    )
+    assert not any(tmp_path.iterdir())

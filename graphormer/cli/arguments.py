@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-__all__ = ["command_line_error", "leaves", "quote_smiles"]
+__all__ = ["command_line_error", "leaves", "quote_smiles", "required_message"]
 
 # Hydra plugins that an option of ours selects (Hydra reports a missing one as a config it cannot
 # find, e.g. hydra/sweeper/optuna), each with what it is and the extra that installs it.
@@ -110,6 +110,13 @@ def command_line_error(config: str, arguments: Sequence[str]) -> str | None:
     return None
 
 
+def required_message(missing: Sequence[str]) -> str:
+    """What to say of config values left ``???`` (``ckpt``, ``dataset.name``)."""
+    verb = "are" if len(missing) > 1 else "is"
+    passed = " ".join(f"{key}=..." for key in missing)
+    return f"{', '.join(missing)} {verb} required: pass {passed} on the command line (see --help)"
+
+
 def _sweep_variants(overrides: list[str]) -> list[list[str]]:
     """The command lines a ``-m`` sweep composes, enough to try every value once: each sweep at
     its first value, then each further value of one sweep with the others at their first."""
@@ -147,8 +154,11 @@ def _composition_error(config: str, overrides: list[str]) -> str | None:
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
     try:
-        compose(config, overrides=overrides)
-        return None
+        # A ??? left unset: Hydra resolves its run folder (outputs/${dataset.name}/...) before
+        # the command starts, and would stop there with a traceback (dataset=tu alone).
+        values = leaves(OmegaConf.to_container(compose(config, overrides=overrides)))
+        missing = sorted(key for key, value in values.items() if value == "???")
+        return required_message(missing) if missing else None
     except OverrideParseException as error:
         return _unreadable_argument(overrides, error)
     except MissingConfigException as error:

@@ -16,7 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from graphormer.cli.arguments import command_line_error, quote_smiles
+from graphormer.cli.arguments import command_line_error, quote_smiles, required_message
 from graphormer.console import report
 from graphormer.errors import ConfigError, UserFacingError
 from graphormer.rundir import claim_run_dir, discard_if_untrained, run_dir_of
@@ -105,12 +105,7 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
     would read it as None and carry on)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        verb = "are" if len(missing) > 1 else "is"
-        raise ConfigError(
-            f"{', '.join(missing)} {verb} required: pass "
-            + " ".join(f"{key}=..." for key in missing)
-            + " on the command line (see --help)"
-        )
+        raise ConfigError(required_message(missing))
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
