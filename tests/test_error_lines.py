@@ -178,19 +178,19 @@ def test_every_dataset_option_names_its_dataset():
         build_source({**values, "name": "ogbg-ppi"})
 
 
-def test_a_corrupt_safetensors_file_is_named(tmp_path):
-    pytest.importorskip("safetensors")
+def test_a_corrupt_hugging_face_folder_is_named(tmp_path):
     from graphormer.interop import ConversionError
     from graphormer.interop.read import read_source
 
     folder = tmp_path / "hf"
     folder.mkdir()
-    (folder / "config.json").write_text('{"model_type": "graphormer"}')
-    (folder / "model.safetensors").write_bytes(b"\x40" + bytes(99))
-    with pytest.raises(ConversionError, match=r"model.safetensors cannot be read as safetensors"):
-        read_source(folder)
     (folder / "config.json").write_text("[1]")
     with pytest.raises(ConversionError, match=r"config.json holds a JSON list"):
+        read_source(folder)
+    (folder / "config.json").write_text('{"model_type": "graphormer"}')
+    (folder / "model.safetensors").write_bytes(b"\x40" + bytes(99))
+    pytest.importorskip("safetensors")  # without it: the error names the package to install
+    with pytest.raises(ConversionError, match=r"model.safetensors cannot be read as safetensors"):
         read_source(folder)
 
 
