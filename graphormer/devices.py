@@ -3,11 +3,16 @@ default batch padding. Training, evaluation and prediction all ask here."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
+
+from graphormer.errors import ConfigError
 
 __all__ = [
     "DEFAULT_PRECISION",
     "PRECISIONS",
+    "check_precision_package",
     "native_bf16",
     "on_gpu",
     "resolve_pad_to_multiple",
@@ -29,6 +34,27 @@ PRECISIONS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
 }
 # A checkpoint that records no precision (converted weights) is run in full precision.
 DEFAULT_PRECISION = "32-true"
+# Lightning precisions whose plugin needs a package of its own: (module, what it is, install).
+_PRECISION_PACKAGES = {
+    "transformer-engine": (
+        "transformer_engine",
+        "NVIDIA's Transformer Engine",
+        "pip install 'transformer-engine[pytorch]'",
+    ),
+}
+
+
+def check_precision_package(precision: str, key: str = "trainer.precision") -> None:
+    """Refuses, naming ``key`` and how to install it, a precision whose package is missing
+    (Lightning would stop with a traceback when the trainer is built)."""
+    needed = _PRECISION_PACKAGES.get(str(precision))
+    if needed is None or importlib.util.find_spec(needed[0]) is not None:
+        return
+    module, what, install = needed
+    raise ConfigError(
+        f"{key}={precision} needs {what} (the {module} package), which is not installed: "
+        f"{install}, or choose {key}=bf16-mixed"
+    )
 
 
 def on_gpu(accelerator: str | None) -> bool:

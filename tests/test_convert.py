@@ -230,9 +230,12 @@ def test_convert_script_writes_a_checkpoint_that_loads_exactly(tmp_path):
     # The fine-tuning command it prints works as printed (the dataset is the user's to choose)
     # and rebuilds the converted network.
     words = shlex.split(result.stdout.split("fine-tune with: ")[1].splitlines()[0])
-    assert words[0] == "graphormer-train" and words[-1] == "dataset=..."
-    assert words[1] == f"pretrained={output.resolve()}" and words[-2] == "optim.lr=2e-4"
-    assert trained_model(words[2:-1]) == config
+    # The training command in the form convert.py was run: the script beside it.
+    assert words[:2] == ["python", str(REPO / "scripts" / "train.py")]
+    words = words[2:]
+    assert words[-1] == "dataset=..."
+    assert words[0] == f"pretrained={output.resolve()}" and words[-2] == "optim.lr=2e-4"
+    assert trained_model(words[1:-1]) == config
     record = checkpoint.load(output)
     module = GraphormerModule.from_checkpoint(record)
     assert record.task == {

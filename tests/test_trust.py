@@ -29,6 +29,7 @@ from graphormer.training.members import resolve_members
 from graphormer.training.module import GraphormerModule
 
 from helpers import (
+    REPO,
     TINY,
     compose_config,
     compose_train,
@@ -388,7 +389,7 @@ def test_scripts_train_an_ensemble_then_eval_and_predict_use_every_member(nci_cs
         [*dataset, "ensemble.size=2", "trainer.max_epochs=2", f"hydra.run.dir={out}", *TINY],
         cwd=tmp_path,
     )
-    assert f"evaluate with: python scripts/eval.py ckpt={out.resolve()}" in log
+    assert f"evaluate with: python {REPO / 'scripts' / 'eval.py'} ckpt={out.resolve()}" in log
     for i, seed in enumerate((42, 43)):  # each member resumable as a run of its own
         config = (out / "members" / str(i) / ".hydra" / "config.yaml").read_text()
         assert f"seed: {seed}" in config and "size: 1" in config

@@ -1,12 +1,13 @@
-"""What every command shares: errors as one line, a composed config as plain values, the run
-folder guard."""
+"""What every command shares: its command line checked before Hydra composes it
+(:mod:`graphormer.cli.arguments`), errors as one line, a composed config as plain values, the
+run folder guard."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from graphormer.cli.arguments import command_line_error, quote_smiles, required_message
 from graphormer.console import report
 from graphormer.errors import ConfigError, UserFacingError
 from graphormer.outputs import folder_problem
@@ -27,7 +29,14 @@ from graphormer.rundir import (
     run_dir_of,
 )
 
-__all__ = ["LogDirGuard", "RunDirGuard", "checkpoint_inputs", "plain", "run_reporting_errors"]
+__all__ = [
+    "LogDirGuard",
+    "RunDirGuard",
+    "checkpoint_inputs",
+    "plain",
+    "run_command",
+    "run_reporting_errors",
+]
 
 
 def _resume_dir(ckpt_path: Any, default: str) -> str:
@@ -92,17 +101,26 @@ def run_reporting_errors(entry: Callable[[Any], Any], cfg: Any) -> Any:
         sys.exit(130)
 
 
+def run_command(
+    application: Callable[[], Any], config: str, smiles_keys: Sequence[str] = ()
+) -> None:
+    """A console command: the command line's SMILES values made readable by Hydra's grammar
+    (:func:`quote_smiles`) and the command line checked as Hydra will compose it (a key or a
+    config group option that does not exist, a Hydra plugin that is not installed: one
+    ``error:`` line each, exit status 1), then Hydra's ``application`` (a ``hydra.main``)."""
+    sys.argv[1:] = quote_smiles(sys.argv[1:], smiles_keys)
+    message = command_line_error(config, sys.argv[1:])
+    if message:
+        _fail(message)
+    application()
+
+
 def plain(cfg: DictConfig) -> dict[str, Any]:
     """The composed config as plain values, every ``???`` refused first (OmegaConf's ``get``
     would read it as None and carry on)."""
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
-        verb = "are" if len(missing) > 1 else "is"
-        raise ConfigError(
-            f"{', '.join(missing)} {verb} required: pass "
-            + " ".join(f"{key}=..." for key in missing)
-            + " on the command line (see --help)"
-        )
+        raise ConfigError(required_message(missing))
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 

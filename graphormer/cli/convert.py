@@ -12,7 +12,8 @@ import hydra
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.cli.common import plain, run_command, run_reporting_errors
+from graphormer.console import command as program
 from graphormer.console import report
 from graphormer.outputs import check_outputs
 
@@ -63,12 +64,17 @@ def run(cfg: DictConfig) -> None:
         "optim.lr=2e-4",
     ]
     command = " ".join(shlex.quote(o) for o in overrides)
-    report(f"fine-tune with: graphormer-train {command} dataset=...")
+    report(f"fine-tune with: {program('train')} {command} dataset=...")
 
 
 @hydra.main(config_path="../configs", config_name="convert", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _application(cfg: DictConfig) -> None:
     run_reporting_errors(run, cfg)
+
+
+def main() -> None:
+    """The console command: Hydra's application, its command line checked first."""
+    run_command(_application, "convert")
 
 
 if __name__ == "__main__":

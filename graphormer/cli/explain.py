@@ -1,6 +1,6 @@
 """``graphormer-explain`` (``python scripts/explain.py``): attention pictures of molecules.
 
-graphormer-explain ckpt=PATH smiles=SMILES output=DIR [overwrite=true]
+graphormer-explain ckpt=PATH smiles=SMILES|[S1,S2,...] output=DIR [size=600] [overwrite=true]
 
 Writes DIR/mol_<i>/: rollout.png and layers.png (atoms shaded by the graph token's attention),
 heads_layer<l>.png (per-head heatmaps), attention.npy and rollout.npy (the raw maps).
@@ -14,7 +14,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import checkpoint_inputs, plain, run_reporting_errors
+from graphormer.cli.common import checkpoint_inputs, plain, run_command, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import check_outputs
@@ -30,10 +30,12 @@ def run(cfg: DictConfig) -> list[Path]:
     (see :func:`~graphormer.inference.write_explanation`); returns the folders."""
     from graphormer.data.featurize import featurize_smiles
     from graphormer.inference.explain import write_explanation
+    from graphormer.inference.pictures import check_picture_size
     from graphormer.inference.predictor import Predictor
 
     cfg = plain(cfg)
     smiles = _smiles_list(cfg.get("smiles"))
+    check_picture_size(cfg["size"])
     if not cfg.get("output"):
         raise ConfigError("give output=DIR, the folder to write the pictures to")
     check_outputs(
@@ -87,14 +89,19 @@ def _smiles_list(value: object) -> list[str]:
     if isinstance(value, Sequence) and not isinstance(value, str) and len(value):
         return [str(s) for s in value]
     raise ConfigError(
-        "give smiles=SMILES or smiles=[...], the molecules to explain; quote SMILES with "
-        "( ) = # [ ] or dots: 'smiles=\"CC(=O)Oc1ccccc1C(=O)O\"'"
+        "give smiles=SMILES or smiles=[...], the molecules to explain, e.g. "
+        "'smiles=[CC(=O)Oc1ccccc1C(=O)O,CCO]' (in single quotes for the shell)"
     )
 
 
 @hydra.main(config_path="../configs", config_name="explain", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _application(cfg: DictConfig) -> None:
     run_reporting_errors(run, cfg)
+
+
+def main() -> None:
+    """The console command: Hydra's application, its command line checked first."""
+    run_command(_application, "explain", smiles_keys=("smiles",))
 
 
 if __name__ == "__main__":

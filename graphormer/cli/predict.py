@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from graphormer.cli.common import checkpoint_inputs, plain, run_reporting_errors
+from graphormer.cli.common import checkpoint_inputs, plain, run_command, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import atomic_path, check_outputs
@@ -153,8 +153,8 @@ def read_input(
             smiles = [smiles]  # one SMILES (Hydra reads a bare `smiles=C` as a string)
         if not smiles:
             raise ConfigError(
-                "smiles= is empty: give one or more SMILES, e.g. smiles=[CCO,c1ccccc1O]; quote "
-                'SMILES with ( ) = # [ ] or dots: \'smiles=["CC(=O)O","[Na+].[Cl-]"]\''
+                "smiles= is empty: give one or more SMILES, e.g. 'smiles=[CCO,CC(=O)O]' (in "
+                "single quotes for the shell)"
             )
         return pd.DataFrame({"smiles": [str(s) for s in smiles]}), "smiles"
     if not path:
@@ -241,8 +241,13 @@ def _report(
 
 
 @hydra.main(config_path="../configs", config_name="predict", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _application(cfg: DictConfig) -> None:
     run_reporting_errors(run, cfg)
+
+
+def main() -> None:
+    """The console command: Hydra's application, its command line checked first."""
+    run_command(_application, "predict", smiles_keys=("smiles",))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.cli.common import plain, run_command, run_reporting_errors
 from graphormer.console import report
 
 __all__ = ["main", "run"]
@@ -30,8 +30,13 @@ def run(cfg: DictConfig) -> None:
 
 
 @hydra.main(config_path="../configs", config_name="prepare", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _application(cfg: DictConfig) -> None:
     run_reporting_errors(run, cfg)
+
+
+def main() -> None:
+    """The console command: Hydra's application, its command line checked first."""
+    run_command(_application, "prepare")
 
 
 if __name__ == "__main__":

@@ -7,10 +7,8 @@ graphormer-train ckpt_path=RUN/checkpoints/last.ckpt [trainer.max_epochs=N]   # 
 from __future__ import annotations
 
 import copy
-import difflib
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from graphormer.cli.common import plain, run_reporting_errors
-from graphormer.console import report
+from graphormer.cli.arguments import leaves
+from graphormer.cli.common import plain, run_command, run_reporting_errors
+from graphormer.console import command, report
 from graphormer.errors import ConfigError
 from graphormer.rundir import ENSEMBLE_FILE, discard_if_untrained, is_first_process, run_dir_of
 
@@ -120,15 +119,6 @@ def _command_line() -> tuple[list[str], dict[str, Any]] | None:
     return [k for k in keys if k != "hydra" and not k.startswith("hydra.")], dict(choices)
 
 
-def _leaves(values: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(values, dict) or not values:
-        return {prefix: values}
-    found: dict[str, Any] = {}
-    for key, value in values.items():
-        found.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
-    return found
-
-
 def _under(key: str, prefix: str) -> bool:
     return not prefix or key == prefix or key.startswith(prefix + ".")
 
@@ -202,7 +192,7 @@ def resume_values(cfg: DictConfig, given: list[str], choices: dict[str, Any]) ->
     current = plain(cfg)
     current["dataset"] = absolute_paths(dict(current["dataset"]))
     stored, stored_choices, where = _stored_run(current["ckpt_path"], current)
-    old, new = _leaves(stored), _leaves(current)
+    old, new = leaves(stored), leaves(current)
     changes: dict[str, tuple[Any, Any]] = {}  # key -> (the run's value, the command line's)
     refused: list[str] = []
     for key in given:
@@ -333,10 +323,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     except RunInterrupted as stop:
         if settings.ensemble.size > 1 and not settings.cv.enabled:  # the whole ensemble
             stop.advice = (
-                f"resume with: {_program()} ckpt_path={Path(settings.output_dir).resolve()}"
+                f"resume with: {command('train')} ckpt_path={Path(settings.output_dir).resolve()}"
             )
         elif stop.checkpoint is not None:  # the run's own settings come with it: nothing else
-            stop.advice = f"resume with: {_program()} ckpt_path={stop.checkpoint}"
+            stop.advice = f"resume with: {command('train')} ckpt_path={stop.checkpoint}"
         raise
 
 
@@ -374,7 +364,7 @@ def _resume_ensemble(cfg: DictConfig, given: list[str]) -> dict[str, Any]:
     try:
         return train_ensemble(settings, lambda member: build_loggers(cfg, member), resume=True)
     except RunInterrupted as stop:
-        stop.advice = f"resume with: {_program()} ckpt_path={folder}"
+        stop.advice = f"resume with: {command('train')} ckpt_path={folder}"
         raise
 
 
@@ -383,12 +373,6 @@ def _train(settings: RunSettings, cfg: DictConfig) -> dict[str, Any]:
     from graphormer.training.experiment import fit
 
     return fit(settings, lambda folder: build_loggers(cfg, folder))
-
-
-def _program() -> str:
-    """This command as the user typed it: ``python scripts/train.py`` or ``graphormer-train``."""
-    script = sys.argv[0]
-    return f"python {script}" if script.endswith(".py") else "graphormer-train"
 
 
 def _task(cfg: DictConfig) -> float:
@@ -430,49 +414,10 @@ _hydra_main = hydra.main(config_path="../configs", config_name="train", version_
 
 
 def main() -> None:
-    """The console command: Hydra's application, with a misspelt key named with its close
-    matches (Hydra would advise appending it with ``+``)."""
-    _check_keys(sys.argv[1:])
-    _hydra_main()
-
-
-def _check_keys(arguments: list[str]) -> None:
-    """Composes the config once as Hydra will; a key that does not exist is one ``error:`` line
-    that names the keys close to it."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import ConfigCompositionException
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
-
-    from graphormer.cli import CONFIGS
-
-    if any(a.startswith("-") for a in arguments):  # --help, --cfg, -m: Hydra's own business
-        return
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        try:
-            compose("train", overrides=arguments)
-            return
-        except ConfigCompositionException as error:
-            cause = error.__cause__
-            key = getattr(cause, "full_key", None)
-            if not isinstance(cause, ConfigKeyError | ConfigAttributeError) or not key:
-                return  # Hydra reports it, as it does
-            others = [a for a in arguments if not a.lstrip("+~").startswith(key + "=")]
-            try:
-                known = _leaves(OmegaConf.to_container(compose("train", overrides=others)))
-            except ConfigCompositionException:
-                return
-    parent, _, name = key.rpartition(".")
-    siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
-    close = [f"{parent}.{c}" if parent else c for c in difflib.get_close_matches(name, siblings)]
-    close = close or difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.8)
-    hint = f"did you mean {' or '.join(close)}? " if close else ""
-    listing = f"the keys of {parent} are {', '.join(siblings)} " if parent else ""
-    print(
-        f"error: {key} is not a key of this config: {hint}{listing}"
-        f"(a new key is added on purpose with +{key}=VALUE)",
-        file=sys.stderr,
-    )
-    sys.exit(1)
+    """The console command: Hydra's application, its command line checked first (a misspelt key
+    or group option named with its close matches, where Hydra would advise appending it with
+    ``+`` or list its search path)."""
+    run_command(_hydra_main, "train")
 
 
 if __name__ == "__main__":

@@ -104,6 +104,16 @@ class GraphDataModule(pl.LightningDataModule):
                 raise ConfigError(
                     f"datamodule.{key} must be an integer >= {least}{null}, got {value!r}"
                 )
+        # Beyond the largest training graph (and the GPUs' alignment, 8) padding only adds
+        # nodes: datamodule.pad_to_multiple=100000 asked for 120 GB before the first batch.
+        widest = max(8, max_nodes + 1)
+        if pad_to_multiple is not None and pad_to_multiple > widest:
+            raise ConfigError(
+                f"datamodule.pad_to_multiple={pad_to_multiple} pads every batch beyond its "
+                f"largest graph (datamodule.max_nodes={max_nodes}, plus the graph token): give "
+                f"a multiple of at most {widest}, e.g. 8 (GPU alignment), or null for the "
+                "device's default"
+            )
         self.source = source
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size

@@ -10,6 +10,7 @@ import numpy as np
 from graphormer.inference.attention import AttentionMaps
 from graphormer.inference.pictures import (
     attention_legend,
+    check_picture_size,
     draw_atom_values,
     draw_bond_values,
     draw_heads,
@@ -40,6 +41,7 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
       the molecule with each atom coloured by its additive term of the prediction (target units;
       logits for binary tasks), blue-white-red centred on zero, with a legend.
     """
+    check_picture_size(size)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
 

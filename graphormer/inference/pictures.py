@@ -12,9 +12,13 @@ from PIL import Image, ImageDraw, ImageFont
 from rdkit import Chem
 from rdkit.Chem.Draw import rdMolDraw2D
 
+from graphormer.errors import ConfigError
+
 __all__ = [
+    "PICTURE_SIZES",
     "atom_value_colours",
     "attention_legend",
+    "check_picture_size",
     "colormap",
     "draw_atom_values",
     "draw_bond_values",
@@ -38,6 +42,9 @@ _STOPS = np.array(
 )
 _BACKGROUND = (255, 255, 255)
 _INK = (40, 40, 40)
+# The side of a molecule picture in pixels: RDKit's canvas fails at 0 and near 40,000, and a
+# layers.png of 12 panels at 4,000 px is already 8,000 x 6,000.
+PICTURE_SIZES = range(100, 4001)
 # Attention is shaded by how far it exceeds a uniform split (issue 20: a map whose atoms all lie
 # within 0.0710-0.0726 of a uniform 0.0714 was stretched from white to dark red, so one hydroxyl
 # looked strongly highlighted). Uniform or less is unshaded; SATURATE x uniform or more is the
@@ -95,6 +102,17 @@ def _highlights(values: np.ndarray) -> tuple[dict, dict]:
 def value_range(values: np.ndarray) -> str:
     """``"0.031-0.118"``: the span a shaded drawing stretches over, for its legend."""
     return f"{float(np.min(values)):.3f}-{float(np.max(values)):.3f}"
+
+
+def check_picture_size(size: object, key: str = "size") -> int:
+    """``size`` as a picture side in :data:`PICTURE_SIZES`, or an error naming ``key``."""
+    low, high = PICTURE_SIZES[0], PICTURE_SIZES[-1]
+    if isinstance(size, bool) or not isinstance(size, int) or size not in PICTURE_SIZES:
+        raise ConfigError(
+            f"{key}={size!r} is not a picture size: give the side in pixels, an integer from "
+            f"{low} to {high} (default 600)"
+        )
+    return size
 
 
 def draw_molecule(smiles: str, values: np.ndarray, size: int = 600, legend: str = "") -> bytes:

@@ -150,9 +150,14 @@ def _read_huggingface_folder(path: Path, trust_source: bool) -> Source:
             "(as save_pretrained writes it) or a checkpoint file"
         )
     try:
-        config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as error:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConversionError(f"{config_file} is not valid JSON ({error})") from error
+    if not isinstance(config, dict):
+        raise ConversionError(
+            f"{config_file} holds a JSON {type(config).__name__}, not a model's settings "
+            "(an object): download the model folder again"
+        )
     architectures = config.get("architectures") or []
     known = {"GraphormerForGraphClassification", "GraphormerModel"}
     if config.get("model_type", "graphormer") != "graphormer" or (
@@ -172,7 +177,15 @@ def _read_huggingface_folder(path: Path, trust_source: bool) -> Source:
                 f"reading {safetensors_file} needs the safetensors package: "
                 'pip install safetensors (or pip install -e ".[reference]")'
             ) from error
-        state = load_file(str(safetensors_file))
+        try:
+            state = load_file(str(safetensors_file))
+        except Exception as error:  # safetensors' own error type: a truncated or foreign file
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise ConversionError(
+                f"source={path}: {safetensors_file.name} cannot be read as safetensors "
+                f"({type(error).__name__}: {reason}); it is truncated, corrupt or another kind "
+                "of file: download the model folder again"
+            ) from error
     elif bin_file.is_file():
         state = _torch_load(bin_file, trust_source)
     else:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from graphormer.console import report
+from graphormer.console import command, quietly, report
 from graphormer.errors import ConfigError, UserFacingError
 from graphormer.outputs import atomic_path
 from graphormer.rundir import is_first_process, newest_checkpoint
@@ -42,13 +42,14 @@ def train_calibrated(settings: Any, loggers: list[Any] | None = None) -> dict[st
     results = train(settings, loggers=loggers)
     if not is_first_process():  # the other ranks of a launch: the first one calibrates
         return results
-    found = score_members(
-        [Path(results["best_checkpoint"])],
-        splits=[],
-        accelerator=settings.trainer.accelerator,
-        fit_calibration=settings.calibration,
-        calibration_dir=Path(settings.output_dir),
-    )
+    with quietly():  # the data again: the run's results stay its last lines
+        found = score_members(
+            [Path(results["best_checkpoint"])],
+            splits=[],
+            accelerator=settings.trainer.accelerator,
+            fit_calibration=settings.calibration,
+            calibration_dir=Path(settings.output_dir),
+        )
     results["calibration"] = found.get("calibration")  # None: a multi-class task has none
     path = Path(settings.output_dir) / "metrics.json"
     _write_json(path, results)
@@ -259,5 +260,5 @@ def score_ensemble(
         f"ensemble of {len(trained)}: valid {metric} {found['valid'][metric]:.4f}  test {metric} "
         f"{test:.4f} (members' mean {mean_test:.4f})"
     )
-    report(f"evaluate with: python scripts/eval.py ckpt={output_dir.resolve()}")
+    report(f"evaluate with: {command('eval')} ckpt={output_dir.resolve()}")
     return found

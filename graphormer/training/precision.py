@@ -8,6 +8,7 @@ from typing import Any
 from lightning.pytorch.plugins.precision import HalfPrecision
 
 from graphormer.batch import GraphormerBatch
+from graphormer.devices import check_precision_package
 
 __all__ = ["LabelKeepingHalfPrecision", "precision_arguments"]
 
@@ -35,6 +36,7 @@ def precision_arguments(precision: str) -> dict[str, Any]:
     """``pl.Trainer`` keyword arguments for ``precision`` (a Lightning precision name):
     ``plugins=[LabelKeepingHalfPrecision]`` for ``bf16-true`` / ``16-true``, else
     ``precision=``."""
+    check_precision_package(precision)
     if precision in LabelKeepingHalfPrecision.NAMES:
         return {"plugins": [LabelKeepingHalfPrecision(precision)]}
     return {"precision": precision}

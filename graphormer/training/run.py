@@ -17,7 +17,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.loggers import Logger
 
 from graphormer import checkpoint as checkpoints
-from graphormer.console import report
+from graphormer.console import command, report
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.sources import build_source
 from graphormer.devices import on_gpu, resolve_pad_to_multiple, resolve_precision
@@ -399,7 +399,7 @@ def train(
         report(f"metrics: {path.resolve()}")
         test_text = f"{test[metric]:.4f}" if test else "none (no labelled test split)"
         report(f"valid {metric}: {results['valid'][metric]:.4f}  test {metric}: {test_text}")
-        report(f"evaluate with: python scripts/eval.py ckpt={results['best_checkpoint']}")
+        report(f"evaluate with: {command('eval')} ckpt={results['best_checkpoint']}")
     return results
 
 

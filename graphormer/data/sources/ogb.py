@@ -146,7 +146,7 @@ class OGBGraphDataset(PygGraphPropPredDataset):
             remove_empty_tree(self.root)
             raise DatasetNotFoundError(
                 f"{self.name} is not in {osp.abspath(self.root)} and could not be downloaded from "
-                f"{url} ({type(error).__name__}: {error}).\n"
+                f"{url} ({type(error).__name__}: {error}). "
                 f"Fix: download {url} on a machine with network access, unzip it into "
                 f"{osp.abspath(self.original_root)} (giving {osp.abspath(self.root)}/raw/, "
                 f"split/, RELEASE_v{self.meta_info['version']}.txt), or point dataset.root= at the "

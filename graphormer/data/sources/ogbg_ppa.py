@@ -17,7 +17,7 @@ from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.ogb import OGBGraphDataset, ogb_task_info
 from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import TaskInfo, warn_absent_classes
-from graphormer.errors import DataError
+from graphormer.errors import ConfigError, DataError
 
 __all__ = ["PPA_EDGE_FEATURES", "PPADataset", "PPASource"]
 
@@ -54,11 +54,18 @@ class PPASource(Source):
 
     Args:
         root (str, optional): the folder holding ``ogbg_ppa/``. (default: :obj:`"data"`)
+        name (str, optional): ``ogbg-ppa``, the one dataset this source reads (the config
+            names it, as every dataset's does, for the run folder). (default: :obj:`"ogbg-ppa"`)
     """
 
     official_split = "OGB's official species split (the one its leaderboard compares)"
 
-    def __init__(self, root: str = "data") -> None:
+    def __init__(self, root: str = "data", name: str = _NAME) -> None:
+        if name != _NAME:
+            raise ConfigError(
+                f"dataset.name={name!r}: dataset=ogbg-ppa reads OGB's {_NAME} only; drop "
+                "dataset.name (other OGB graph sets: dataset=ogbg-mol...)"
+            )
         self.name = _NAME
         self.root = root
         self._task = ogb_task_info(_NAME)

@@ -279,7 +279,7 @@ class PCQM4Mv2Source(Source):
             url = "https://dgl-data.s3-accelerate.amazonaws.com/dataset/OGB-LSC/pcqm4m-v2.zip"
             raise DatasetNotFoundError(
                 f"PCQM4Mv2 is not in {osp.abspath(self.folder)} and could not be downloaded "
-                f"from {url} ({type(error).__name__}: {error}).\nFix: download {url} on a "
+                f"from {url} ({type(error).__name__}: {error}). Fix: download {url} on a "
                 f"machine with network access, unzip it into {osp.abspath(self.root)} (giving "
                 f"{osp.abspath(self.folder)}/raw/data.csv.gz and split_dict.pt), or point "
                 "dataset.root= at the folder that holds pcqm4m-v2/."

@@ -333,10 +333,8 @@ def read_csv_table(
     """A user's CSV as a table: UTF-8 text, gzipped or not (``.csv.gz``, told by its first
     bytes), whole comment lines skipped, ``columns`` naming the columns of a file without a
     header row."""
-    with open(csv_path, "rb") as f:
-        gzipped = f.read(2) == b"\x1f\x8b"
     try:
-        with (gzip.open if gzipped else open)(csv_path, "rt", encoding="utf-8") as f:
+        with _open_text(csv_path) as f:
             text = f.read()
     except (gzip.BadGzipFile, EOFError, zlib.error) as error:
         raise DataError(
@@ -416,9 +414,19 @@ def _parse_list(
 
 
 def _header(path: str, comment: str | None) -> list[str]:
-    with open(path, encoding="utf-8", newline="") as f:
+    """The names of the header row as the file holds them (pandas renames repeated ones); read
+    after :func:`read_csv_table`, which names a file that cannot be read."""
+    with _open_text(path, newline="") as f:
         lines = (line for line in f if not (comment and line.startswith(comment)))
         return next(csv.reader(lines), [])
+
+
+def _open_text(path: str, newline: str | None = None):
+    """A user's CSV opened as UTF-8 text, gzipped or not (told by its first bytes): the one
+    reading of the file that its table and its header row share."""
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    return (gzip.open if gzipped else open)(path, "rt", encoding="utf-8", newline=newline)
 
 
 def _rows_text(rows: Sequence[int]) -> str:

@@ -57,9 +57,16 @@ def read_tu_graphs(
 ) -> tuple[GraphFile, bool]:
     """The graphs of a TU dataset's raw ``folder``, flattened (see :class:`GraphFile`), and
     whether its targets are regression values (``_graph_attributes``)."""
-    data, slices, sizes = read_tu_data(folder, name)
     where = f"{name} ({folder})"
-    batch = read_file(folder, name, "graph_indicator", torch.long).view(-1) - 1
+    batch = _check_files(folder, name)
+    try:
+        data, slices, sizes = read_tu_data(folder, name)
+    except (RuntimeError, IndexError, ValueError) as error:  # what the counts do not show
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise DataError(
+            f"{where}: its files cannot be read as one TU dataset ({type(error).__name__}: "
+            f"{reason}); {_RESTORE}"
+        ) from error
     num_graphs = int(batch.max()) + 1
     node_ptr = torch.zeros(num_graphs + 1, dtype=torch.long)
     node_ptr[1:] = torch.bincount(batch, minlength=num_graphs).cumsum(0)
@@ -68,6 +75,15 @@ def read_tu_graphs(
     total_nodes, total_edges = int(node_ptr[-1]), data.edge_index.size(1)
     node_graph = torch.arange(num_graphs).repeat_interleave(node_ptr[1:] - node_ptr[:-1])
     edge_graph = torch.arange(num_graphs).repeat_interleave(edge_ptr[1:] - edge_ptr[:-1])
+    # PyG numbers each graph's nodes from 0 and keeps an edge to a node no graph holds.
+    local = data.edge_index
+    if local.numel() and bool(((local < 0) | (local >= node_ptr.diff()[edge_graph])).any()):
+        raise _inconsistent(
+            folder,
+            name,
+            f"{name}_A.txt joins nodes of different graphs, or names nodes that "
+            f"{name}_graph_indicator.txt does not ({total_nodes} nodes)",
+        )
 
     attributes, labels = sizes["num_node_attributes"], sizes["num_node_labels"]
     x = data.x if data.x is not None else torch.zeros(total_nodes, 0)
@@ -106,6 +122,64 @@ def read_tu_graphs(
         new_slices["edge_attr_continuous"] = edge_ptr.clone()
     graphs = GraphFile.of_parts(storage, new_slices, None, parts)
     return graphs, regression
+
+
+_RESTORE = "restore the files from the dataset's zip (or delete the folder to download it again)"
+
+
+def _inconsistent(folder: str, name: str, problem: str) -> DataError:
+    return DataError(
+        f"{name} ({folder}): {problem}; the files must describe the same graphs: {_RESTORE}"
+    )
+
+
+def _check_files(folder: str, name: str) -> Tensor:
+    """The graph of each node (0-based, from ``_graph_indicator``), once the files are known to
+    describe the same graphs: one line per node in the node files, per edge in the edge files,
+    per graph in the graph files, nodes numbered graph by graph. PyG's reader would stop on a
+    mismatch with a shape error naming no file, or read it silently."""
+
+    def lines(kind: str) -> int | None:
+        path = osp.join(folder, f"{name}_{kind}.txt")
+        if not osp.isfile(path):
+            return None
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+
+    indicator = f"{name}_graph_indicator.txt"
+    if lines("graph_indicator") is None:
+        raise _inconsistent(folder, name, f"{indicator} is missing")
+    try:
+        batch = read_file(folder, name, "graph_indicator", torch.long).view(-1) - 1
+    except (RuntimeError, ValueError) as error:
+        raise _inconsistent(
+            folder, name, f"{indicator} is not one graph number per line ({error})"
+        ) from error
+    if not len(batch) or int(batch.min()) < 0 or bool((batch[1:] < batch[:-1]).any()):
+        raise _inconsistent(
+            folder,
+            name,
+            f"{indicator} does not number the nodes' graphs 1, 1, ..., 2, ... in order",
+        )
+    counts = {"node": len(batch), "graph": int(batch.max()) + 1, "edge": lines("A")}
+    for kind, unit in (
+        ("node_labels", "node"),
+        ("node_attributes", "node"),
+        ("edge_labels", "edge"),
+        ("edge_attributes", "edge"),
+        ("graph_labels", "graph"),
+        ("graph_attributes", "graph"),
+    ):
+        found = lines(kind)
+        if found is not None and counts[unit] is not None and found != counts[unit]:
+            source = f"{name}_A.txt" if unit == "edge" else indicator
+            raise _inconsistent(
+                folder,
+                name,
+                f"{name}_{kind}.txt has {found} lines, but {source} gives {counts[unit]} "
+                f"{unit}s (one line per {unit})",
+            )
+    return batch
 
 
 class TUSource(Source):
