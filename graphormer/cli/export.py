@@ -8,8 +8,6 @@ against the torch Predictor through ONNX Runtime on a few molecules, and reports
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 import hydra
@@ -40,8 +38,7 @@ PARITY_TOLERANCE = 1e-4
 def run(cfg: DictConfig) -> list[Path]:
     """Exports ``ckpt`` to ``output``; returns the files written."""
     from graphormer.inference.predictor import Predictor
-    from graphormer.interop.onnx import export_onnx, max_difference, member_paths
-    from graphormer.training.members import resolve_members
+    from graphormer.interop.onnx import export_onnx, max_difference, member_paths, run_metrics
 
     values = plain(cfg)
     output = Path(str(values["output"])).expanduser()
@@ -54,8 +51,7 @@ def run(cfg: DictConfig) -> list[Path]:
         checkpoint_inputs(values["ckpt"]),
         overwrite=bool(values.get("overwrite")),
     )
-    folder = resolve_members(values["ckpt"]).folder
-    written = export_onnx(predictor, output, _training_metrics(folder))
+    written = export_onnx(predictor, output, run_metrics(values["ckpt"]))
     difference = max_difference(predictor, output, list(CHECK_SMILES))
     if not difference <= PARITY_TOLERANCE:
         raise DataError(
@@ -71,26 +67,6 @@ def run(cfg: DictConfig) -> list[Path]:
     for path in written:
         report(f"wrote {path.resolve()}")
     return written
-
-
-def _training_metrics(folder: Path | None) -> dict[str, float]:
-    """The run's validation and test scores (its ``metrics.json``, read as data), for
-    ``GET /model``; empty when the checkpoint has no run folder."""
-    path = folder / "metrics.json" if folder is not None else None
-    if path is None or not path.is_file():
-        return {}
-    try:
-        values = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return {
-        str(k): float(v)
-        for k, v in values.items()
-        if str(k).startswith(("val/", "test/"))
-        and isinstance(v, int | float)
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-    }
 
 
 @hydra.main(config_path="../configs", config_name="export", version_base="1.3")

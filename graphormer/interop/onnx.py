@@ -8,6 +8,7 @@ the graph), with the run's task, calibration and metrics as the file's metadata,
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from graphormer.portable.dense import INPUT_NAMES, dense_inputs
 from graphormer.portable.molecules import blocked_rdkit_logs, featurize_one
 from graphormer.portable.onnx_predictor import FORMAT_VERSION, METADATA_KEY, member_paths
 
-__all__ = ["OnnxNetwork", "export_onnx", "max_difference", "member_paths"]
+__all__ = ["OnnxNetwork", "export_onnx", "max_difference", "member_paths", "run_metrics"]
 
 # The opset of the exported graphs (ONNX Runtime 1.16 and later run it).
 OPSET = 18
@@ -165,3 +166,26 @@ def max_difference(predictor: Predictor, onnx_path: str | Path, smiles: list[str
     found = OnnxPredictor(onnx_path).run(smiles).values
     both = ~np.isnan(expected) & ~np.isnan(found)
     return float(np.abs(expected[both] - found[both]).max(initial=0.0))
+
+
+def run_metrics(ckpt: Any) -> dict[str, float]:
+    """The validation and test scores of the run ``ckpt`` names (its ``metrics.json``, read as data), for
+    ``GET /model``; empty when the checkpoint has no run folder."""
+    from graphormer.training.members import resolve_members
+
+    folder = resolve_members(ckpt).folder
+    path = folder / "metrics.json" if folder is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in values.items()
+        if str(k).startswith(("val/", "test/"))
+        and isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+    }
