@@ -626,9 +626,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(ckpt: str | Path, *overrides: str, timeout: float = 120) -> Iterator[str]:
+def running_server(
+    ckpt: str | Path, *overrides: str, timeout: float = 120
+) -> Iterator[tuple[str, int]]:
     """``scripts/serve.py ckpt=...`` started on a free loopback port, as a user starts it;
-    yields its base URL once ``GET /health`` answers, and stops it (and its workers) after."""
+    yields its base URL and process id once ``GET /health`` answers, and stops it (and its
+    workers, in its process group) after."""
     import os
     import signal
     import subprocess
@@ -663,7 +666,7 @@ def running_server(ckpt: str | Path, *overrides: str, timeout: float = 120) -> I
             if time.monotonic() > deadline:
                 raise TimeoutError(f"serve.py did not answer /health within {timeout} s")
             time.sleep(0.5)
-        yield url
+        yield url, process.pid
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)

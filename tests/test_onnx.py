@@ -141,3 +141,22 @@ def test_network_parity_on_the_raw_inputs(regression_ckpt, tmp_path):
     [found] = session.run(None, feeds)
     assert found.shape == expected.shape
     assert np.abs(found - expected).max() <= 1e-4
+
+
+def test_export_leaves_the_predictor_as_it_was(tmp_path, ogb_root):
+    """A model with dropout: exporting leaves its members in eval mode (the exporter restores
+    its wrapper's mode recursively), so the Predictor stays deterministic."""
+    from graphormer.interop.onnx import export_onnx
+
+    ckpt = untrained_checkpoint(
+        tmp_path / "drop.ckpt",
+        ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", "model.dropout=0.3"],
+    )
+    predictor = Predictor.from_checkpoint(ckpt, device="cpu")
+    export_onnx(predictor, tmp_path / "drop.onnx")
+    assert not any(m.training for m in predictor.modules)
+    smiles = molecules(20)
+    first, again = predictor.run(smiles).values, predictor.run(smiles).values
+    np.testing.assert_array_equal(first, again)
+    found = OnnxPredictor(tmp_path / "drop.onnx").run(smiles).values
+    assert np.nanmax(np.abs(found - first)) <= 1e-4

@@ -42,7 +42,7 @@ def test_page_predicts_and_shows_a_picture(browser, tmp_path, ogb_root):
     ckpt = untrained_checkpoint(
         tmp_path / "esol.ckpt", ["dataset=ogbg-molesol", f"dataset.root={ogb_root}"]
     )
-    with running_server(ckpt, f"hydra.run.dir={tmp_path / 'serve'}") as url:
+    with running_server(ckpt, f"hydra.run.dir={tmp_path / 'serve'}") as (url, _):
         page = browser.new_page()
         page.goto(url + "/")
         sync_api.expect(page.locator("#model")).to_contain_text("regression")

@@ -77,7 +77,9 @@ def export_onnx(
     metadata = json.dumps(_metadata(predictor, [p.name for p in paths], metrics or {}))
     example = _example_inputs(predictor.collator.max_hops)
     for member, path in zip(predictor.modules, paths, strict=True):
-        network = OnnxNetwork(member.float().cpu().eval())
+        # The wrapper in eval mode too: the exporter restores the wrapper's mode afterwards,
+        # recursively, which would leave the predictor's members with dropout on.
+        network = OnnxNetwork(member.float().cpu()).eval()
         _export_one(network, example, path, metadata)
     return paths
 
