@@ -627,11 +627,11 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(
-    ckpt: str | Path, *overrides: str, timeout: float = 120
+    ckpt: str | Path, *overrides: str, timeout: float = 120, threads: int = 1
 ) -> Iterator[tuple[str, int]]:
-    """``scripts/serve.py ckpt=...`` started on a free loopback port, as a user starts it;
-    yields its base URL and process id once ``GET /health`` answers, and stops it (and its
-    workers, in its process group) after."""
+    """``scripts/serve.py ckpt=...`` started on a free loopback port, as a user starts it (with
+    ``threads`` CPU threads); yields its base URL and process id once ``GET /health`` answers,
+    and stops it (and its workers, in its process group) after."""
     import os
     import signal
     import subprocess
@@ -647,7 +647,7 @@ def running_server(
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)},
         start_new_session=True,  # its own process group: the workers stop with it
     )
     url = f"http://127.0.0.1:{port}"

@@ -114,3 +114,25 @@ def test_api_key(ckpt):
         )
         assert keyed.status_code == 200
         assert test_client.get("/").status_code == 200
+
+
+def test_an_exported_model_is_served_without_pictures(ckpt, client, tmp_path):
+    """ckpt=model.onnx: ONNX Runtime answers /predict with the checkpoint's rows; /explain
+    says why it has no picture."""
+    pytest.importorskip("onnxruntime", reason="the onnx extra (onnxruntime) is absent")
+    from graphormer import Predictor
+    from graphormer.interop.onnx import export_onnx
+
+    [path] = export_onnx(Predictor.from_checkpoint(ckpt, device="cpu"), tmp_path / "m.onnx")
+    smiles = ["CCO", "C1CC", *nci_smiles()[:6]]
+    expected = client.post("/predict", json={"smiles": smiles}).json()["rows"]
+    server = build_server(str(path), limits=Limits(rows=20, smiles_length=100, max_atoms=60))
+    with wrap_litserve_start(server) as started, TestClient(started.app) as onnx_client:
+        rows = onnx_client.post("/predict", json={"smiles": smiles}).json()["rows"]
+        assert [r["error"] for r in rows] == [r["error"] for r in expected]
+        for found, wanted in zip(rows, expected, strict=True):
+            assert found["task_0"] == pytest.approx(wanted["task_0"], abs=1e-4, nan_ok=True)
+        info = onnx_client.get("/model").json()
+        assert info["tasks"] == ["task_0"] and info["pictures"] is False
+        picture = onnx_client.post("/explain", json={"smiles": "CCO"})
+        assert picture.status_code == 501 and "ckpt=RUN" in picture.json()["detail"]

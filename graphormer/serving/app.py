@@ -105,11 +105,7 @@ class PredictionAPI(ls.LitAPI):
         self.interval = interval
 
     def setup(self, device: str) -> None:
-        from graphormer.inference.predictor import Predictor
-
-        self.predictor = Predictor.from_checkpoint(
-            self.ckpt, device="cpu", max_atoms=self.limits.max_atoms
-        )
+        self.predictor = load_predictor(self.ckpt, self.limits.max_atoms)
 
     # No annotation on `request` nor on encode_response's result: LitServe builds the route from
     # them, and unannotated means "the JSON body" and "a JSON response".
@@ -125,8 +121,11 @@ class PredictionAPI(ls.LitAPI):
         smiles = [s for request in requests for s in request]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # failed rows are reported in their `error`
-            result = self.predictor.run(smiles, interval=self.interval)
-        table = self.predictor.table(_smiles_frame(smiles), result)
+            if is_onnx(self.ckpt):
+                table = self.predictor.predict(smiles, interval=self.interval)
+            else:
+                result = self.predictor.run(smiles, interval=self.interval)
+                table = self.predictor.table(_smiles_frame(smiles), result)
         rows = [
             {k: (v if k in ("smiles", "error") else _number(v)) for k, v in row.items()}
             for row in table.to_dict("records")
@@ -142,6 +141,23 @@ class PredictionAPI(ls.LitAPI):
 
     def encode_response(self, output: list[dict], **kwargs: Any):
         return {"rows": output}
+
+
+def is_onnx(ckpt: str) -> bool:
+    """Whether ``ckpt`` is a file of graphormer-export (served by ONNX Runtime, without torch)."""
+    return str(ckpt).endswith(".onnx")
+
+
+def load_predictor(ckpt: str, max_atoms: int) -> Any:
+    """The predictor of ``ckpt``: an OnnxPredictor for an exported ``.onnx`` file, else the
+    torch Predictor of a checkpoint, run folder or ensemble folder (on the CPU)."""
+    if is_onnx(ckpt):
+        from graphormer.portable.onnx_predictor import OnnxPredictor
+
+        return OnnxPredictor(ckpt, max_atoms=max_atoms)
+    from graphormer.inference.predictor import Predictor
+
+    return Predictor.from_checkpoint(ckpt, device="cpu", max_atoms=max_atoms)
 
 
 def _smiles_frame(smiles: list[str]) -> pd.DataFrame:
@@ -188,13 +204,12 @@ def build_server(
     batch_timeout: float = 0.01,
     timeout: float = 60,
 ) -> ls.LitServer:
-    """The LitServer of a trained checkpoint (a file, a run or an ensemble folder)."""
-    from graphormer.inference.predictor import Predictor
-
+    """The LitServer of a trained checkpoint (a file, a run or an ensemble folder) or of an
+    exported ``.onnx`` file (no torch; no pictures)."""
     limits = limits or Limits()
     # The main process keeps a predictor too: GET /model and POST /explain are answered here,
     # and a bad checkpoint is an error before any worker starts.
-    predictor = Predictor.from_checkpoint(ckpt, device="cpu", max_atoms=limits.max_atoms)
+    predictor = load_predictor(ckpt, limits.max_atoms)
     if interval is not None:  # a run without calibration is refused now, not per request
         predictor.run(["C"], interval=interval)
     api = PredictionAPI(
@@ -206,33 +221,42 @@ def build_server(
         timeout=timeout,
         middlewares=[(_Guard, {"api_key": api_key, "limits": limits})],
     )
-    predictor.ckpt = ckpt
-    _add_routes(server.app, predictor, limits, interval)
+    _add_routes(server.app, ckpt, predictor, limits, interval)
     return server
 
 
-def model_info(predictor: Any, interval: float | None, metrics: dict) -> dict:
+def model_info(ckpt: str, predictor: Any, interval: float | None) -> dict:
     """``GET /model``: what the model predicts, in which units, how well it scored."""
-    task = predictor.task
+    if is_onnx(ckpt):
+        task_type, members = predictor.task_type, len(predictor.sessions)
+        outputs = predictor.output_names()
+        if predictor.is_multiclass:
+            outputs.append(predictor.task_names[0])
+        metrics = predictor.metadata.get("metrics") or {}
+    else:
+        from graphormer.interop.onnx import run_metrics
+
+        task_type, members = predictor.task.task_type, len(predictor.modules)
+        outputs = list(predictor.outputs(np.zeros((0, predictor.task.num_outputs))).keys())
+        metrics = run_metrics(ckpt)
     return {
         "format_version": MODEL_INFO_VERSION,
-        "task_type": task.task_type,
+        "task_type": task_type,
         "tasks": list(predictor.task_names),
-        "outputs": list(predictor.outputs(np.zeros((0, task.num_outputs))).keys()),
-        "units": "probabilities"
-        if task.is_classification or task.is_multiclass
-        else "the training targets' units",
-        "members": len(predictor.modules),
+        "outputs": outputs,
+        "units": "the training targets' units" if task_type == "regression" else "probabilities",
+        "members": members,
         "spread": predictor.spread,
         "interval": interval,
         "metrics": metrics,
+        "pictures": not is_onnx(ckpt),
     }
 
 
-def _add_routes(app: Any, predictor: Any, limits: Limits, interval: float | None) -> None:
-    from graphormer.interop.onnx import run_metrics
-
-    info = model_info(predictor, interval, run_metrics(predictor.ckpt))
+def _add_routes(
+    app: Any, ckpt: str, predictor: Any, limits: Limits, interval: float | None
+) -> None:
+    info = model_info(ckpt, predictor, interval)
     # LitServe answers "/" with a line of its own: the page takes its place.
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/"]
 
@@ -251,6 +275,10 @@ def _add_routes(app: Any, predictor: Any, limits: Limits, interval: float | None
     @app.post("/explain")
     async def explain(request: Request) -> Response:
         [smiles] = request_smiles(await request.json(), Limits(rows=1, **_rest(limits)))
+        if is_onnx(ckpt):
+            raise HTTPException(
+                501, "pictures need the model's attention: serve the checkpoint (ckpt=RUN)"
+            )
         return Response(explain_png(predictor, smiles, limits.max_atoms), media_type="image/png")
 
 
