@@ -40,7 +40,7 @@ def main() -> None:
     from predict_throughput import preset_checkpoint
 
     from graphormer.inference import Predictor
-    from graphormer.interop.onnx import export_onnx
+    from graphormer.inference.onnx_export import export_onnx
     from graphormer.portable.onnx_predictor import OnnxPredictor
     from graphormer.testing import nci_smiles
 

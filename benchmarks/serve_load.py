@@ -54,7 +54,7 @@ def main() -> None:
     ckpt = args.ckpt or preset_checkpoint(args.model, work / "model.ckpt")
     if args.onnx:
         from graphormer.inference import Predictor
-        from graphormer.interop.onnx import export_onnx
+        from graphormer.inference.onnx_export import export_onnx
 
         ckpt = export_onnx(Predictor.from_checkpoint(ckpt, device="cpu"), work / "model.onnx")[0]
     smiles = [s for s in nci_smiles()[:2000] if "." not in s]

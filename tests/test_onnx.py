@@ -146,7 +146,7 @@ def test_network_parity_on_the_raw_inputs(regression_ckpt, tmp_path):
 def test_export_leaves_the_predictor_as_it_was(tmp_path, ogb_root):
     """A model with dropout: exporting leaves its members in eval mode (the exporter restores
     its wrapper's mode recursively), so the Predictor stays deterministic."""
-    from graphormer.interop.onnx import export_onnx
+    from graphormer.inference.onnx_export import export_onnx
 
     ckpt = untrained_checkpoint(
         tmp_path / "drop.ckpt",

@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from helpers import nci_smiles, untrained_checkpoint
+from helpers import nci_smiles, run_failing, untrained_checkpoint
 
 pytest.importorskip("litserve", reason="the serve extra (litserve) is absent")
 pytest.importorskip("httpx", reason="the serve extra (httpx, FastAPI's test client) is absent")
@@ -121,7 +121,7 @@ def test_an_exported_model_is_served_without_pictures(ckpt, client, tmp_path):
     says why it has no picture."""
     pytest.importorskip("onnxruntime", reason="the onnx extra (onnxruntime) is absent")
     from graphormer import Predictor
-    from graphormer.interop.onnx import export_onnx
+    from graphormer.inference.onnx_export import export_onnx
 
     [path] = export_onnx(Predictor.from_checkpoint(ckpt, device="cpu"), tmp_path / "m.onnx")
     smiles = ["CCO", "C1CC", *nci_smiles()[:6]]
@@ -136,3 +136,12 @@ def test_an_exported_model_is_served_without_pictures(ckpt, client, tmp_path):
         assert info["tasks"] == ["task_0"] and info["pictures"] is False
         picture = onnx_client.post("/explain", json={"smiles": "CCO"})
         assert picture.status_code == 501 and "ckpt=RUN" in picture.json()["detail"]
+
+
+def test_serve_command_refuses_other_hosts_without_a_key(ckpt, tmp_path, monkeypatch):
+    """graphormer-serve host=0.0.0.0 without GRAPHORMER_API_KEY: one error line, nothing served."""
+    monkeypatch.delenv("GRAPHORMER_API_KEY", raising=False)
+    args = [f"ckpt={ckpt}", "host=0.0.0.0", f"hydra.run.dir={tmp_path / 'serve'}"]
+    result = run_failing("serve.py", args, cwd=tmp_path)
+    assert result.stderr.strip().splitlines()[-1].startswith("error: host=0.0.0.0")
+    assert "GRAPHORMER_API_KEY" in result.stderr

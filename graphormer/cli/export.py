@@ -37,8 +37,13 @@ PARITY_TOLERANCE = 1e-4
 
 def run(cfg: DictConfig) -> list[Path]:
     """Exports ``ckpt`` to ``output``; returns the files written."""
+    from graphormer.inference.onnx_export import (
+        export_onnx,
+        max_difference,
+        member_paths,
+        run_metrics,
+    )
     from graphormer.inference.predictor import Predictor
-    from graphormer.interop.onnx import export_onnx, max_difference, member_paths, run_metrics
 
     values = plain(cfg)
     output = Path(str(values["output"])).expanduser()

@@ -234,7 +234,7 @@ def model_info(ckpt: str, predictor: Any, interval: float | None) -> dict:
             outputs.append(predictor.task_names[0])
         metrics = predictor.metadata.get("metrics") or {}
     else:
-        from graphormer.interop.onnx import run_metrics
+        from graphormer.inference.onnx_export import run_metrics
 
         task_type, members = predictor.task.task_type, len(predictor.modules)
         outputs = list(predictor.outputs(np.zeros((0, predictor.task.num_outputs))).keys())
