@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -611,3 +614,65 @@ def nci_rotatable_bonds(count: int, max_atoms: int = 40) -> pd.DataFrame:
         if len(rows) == count:
             break
     return pd.DataFrame(rows)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def running_server(
+    ckpt: str | Path, *overrides: str, timeout: float = 120, threads: int = 1
+) -> Iterator[tuple[str, int]]:
+    """``scripts/serve.py ckpt=...`` started on a free loopback port, as a user starts it (with
+    ``threads`` CPU threads); yields its base URL and process id once ``GET /health`` answers,
+    and stops it (and its workers, in its process group) after."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    port = free_port()
+    script = Path(__file__).resolve().parents[1] / "scripts" / "serve.py"
+    log = tempfile.TemporaryFile(mode="w+")
+    process = subprocess.Popen(
+        [sys.executable, str(script), f"ckpt={ckpt}", f"port={port}", *overrides],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads)},
+        start_new_session=True,  # its own process group: the workers stop with it
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"serve.py exited with {process.returncode}:\n{log.read()}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"serve.py did not answer /health within {timeout} s")
+            time.sleep(0.5)
+        yield url, process.pid
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()

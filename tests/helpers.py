@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 
+from graphormer import checkpoint
 from graphormer.cli import CONFIGS
 from graphormer.cli.train import build_loggers, settings_from
 from graphormer.interop import to_microsoft
@@ -27,7 +28,7 @@ from graphormer.testing import (  # noqa: F401 (re-exported for the tests)
     to_data,
     write_ogb_layout,
 )
-from graphormer.training import train
+from graphormer.training import build_datamodule, build_module, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,6 +64,18 @@ def compose_config(name: str, overrides) -> object:
 
 def compose_train(overrides):
     return compose_config("train", overrides)
+
+
+def untrained_checkpoint(path, overrides, target_mean=None, target_std=None, precision="32-true"):
+    """A checkpoint as train.py writes it (hyperparameters, weights, digest), without training:
+    the model train.py would build from ``overrides``, with chosen regression statistics."""
+    cfg = compose_train([f"output_dir={path.parent}", "model=graphormer_tiny", *overrides])
+    settings = settings_from(cfg)
+    module = build_module(settings, build_datamodule(settings.dataset, settings.datamodule))
+    if target_mean is not None:
+        module.target_mean.copy_(torch.tensor(target_mean))
+        module.target_std.copy_(torch.tensor(target_std))
+    return checkpoint.save(path, module.state_dict(), dict(module.hparams), precision=precision)
 
 
 def train_config(cfg, **kwargs) -> dict:

@@ -41,6 +41,8 @@ def installed(tmp_path_factory) -> Path:
     names = zipfile.ZipFile(wheel).namelist()
     assert "graphormer/configs/train.yaml" in names
     assert "graphormer/configs/dataset/nci_tpsa.yaml" in names
+    assert "graphormer/serving/static/index.html" in names  # the server's page
+    assert "graphormer/serving/static/app.js" in names
     site = work / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site)]
@@ -129,6 +131,8 @@ def test_graphormer_train_runs_the_demo_from_an_empty_folder(installed, tmp_path
         "graphormer-explain",
         "graphormer-convert",
         "graphormer-prepare",
+        "graphormer-export",
+        "graphormer-serve",
     ],
 )
 def test_every_command_answers_help(installed, tmp_path, command):

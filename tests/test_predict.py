@@ -13,20 +13,19 @@ from rdkit import Chem
 
 from graphormer import Predictor, checkpoint
 from graphormer.cli.predict import run as predict
-from graphormer.cli.train import settings_from
 from graphormer.errors import UserFacingError
 from graphormer.inference import featurize_smiles
 from graphormer.inference.pictures import relative_to_uniform
-from graphormer.training import GraphormerModule, build_datamodule, build_module
+from graphormer.training import GraphormerModule, build_datamodule
 
 from helpers import (
     call_script,
     compose_config,
-    compose_train,
     evaluate_run,
     model_preset,
     nci_smiles,
     run_failing,
+    untrained_checkpoint,
 )
 
 # train.py's run on OGB-layout ogbg-molhiv (tiny model, 3 epochs), as test_training uses it.
@@ -52,18 +51,6 @@ INVALID = {3: "C1CC", 7: "", 8: "not_a_smiles", 12: "C" * 61}
 
 def compose_predict(overrides):
     return compose_config("predict", overrides)
-
-
-def untrained_checkpoint(path, overrides, target_mean=None, target_std=None, precision="32-true"):
-    """A checkpoint as train.py writes it (hyperparameters, weights, digest), without training:
-    the model train.py would build from ``overrides``, with chosen regression statistics."""
-    cfg = compose_train([f"output_dir={path.parent}", "model=graphormer_tiny", *overrides])
-    settings = settings_from(cfg)
-    module = build_module(settings, build_datamodule(settings.dataset, settings.datamodule))
-    if target_mean is not None:
-        module.target_mean.copy_(torch.tensor(target_mean))
-        module.target_std.copy_(torch.tensor(target_std))
-    return checkpoint.save(path, module.state_dict(), dict(module.hparams), precision=precision)
 
 
 def ogb_test_split(root, name="ogbg-molhiv"):

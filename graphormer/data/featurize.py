@@ -6,19 +6,16 @@ with it too."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 import torch
-from ogb.utils import smiles2graph
-from rdkit import Chem, rdBase
 from torch_geometric.data import Data
 
 from graphormer.errors import DataError
+from graphormer.portable.molecules import blocked_rdkit_logs, featurize_one, smiles_error
 
 __all__ = [
     "FeaturizedMolecules",
@@ -28,10 +25,6 @@ __all__ = [
     "smiles_error",
     "smiles_feature_dims",
 ]
-
-# rdkit prefixes each logged line with a time stamp, and parse errors with this phrase.
-_LOG_PREFIX = re.compile(r"^\[\d\d:\d\d:\d\d\] ")
-_PARSE_PREFIX = "SMILES Parse Error: "
 
 
 @dataclass
@@ -70,41 +63,13 @@ def featurize_smiles(smiles: Sequence[object], max_atoms: int | None = None) -> 
     errors: list[str] = []
     num_atoms: list[int] = []
     # Messages of unparsable SMILES are collected per molecule below, not printed.
-    with _blocked_rdkit_logs():
+    with blocked_rdkit_logs():
         for value in smiles:
-            graph, error = _featurize_one(value, max_atoms)
+            graph, error = featurize_one(value, max_atoms)
             graphs.append(None if graph is None else _as_data(graph))
             errors.append(error)
             num_atoms.append(0 if graph is None else int(graph["num_nodes"]))
     return FeaturizedMolecules(graphs, errors, torch.tensor(num_atoms, dtype=torch.long))
-
-
-def _featurize_one(value: object, max_atoms: int | None) -> tuple[dict | None, str]:
-    """OGB's ``smiles2graph`` of one SMILES, or None and why not."""
-    if not isinstance(value, str) or not value.strip():
-        return None, "empty SMILES"
-    if any(c.isspace() for c in value.strip()):
-        # rdkit reads a SMILES up to the first blank and takes the rest as a name: "CC\tC" would
-        # be ethane, silently (#20).
-        head = value.strip().split()[0]
-        return None, (
-            f"whitespace inside the SMILES {value!r} (rdkit would read only {head!r}); a "
-            "tab-separated file read as a CSV? remove it, or give a .tsv"
-        )
-    # OGB's own function rather than a copy of its body: that is what guarantees training's
-    # featurisation. It parses the SMILES once; rdkit is asked again only when it fails.
-    try:
-        graph = smiles2graph(value)
-    except Exception:  # rdkit returns None for a SMILES it cannot parse; OGB then fails
-        if Chem.MolFromSmiles(value) is None:
-            return None, f"invalid SMILES: {smiles_error(value)}"
-        raise
-    atoms = int(graph["num_nodes"])
-    if atoms == 0:
-        return None, "the molecule has no atoms"
-    if max_atoms is not None and atoms > max_atoms:
-        return None, f"{atoms} atoms, more than max_atoms={max_atoms}"
-    return graph, ""
 
 
 def featurize_compact(smiles: Sequence[object]) -> dict[str, np.ndarray]:
@@ -117,9 +82,9 @@ def featurize_compact(smiles: Sequence[object]) -> dict[str, np.ndarray]:
     cannot parse; they are kept as graphs without atoms, so that indices stay the input's).
     """
     xs, edges, attrs, nodes, edge_counts, failed = [], [], [], [], [], []
-    with _blocked_rdkit_logs():
+    with blocked_rdkit_logs():
         for position, value in enumerate(smiles):
-            graph, _ = _featurize_one(value, None)
+            graph, _ = featurize_one(value, None)
             if graph is None:
                 failed.append(position)
                 nodes.append(0)
@@ -170,22 +135,3 @@ def _as_data(graph: dict) -> Data:
         edge_attr=torch.from_numpy(graph["edge_feat"]),
         num_nodes=graph["num_nodes"],
     )
-
-
-def smiles_error(smiles: str) -> str:
-    """rdkit's own reason for rejecting ``smiles`` (its first logged line), for error messages."""
-    capture_cls = getattr(rdBase, "CaptureErrorLog", None)  # newer rdkit releases only
-    if capture_cls is None:
-        return "rdkit cannot parse it"
-    with capture_cls() as capture:
-        Chem.MolFromSmiles(smiles)
-    lines = [_LOG_PREFIX.sub("", line).strip() for line in capture.messages.splitlines()]
-    lines = [line for line in lines if line]
-    if not lines:
-        return "rdkit cannot parse it"
-    return lines[0].removeprefix(_PARSE_PREFIX)
-
-
-def _blocked_rdkit_logs():
-    blocker = getattr(rdBase, "BlockLogs", None)
-    return blocker() if blocker is not None else nullcontext()

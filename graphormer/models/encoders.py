@@ -320,6 +320,10 @@ class GraphAttentionBias(nn.Module):
             direct = (spatial_pos == 1).unsqueeze(-1)
             path = torch.where(direct, path, torch.full_like(path, -1))
         flat = path.reshape(-1, hops)  # [B * N * N, K]
+        if torch.onnx.is_in_onnx_export():
+            # ONNX has no embedding_bag with a computed padding row: an exported network
+            # embeds every pair's path (the same sums; pairs without a path stay zero).
+            return self._gathered_edge_bias(edge_emb, flat, spatial_pos, path.shape[:-1])
         # Only pairs with a path (a small fraction of a padded batch) are embedded.
         rows = (flat[:, 0] >= 0).nonzero().squeeze(1)  # [P]
         sub = flat[rows]  # [P, K]
@@ -338,6 +342,24 @@ class GraphAttentionBias(nn.Module):
         mean = summed / count.unsqueeze(-1).to(summed.dtype)
         out = mean.new_zeros(flat.size(0), self.num_heads).index_copy(0, rows, mean)
         return out.view(*path.shape[:-1], self.num_heads)  # [B, N, N, H]
+
+    def _gathered_edge_bias(
+        self, edge_emb: Tensor, flat: Tensor, spatial_pos: Tensor, shape: torch.Size
+    ) -> Tensor:
+        """:meth:`edge_bias` of every pair by gathering (no embedding_bag, no data-dependent
+        shapes): ``flat`` ``[B * N * N, K]`` path edges, -1 past the path."""
+        hops = flat.size(-1)
+        if self.hop_weight is not None:
+            per_hop = torch.einsum("eh,khg->keg", edge_emb, self.hop_weight)  # [K, E, H]
+            table = per_hop.reshape(-1, self.num_heads)
+            index = flat + torch.arange(hops, device=flat.device) * edge_emb.size(0)
+        else:
+            table, index = edge_emb, flat
+        table = torch.cat([table, table.new_zeros(1, self.num_heads)])  # last row: no edge
+        index = torch.where(flat >= 0, index, torch.full_like(index, table.size(0) - 1))
+        summed = table[index].sum(1)  # [B * N * N, H]
+        count = spatial_pos.reshape(-1).long().clamp(min=1, max=hops)
+        return (summed / count.unsqueeze(-1).to(summed.dtype)).view(*shape, self.num_heads)
 
     def forward(
         self,

@@ -468,7 +468,9 @@ class Graphormer(nn.Module):
         batch, length, width = h.shape
         real = F.pad(node_mask, (1, 0), value=True)  # [B, N+1]
         packed = None
-        if real.sum() < _PACK_BELOW * real.numel():
+        # An exported network keeps one path for every batch (ONNX shapes must not depend on
+        # the data): the padded one.
+        if not torch.onnx.is_in_onnx_export() and real.sum() < _PACK_BELOW * real.numel():
             tokens = real.reshape(-1).nonzero().squeeze(1)  # [T]
             packed = (tokens, batch, length)
             h = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]

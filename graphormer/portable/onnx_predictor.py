@@ -1,0 +1,239 @@
+"""A model exported by ``graphormer-export`` run by ONNX Runtime: SMILES in, the Predictor's
+table out, with RDKit, numpy and onnxruntime alone (no torch)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphormer.errors import ConfigError, DataError
+from graphormer.portable.dense import INPUT_NAMES, dense_inputs
+from graphormer.portable.molecules import blocked_rdkit_logs, featurize_one
+
+__all__ = ["FORMAT_VERSION", "METADATA_KEY", "OnnxPredictions", "OnnxPredictor", "member_paths"]
+
+# The metadata entry of an exported file, and the version of its layout (bumped when the inputs
+# or the metadata change, so that an old reader refuses a newer file rather than misreading it).
+METADATA_KEY = "graphormer"
+FORMAT_VERSION = 1
+
+
+def member_paths(output: str | Path, count: int) -> list[Path]:
+    """The files of an exported model of ``count`` members: ``output`` holds member 0, and
+    ``<stem>.member<i>.onnx`` beside it member ``i``."""
+    output = Path(output)
+    return [output] + [output.with_name(f"{output.stem}.member{i}.onnx") for i in range(1, count)]
+
+
+@dataclass
+class OnnxPredictions:
+    """One row per input molecule, as :class:`graphormer.inference.Predictions` (molecule
+    targets): ``values`` ``[n, T]`` (NaN without a prediction), ``errors``, and ``std`` (an
+    ensemble's spread), ``lower`` / ``upper`` (calibrated intervals) or None."""
+
+    values: np.ndarray
+    errors: list[str]
+    std: np.ndarray | None = None
+    lower: np.ndarray | None = None
+    upper: np.ndarray | None = None
+
+
+class OnnxPredictor:
+    """Scores SMILES with an exported model, featurising them as its training did.
+
+    Args:
+        path (str | Path): the ``.onnx`` file ``graphormer-export`` wrote (an ensemble's other
+            members are read from beside it).
+        batch_size (int, optional): molecules per run of the network. (default: :obj:`128`)
+        max_atoms (int | None, optional): larger molecules get an error instead of a
+            prediction. (default: :obj:`1000`)
+        threads (int | None, optional): ONNX Runtime's intra-op threads; None for its default.
+
+    Example::
+
+        from graphormer.portable.onnx_predictor import OnnxPredictor
+        table = OnnxPredictor("model.onnx").predict(["CCO", "c1ccccc1O"])
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        batch_size: int = 128,
+        max_atoms: int | None = 1000,
+        threads: int | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path} is not a file: give the .onnx file graphormer-export wrote")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = int(threads)
+            options.inter_op_num_threads = 1
+        first = _session(ort, path, options)
+        self.metadata = _metadata(first, path)
+        sessions = [first]
+        for name in self.metadata["members"][1:]:
+            member = path.with_name(Path(name).name)
+            if not member.is_file():
+                raise DataError(f"{path} is an ensemble member, and its member {member} is missing")
+            sessions.append(_session(ort, member, options))
+        self.sessions = sessions
+        self.path = path
+        self.batch_size = int(batch_size)
+        self.max_atoms = max_atoms
+        self.task_type: str = self.metadata["task_type"]
+        self.task_names: list[str] = list(self.metadata["task_names"])
+        self.num_classes: int | None = self.metadata.get("num_classes")
+        self.max_hops = int(self.metadata["max_hops"])
+        self.calibration = _calibration(self.metadata.get("calibration"))
+
+    @property
+    def spread(self) -> str | None:
+        """``ensemble`` when the predictions have a spread (``std``), else None."""
+        return "ensemble" if len(self.sessions) > 1 else None
+
+    @property
+    def is_multiclass(self) -> bool:
+        return self.num_classes is not None
+
+    @property
+    def is_regression(self) -> bool:
+        return self.task_type == "regression"
+
+    def run(self, smiles: Sequence[str], interval: float | None = None) -> OnnxPredictions:
+        """Predictions of every SMILES, in input order; ``interval`` (a coverage level such as
+        0.9) adds the run's calibrated intervals (regression)."""
+        if isinstance(smiles, str):
+            raise TypeError(f"pass a list of SMILES, e.g. [{smiles!r}], not a single string")
+        smiles = list(smiles)
+        if interval is not None:
+            self._check_interval(interval)
+        width = self.num_classes or len(self.task_names)
+        values = np.full((len(smiles), width), np.nan, dtype=np.float32)
+        spread = np.full_like(values, np.nan) if self.spread else None
+        errors = [""] * len(smiles)
+        graphs: dict[int, dict] = {}
+        with blocked_rdkit_logs():
+            for i, text in enumerate(smiles):
+                graph, errors[i] = featurize_one(text, self.max_atoms)
+                if graph is not None:
+                    graphs[i] = graph
+        # Similar sizes batched together (little padding); rows put back in input order.
+        order = sorted(graphs, key=lambda i: graphs[i]["num_nodes"])
+        for start in range(0, len(order), self.batch_size):
+            rows = np.array(order[start : start + self.batch_size])
+            feeds = dense_inputs([graphs[i] for i in rows], self.max_hops)
+            outputs = np.stack([s.run(None, feeds)[0] for s in self.sessions])  # [M, B, T]
+            values[rows] = outputs.mean(0)
+            if spread is not None:
+                spread[rows] = outputs.std(0)
+        result = OnnxPredictions(values, errors, spread)
+        calibration = self.calibration
+        if calibration is not None and calibration.calibrates_probabilities:
+            result.values = calibration.calibrate(values).astype(np.float32)
+        if interval is not None:
+            lower, upper = calibration.intervals(values, spread, float(interval), self.spread)
+            result.lower, result.upper = lower.astype(np.float32), upper.astype(np.float32)
+        return result
+
+    def predict(self, smiles: Sequence[str], interval: float | None = None):
+        """One row per SMILES, in order, as ``Predictor.predict`` writes it: ``smiles``, one
+        column per task (``<task>_prob_<k>`` and the predicted class for a multi-class task),
+        ``<name>_std`` for an ensemble, ``<name>_lower`` / ``_upper`` with ``interval``, and
+        ``error`` (empty, or why the molecule has no prediction)."""
+        import pandas as pd
+
+        result = self.run(smiles, interval)
+        columns: dict[str, Any] = {"smiles": pd.Series(list(smiles), dtype=object)}
+        names = self.output_names()
+        for j, name in enumerate(names):
+            columns[name] = result.values[:, j]
+        if self.is_multiclass:
+            predicted = pd.array([pd.NA] * len(result.values), dtype="Int64")
+            valid = ~np.isnan(result.values).any(-1)
+            predicted[valid] = result.values[valid].argmax(-1)
+            columns[self.task_names[0]] = predicted
+        for j, name in enumerate(names):
+            if result.std is not None:
+                columns[f"{name}_std"] = result.std[:, j]
+            if result.lower is not None:
+                columns[f"{name}_lower"] = result.lower[:, j]
+                columns[f"{name}_upper"] = result.upper[:, j]
+        columns["error"] = np.array(result.errors, dtype=object)
+        return pd.DataFrame(columns)
+
+    def output_names(self) -> list[str]:
+        """The value columns: the task names, or ``<task>_prob_<k>`` for a multi-class task."""
+        if self.is_multiclass:
+            return [f"{self.task_names[0]}_prob_{k}" for k in range(self.num_classes)]
+        return list(self.task_names)
+
+    def _check_interval(self, interval: Any) -> None:
+        if not self.is_regression:
+            raise ConfigError(
+                f"interval={interval} is for regression models; this one predicts probabilities"
+            )
+        if self.calibration is None or self.calibration.residual is None:
+            raise ConfigError(
+                f"interval={interval} needs the run's calibration, and this model was exported "
+                "without one: export the run folder (ckpt=RUN), whose calibration.json it reads"
+            )
+        if isinstance(interval, bool) or not isinstance(interval, int | float):
+            raise ConfigError(f"interval={interval!r} is not allowed: a level in (0, 1), e.g. 0.9")
+        from graphormer.training.calibration import conformal_radius
+
+        conformal_radius(np.asarray(self.calibration.residual[0]), float(interval))
+
+
+def _session(ort: Any, path: Path, options: Any) -> Any:
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as error:  # onnxruntime raises its own exception types for a bad file
+        raise DataError(f"{path} cannot be read as an ONNX model ({error})") from error
+
+
+def _metadata(session: Any, path: Path) -> dict:
+    """The exported file's metadata, read as data (JSON), checked for this reader's format."""
+    text = session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+    if text is None:
+        raise DataError(
+            f"{path} has no {METADATA_KEY!r} metadata: it was not written by graphormer-export"
+        )
+    try:
+        values = json.loads(text)
+        version = values["format_version"]
+        names = [str(n) for n in values["task_names"]]
+    except (ValueError, KeyError, TypeError) as error:
+        raise DataError(
+            f"{path}: its metadata cannot be read ({error}); export it again"
+        ) from error
+    if version != FORMAT_VERSION:
+        raise DataError(
+            f"{path} is in export format {version}, and this graphormer reads {FORMAT_VERSION}: "
+            "export the checkpoint again with this version"
+        )
+    names_in = list(session.get_inputs())
+    if [i.name for i in names_in] != list(INPUT_NAMES):
+        raise DataError(f"{path}: its inputs are not graphormer-export's {list(INPUT_NAMES)}")
+    values["task_names"] = names
+    return values
+
+
+def _calibration(values: dict | None) -> Any:
+    """The run's calibration, as the Predictor applies it (None when it has none)."""
+    if not values:
+        return None
+    # Its owner lives with training (it is fitted there); reading it imports that package.
+    from graphormer.training.calibration import Calibration
+
+    return Calibration(**values)

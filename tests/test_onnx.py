@@ -1,0 +1,162 @@
+"""A trained model as ONNX (issue 40): graphormer-export, the numpy twins of the collator and
+the OnnxPredictor, checked against the torch Predictor."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from graphormer import Predictor
+from graphormer.data.featurize import featurize_smiles
+from graphormer.errors import UserFacingError
+from graphormer.portable.dense import INPUT_NAMES
+
+from helpers import REPO, compose_config, nci_smiles, untrained_checkpoint
+
+# Rows that keep their place with an error: unparsable, empty, whitespace inside.
+BAD = {2: "C1CC", 5: "", 9: "CC C"}
+
+
+def molecules(count: int) -> list[str]:
+    """``count`` NCI molecules (a few salts among them) with the BAD rows in place."""
+    smiles = list(nci_smiles()[:count])
+    for position, bad in sorted(BAD.items()):
+        smiles.insert(position, bad)
+    return smiles
+
+
+onnxruntime = pytest.importorskip("onnxruntime", reason="the onnx extra (onnxruntime) is absent")
+pytest.importorskip("onnx", reason="the onnx extra (onnx) is absent")
+
+from graphormer.cli.export import run as export  # noqa: E402
+from graphormer.portable.onnx_predictor import OnnxPredictor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def regression_ckpt(tmp_path_factory, ogb_root):
+    """An untrained ogbg-molesol model with standardisation statistics far from (0, 1)."""
+    path = tmp_path_factory.mktemp("esol") / "esol.ckpt"
+    return untrained_checkpoint(
+        path, ["dataset=ogbg-molesol", f"dataset.root={ogb_root}"], [-3.0], [2.5]
+    )
+
+
+def exported(ckpt, output, *overrides):
+    return export(compose_config("export", [f"ckpt={ckpt}", f"output={output}", *overrides]))
+
+
+def assert_same_table(found: pd.DataFrame, expected: pd.DataFrame, columns):
+    assert list(found.columns) == list(expected.columns)
+    assert found["error"].tolist() == expected["error"].tolist()
+    for column in columns:
+        a, b = found[column].to_numpy(float), expected[column].to_numpy(float)
+        assert (np.isnan(a) == np.isnan(b)).all(), column
+        assert np.nanmax(np.abs(a - b)) <= 1e-4, column
+
+
+def test_regression_export_matches_the_predictor(regression_ckpt, tmp_path):
+    """The table of ONNX Runtime is the Predictor's: units (the run's standardisation inside
+    the graph), errors in place, within 1e-4, on molecules of many sizes and salts."""
+    [path] = exported(regression_ckpt, tmp_path / "esol.onnx")
+    smiles = molecules(60)
+    expected = Predictor.from_checkpoint(regression_ckpt, device="cpu").predict(smiles)
+    found = OnnxPredictor(path, batch_size=16).predict(smiles)
+    assert_same_table(found, expected, ["task_0"])
+    assert found.loc[2, "error"].startswith("invalid SMILES")
+    assert found.loc[9, "error"].startswith("whitespace")
+    assert abs(float(np.nanmean(found.task_0)) + 3.0) < 5  # in units, not standardised
+
+
+def test_binary_ensemble_exports_its_members(tmp_path, ogb_root):
+    """Two members: one file each; the mean probability and the spread are the Predictor's."""
+    members = [
+        untrained_checkpoint(
+            tmp_path / f"hiv{seed}.ckpt",
+            ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", f"seed={seed}"],
+        )
+        for seed in (0, 1)
+    ]
+    ckpt = "[" + ",".join(str(p) for p in members) + "]"
+    paths = exported(ckpt, tmp_path / "hiv.onnx")
+    assert [p.name for p in paths] == ["hiv.onnx", "hiv.member1.onnx"]
+    smiles = molecules(30)
+    expected = Predictor.from_checkpoint(members, device="cpu").predict(smiles)
+    found = OnnxPredictor(paths[0]).predict(smiles)
+    assert "task_0_std" in found.columns
+    assert_same_table(found, expected, ["task_0", "task_0_std"])
+    valid = found.error == ""
+    assert ((found.task_0[valid] > 0) & (found.task_0[valid] < 1)).all()
+    assert (found.task_0_std[valid] > 0).all()
+
+
+def test_onnx_predictor_runs_without_torch(regression_ckpt, tmp_path):
+    """A process in which torch cannot be imported predicts with the exported file."""
+    [path] = exported(regression_ckpt, tmp_path / "esol.onnx")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from graphormer.portable.onnx_predictor import OnnxPredictor\n"
+        f"table = OnnxPredictor({str(path)!r}).predict(['CCO', 'C1CC', 'c1ccccc1O'])\n"
+        "print(table.error.tolist(), table.task_0.notna().tolist())\n"
+        "assert 'torch' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[True, False, True]" in done.stdout
+
+
+def test_export_refuses_to_overwrite(regression_ckpt, tmp_path):
+    target = tmp_path / "model.onnx"
+    target.write_text("mine")
+    with pytest.raises(UserFacingError, match="overwrite"):
+        exported(regression_ckpt, target)
+    assert target.read_text() == "mine"
+    with pytest.raises(UserFacingError, match=r"\.onnx"):
+        exported(regression_ckpt, tmp_path / "model.ckpt")
+
+
+def test_onnx_predictor_refuses_other_files(tmp_path):
+    other = tmp_path / "other.onnx"
+    other.write_bytes(b"not a model")
+    with pytest.raises(UserFacingError, match="cannot be read as an ONNX model"):
+        OnnxPredictor(other)
+
+
+def test_network_parity_on_the_raw_inputs(regression_ckpt, tmp_path):
+    """ONNX Runtime on the collator's arrays equals the module on the same batch (no
+    featurisation in between), for a batch size and atom count unlike the traced ones."""
+    [path] = exported(regression_ckpt, tmp_path / "esol.onnx")
+    predictor = Predictor.from_checkpoint(regression_ckpt, device="cpu")
+    smiles = list(nci_smiles()[100:137])
+    batch = predictor.collator(featurize_smiles(smiles).graphs)
+    with torch.inference_mode():
+        expected = predictor.module(batch).numpy()
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {name: getattr(batch, name).numpy() for name in INPUT_NAMES}
+    feeds = {k: v if v.dtype == bool else v.astype(np.int64) for k, v in feeds.items()}
+    [found] = session.run(None, feeds)
+    assert found.shape == expected.shape
+    assert np.abs(found - expected).max() <= 1e-4
+
+
+def test_export_leaves_the_predictor_as_it_was(tmp_path, ogb_root):
+    """A model with dropout: exporting leaves its members in eval mode (the exporter restores
+    its wrapper's mode recursively), so the Predictor stays deterministic."""
+    from graphormer.inference.onnx_export import export_onnx
+
+    ckpt = untrained_checkpoint(
+        tmp_path / "drop.ckpt",
+        ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", "model.dropout=0.3"],
+    )
+    predictor = Predictor.from_checkpoint(ckpt, device="cpu")
+    export_onnx(predictor, tmp_path / "drop.onnx")
+    assert not any(m.training for m in predictor.modules)
+    smiles = molecules(20)
+    first, again = predictor.run(smiles).values, predictor.run(smiles).values
+    np.testing.assert_array_equal(first, again)
+    found = OnnxPredictor(tmp_path / "drop.onnx").run(smiles).values
+    assert np.nanmax(np.abs(found - first)) <= 1e-4
