@@ -20,7 +20,7 @@ from graphormer.errors import ConfigError
 from helpers import REPO, compose_config, run_script
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-COMMANDS = {"train", "eval", "predict", "explain", "convert", "prepare"}
+COMMANDS = set(reference.COMMANDS)
 _SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell|console)\n(.*?)^```", re.M | re.S)
 _INLINE = re.compile(r"`((?:python )?scripts/\w+\.py[^`]*|graphormer-\w+ [^`]*)`")
 _COMMAND = re.compile(r"(?:^|/)scripts/(\w+)\.py$|^graphormer-(\w+)$")

@@ -44,7 +44,17 @@ __all__ = [
 ]
 
 # Each command: its packaged config and its script (the console command is graphormer-<name>).
-COMMANDS = ("train", "eval", "predict", "explain", "convert", "prepare")
+COMMANDS = ("train", "eval", "predict", "explain", "convert", "prepare", "export", "serve")
+# The commands whose keys are checked in their code, not by a schema: each key's meaning is its
+# YAML comment, and each one's line on the page below.
+PLAIN_COMMANDS = {
+    "eval": "`graphormer-eval` (`python scripts/eval.py`) scores a checkpoint on a split.",
+    "predict": "`graphormer-predict` (`python scripts/predict.py`) predicts molecules or graphs.",
+    "explain": "`graphormer-explain` (`python scripts/explain.py`) draws attention pictures.",
+    "convert": "`graphormer-convert` (`python scripts/convert.py`) converts published weights.",
+    "export": "`graphormer-export` (`python scripts/export.py`) writes a trained model as ONNX.",
+    "serve": "`graphormer-serve` (`python scripts/serve.py`) serves a model over HTTP.",
+}
 # train.yaml's groups, in the order its defaults list gives them.
 GROUPS = ("dataset", "model", "trainer", "optim", "logger", "experiment", "hparams_search")
 # Keys that belong to Hydra itself (its run folder, its sweeper), not to a command.
@@ -334,7 +344,7 @@ def undocumented() -> list[str]:
         for name, _ in _flatten(values):
             if not _documented_train(keys, name, values):
                 missing.add(f"train {' '.join(overrides)}: {name}")
-    for command in ("eval", "predict", "explain", "convert"):
+    for command in PLAIN_COMMANDS:
         comments = yaml_comments(CONFIGS / f"{command}.yaml")
         for name, _ in _flatten(_compose(command)):
             if not comments.get(name):
@@ -505,13 +515,7 @@ def configuration_page() -> str:
     out += ["### Logging: `logger.*`", ""]
     for option in options("logger"):
         out += [f"#### `logger={option}`", "", *_table(keys[f"logger:{option}"])]
-    descriptions = {
-        "eval": "`graphormer-eval` (`python scripts/eval.py`) scores a checkpoint on a split.",
-        "predict": "`graphormer-predict` (`python scripts/predict.py`) predicts molecules or graphs.",
-        "explain": "`graphormer-explain` (`python scripts/explain.py`) draws attention pictures.",
-        "convert": "`graphormer-convert` (`python scripts/convert.py`) converts published weights.",
-    }
-    for command, text in descriptions.items():
+    for command, text in PLAIN_COMMANDS.items():
         comments = yaml_comments(CONFIGS / f"{command}.yaml")
         rows = [
             Key(name, value, _type_of(value), comments.get(name, ""))
