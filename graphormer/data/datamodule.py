@@ -158,6 +158,7 @@ class GraphDataModule(pl.LightningDataModule):
             )
         self.train_index = train[~too_big]
         self._check_splits(len(train))
+        self._check_target_range()
         trainer = getattr(self, "trainer", None)
         if trainer is None or trainer.is_global_zero:
             report(f"data: {self.describe()}")
@@ -209,6 +210,30 @@ class GraphDataModule(pl.LightningDataModule):
                 f"datamodule.max_nodes={self.max_nodes} nodes, so training would see none; "
                 "raise datamodule.max_nodes"
             )
+
+    def _check_target_range(self) -> None:
+        """Regression targets a float32 loss and metric can square and sum: a value of 3e38 is
+        a float32 number, but its square is not, and the run would end with an RMSE of inf."""
+        task = self.task
+        if task.is_classification or task.is_multiclass or not task.num_tasks:
+            return
+        y = self.loaded.dataset.y
+        y = y.view(y.size(0), -1).double()
+        for split, index in self.loaded.split.items():
+            values = y[index].abs()
+            values = torch.where(torch.isnan(values), torch.zeros_like(values), values)
+            rows, columns = torch.nonzero(values > MAX_TARGET_MAGNITUDE, as_tuple=True)
+            if len(rows):
+                largest = float(values.max())
+                graphs = ", ".join(str(int(index[r])) for r in rows[:5].tolist())
+                more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+                raise DataError(
+                    f"{task.name}: target {int(columns[0])} of the {split} split holds values as "
+                    f"large as {largest:.3g} (graphs {graphs}{more}); losses and metrics square "
+                    f"them in float32, which overflows beyond |y| = {MAX_TARGET_MAGNITUDE:.0e}: "
+                    "rescale the target (e.g. its log10 or other units) or leave those labels "
+                    "empty"
+                )
 
     def split_sizes(self) -> dict[str, int]:
         """Graphs per split (training before the ``max_nodes`` filter)."""
@@ -430,6 +455,11 @@ class GraphDataModule(pl.LightningDataModule):
 
     def split_size(self, split: str) -> int:
         return len(self.loaded.split[split])
+
+
+# The largest regression target trained and scored: its square (1e30) summed over 1e8 graphs stays
+# below float32's maximum (3.4e38), so no loss or RMSE overflows to inf.
+MAX_TARGET_MAGNITUDE = 1e15
 
 
 def _sizes_text(sizes: dict[str, int]) -> str:

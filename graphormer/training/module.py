@@ -181,7 +181,8 @@ class GraphormerModule(pl.LightningModule):
             :func:`build_adamw`). (default: :obj:`None`)
         nonfinite (str, optional): what a NaN or infinite loss or gradient does: ``stop`` ends
             the run with :class:`NonFiniteError` (the checkpoints already written stay), ``skip``
-            skips that update with a warning. (default: :obj:`"stop"`)
+            skips that update with a warning; an epoch that skips most of its updates has
+            diverged, and ends the run with :class:`NonFiniteError` too. (default: :obj:`"stop"`)
         loss_weights (dict | None, optional): weight of each level's loss in the total
             (``molecule``, ``atom``, ``bond``); a level not named weighs 1. Atom and bond
             targets (issue #18) are trained with MSE on standardised values (regression) or BCE
@@ -241,6 +242,9 @@ class GraphormerModule(pl.LightningModule):
             raise ValueError(f"nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
         self.nonfinite = nonfinite
         self._skipped_steps = 0
+        # This epoch's skipped and taken updates: skipping is for a rare bad batch, and an
+        # epoch that skips most of its updates is a diverged run, not a trained one.
+        self._epoch_skipped = self._epoch_updates = 0
         self.flag = FlagSettings(**(flag or {}))
         # FLAG takes several backward passes per optimiser step: manual optimisation, with the
         # clipping the trainer would have done (``gradient_clip_val``, set by train()).
@@ -555,10 +559,24 @@ class GraphormerModule(pl.LightningModule):
                 "kept; nonfinite=skip skips such updates instead"
             )
         self._skipped_steps += 1
+        self._epoch_skipped += 1
         if self._skipped_steps in (1, 10, 100, 1000):
             rank_zero_warn(
                 f"{what} is NaN or infinite at step {step}: update skipped "
                 f"({self._skipped_steps} so far; nonfinite=skip); likely {causes}"
+            )
+
+    def on_train_epoch_start(self) -> None:
+        self._epoch_skipped = self._epoch_updates = 0
+
+    def on_train_epoch_end(self) -> None:
+        skipped, taken = self._epoch_skipped, self._epoch_updates
+        if skipped and skipped >= taken:
+            raise NonFiniteError(
+                f"training diverged: {skipped} of the {skipped + taken} updates of epoch "
+                f"{self.current_epoch} had a NaN or infinite loss or gradient and were skipped "
+                "(nonfinite=skip skips a rare bad batch, not most of them); lower optim.lr, check "
+                "the targets for extreme values, or keep trainer.gradient_clip_val set"
             )
 
     def _gradients_finite(self) -> bool:
@@ -578,6 +596,9 @@ class GraphormerModule(pl.LightningModule):
             for p in self.parameters():
                 p.grad = None
             return
+        # A skipped loss still reaches here (Lightning steps with no gradients): not an update.
+        if any(p.grad is not None for p in self.parameters()):
+            self._epoch_updates += 1
         # Manual optimisation (FLAG) gets no clipping from the trainer. Lightning calls this
         # hook after unscaling fp16 gradients, so the threshold applies to the true gradients.
         if self.flag.enabled and self.gradient_clip_val:
