@@ -16,7 +16,7 @@ from graphormer.data.locks import exclusive_lock
 from graphormer.data.sampling import SizeGroupedBatchSampler, budget_batch_size, pack_by_tokens
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.structure import StructuralFeatures
-from graphormer.data.tasks import TaskInfo
+from graphormer.data.tasks import TaskInfo, check_scorable
 from graphormer.devices import resolve_pad_to_multiple
 from graphormer.errors import ConfigError, DataError
 
@@ -159,6 +159,10 @@ class GraphDataModule(pl.LightningDataModule):
         self.train_index = train[~too_big]
         self._check_splits(len(train))
         self._check_target_range()
+        if self.task.num_tasks:  # a metric that cannot score a split fails now, not after an epoch
+            for split in ("valid", "test"):
+                if self.is_labelled(split):
+                    check_scorable(self.task, self.split_targets(split), split)
         trainer = getattr(self, "trainer", None)
         if trainer is None or trainer.is_global_zero:
             report(f"data: {self.describe()}")

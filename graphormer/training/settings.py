@@ -355,6 +355,25 @@ class TrainerSettings:
         for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
             if key in self.extra:
                 _fraction_or_count(f"trainer.{key}", self.extra[key])
+        self._check_validation_runs()
+
+    def _check_validation_runs(self) -> None:
+        """The best checkpoint is chosen by validation: settings under which it never runs are
+        refused now, not after the training they would waste."""
+        if self.extra.get("limit_val_batches", 1) in (0, 0.0):
+            raise _bad(
+                "trainer.limit_val_batches",
+                self.extra["limit_val_batches"],
+                "more than 0: validation selects the best checkpoint",
+            )
+        every = self.check_val_every_n_epoch
+        if every is not None and self.max_steps == -1 and 0 <= self.max_epochs < every:
+            raise _bad(
+                "trainer.check_val_every_n_epoch",
+                every,
+                f"at most trainer.max_epochs={self.max_epochs}, or validation never runs and "
+                "no checkpoint can be selected; lower it or train more epochs",
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> TrainerSettings:
