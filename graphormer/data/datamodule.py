@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -238,6 +239,30 @@ class GraphDataModule(pl.LightningDataModule):
                     "rescale the target (e.g. its log10 or other units) or leave those labels "
                     "empty"
                 )
+
+    def data_digest(self) -> str:
+        """A digest of the graphs and labels the run trains and selects on, as read (every
+        split's members in order, labels, node counts, and the atoms, bonds and their features
+        of in-memory datasets): a resume compares it with its checkpoint's, so that a training
+        file changed at the same path is not trained on without a word."""
+        digest = hashlib.sha256(b"graphormer-data-v1")
+
+        def feed(name: str, tensor: torch.Tensor) -> None:
+            tensor = tensor.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"{name}|{tensor.dtype}|{tensor.numel()}|".encode())
+            digest.update(tensor.view(torch.uint8).numpy().tobytes())
+
+        for split in sorted(self.loaded.split):
+            feed(f"split:{split}", torch.as_tensor(self.loaded.split[split]))
+        dataset = self.loaded.dataset
+        feed("y", dataset.y)
+        feed("nodes", torch.as_tensor(self.source.node_counts(dataset)))
+        storage = getattr(dataset, "_data", None)
+        for key in ("x", "edge_index", "edge_attr"):
+            value = getattr(storage, key, None) if storage is not None else None
+            if isinstance(value, torch.Tensor):
+                feed(key, value)
+        return digest.hexdigest()[:16]
 
     def split_sizes(self) -> dict[str, int]:
         """Graphs per split (training before the ``max_nodes`` filter)."""

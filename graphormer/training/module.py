@@ -17,7 +17,7 @@ from graphormer.batch import GraphormerBatch
 from graphormer.console import report
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.tasks import TaskInfo, score, score_atoms, score_bonds, score_reported
-from graphormer.errors import UserFacingError
+from graphormer.errors import DataError, UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import (
     RNG_KEY,
@@ -242,6 +242,8 @@ class GraphormerModule(pl.LightningModule):
             raise ValueError(f"nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
         self.nonfinite = nonfinite
         self._skipped_steps = 0
+        # The training data's digest (GraphDataModule.data_digest), kept in checkpoints.
+        self._data_digest: str | None = None
         # This epoch's skipped and taken updates: skipping is for a rare bad batch, and an
         # epoch that skips most of its updates is a diverged run, not a trained one.
         self._epoch_skipped = self._epoch_updates = 0
@@ -348,6 +350,9 @@ class GraphormerModule(pl.LightningModule):
         # checkpoint (whose buffers then win).
         if stage != "fit":
             return
+        datamodule = self.trainer.datamodule
+        if isinstance(datamodule, GraphDataModule):
+            self._data_digest = datamodule.data_digest()
         self._standardise_inputs()
         self._fit_molecule_features()
         if self.task.atom_tasks and self.atom_loss_name == "mse":
@@ -889,8 +894,9 @@ class GraphormerModule(pl.LightningModule):
                 name: t.detach().cpu() for name, t in sorted(self.pretrained_anchor.items())
             }
         precision = str(self.trainer.precision) if self._trainer is not None else None
+        digest = {checkpoints.DATA_DIGEST: self._data_digest} if self._data_digest else {}
         checkpoint[checkpoints.META_KEY] = checkpoints.meta_entry(
-            checkpoint["state_dict"], precision
+            checkpoint["state_dict"], precision, **digest
         )
         # The random streams (dropout, ...), so that a resumed run continues exactly where the
         # interrupted one stopped, every rank's under DDP; stored as tensors and plain values
@@ -906,6 +912,9 @@ class GraphormerModule(pl.LightningModule):
         # fine-tuning run groups its parameters as the interrupted one did.
         self.pretrained_parameters = frozenset(checkpoint.get(PRETRAINED_KEY, ()))
         self.pretrained_anchor = dict(checkpoint.get(ANCHOR_KEY, {}))
+        fitting = self._trainer is not None and self.trainer.state.fn == "fit"
+        if fitting:
+            self._check_same_data(checkpoint)
         state = checkpoint.get(RNG_KEY)
         # Only when fit resumes; evaluating a checkpoint leaves the streams alone.
         if state is not None and self._trainer is not None and self.trainer.state.fn == "fit":
@@ -917,6 +926,22 @@ class GraphormerModule(pl.LightningModule):
                     "every rank continues with rank 0's dropout stream, so the resumed run "
                     "is not the exact continuation of the interrupted one"
                 )
+
+
+    def _check_same_data(self, checkpoint: dict[str, Any]) -> None:
+        """A resume continues training on the data it started with: a training file changed at
+        the same path since the checkpoint was written is refused, not trained on."""
+        meta = checkpoint.get(checkpoints.META_KEY) or {}
+        stored = meta.get(checkpoints.DATA_DIGEST) if isinstance(meta, dict) else None
+        if stored and self._data_digest and stored != self._data_digest:
+            source = (self.hparams.get("data") or {}).get("dataset") or {}
+            where = source.get("path") or source.get("root") or source.get("name") or "the data"
+            raise DataError(
+                f"the training data ({where}) is not the data the checkpoint being resumed was "
+                "trained on: its graphs, labels or splits changed since. Resume with the data "
+                "it trained on, or start a new run from these weights with pretrained=CKPT "
+                "instead of ckpt_path"
+            )
 
 
 def _loss_weights(given: dict[str, float] | None) -> dict[str, float]:
