@@ -154,3 +154,99 @@ def test_a_resume_refuses_training_data_changed_at_the_same_path(molecules, tmp_
     molecules.to_csv(csv, index=False)  # the same data again: the resume goes on
     call_script("train.py", resume, tmp_path)
     assert json.loads((out / "metrics.json").read_text())["epochs"] == 2
+
+
+def test_mc_dropout_of_one_pass_is_refused():
+    from graphormer.inference.predictor import Predictor
+    from graphormer.testing import model_preset
+    from graphormer.training.module import GraphormerModule
+
+    model = {**model_preset("graphormer_tiny"), "dropout": 0.1}
+    task = {"name": "toy", "task_type": "regression", "num_tasks": 1, "metric": "rmse"}
+    module = GraphormerModule(model=model, task=task)
+    # One pass has no spread: its <task>_std column was left empty (NaN) without a word.
+    with pytest.raises(ConfigError, match="mc_dropout=1 is not allowed: one pass has no spread"):
+        Predictor(module, ["tpsa"], device="cpu", mc_dropout=1)
+    two = Predictor(module, ["tpsa"], device="cpu", mc_dropout=2).run(["CCO", "c1ccccc1O"])
+    assert np.isfinite(two.std).all()
+
+
+def fitted_regression_calibration(tmp_path):
+    from graphormer.training.calibration import Calibration
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=(50, 1))
+    found = Calibration.fit("regression", [], y, y + rng.normal(scale=0.3, size=(50, 1)))
+    return found.save(tmp_path / "calibration.json")
+
+
+@pytest.mark.parametrize(
+    "edit, entry",
+    [
+        (lambda v: v.update(residual=[[-s for s in v["residual"][0]]]), "residual"),
+        (lambda v: v.update(residual=[v["residual"][0][::-1]]), "out of order"),
+        (lambda v: v.update(normalized=v["residual"] * 2), "numbers of tasks"),
+        (lambda v: v.update(mc_normalized=v["residual"], mc_passes=1), "mc_passes 1"),
+        (
+            lambda v: v.update(
+                task_type="binary classification", method="temperature", temperature=[-1.0]
+            ),
+            "temperature",
+        ),
+        (
+            lambda v: v.update(
+                task_type="binary classification",
+                method="isotonic",
+                isotonic=[[[0.0, 0.5, 1.0], [0.9, 0.5, 0.1]]],
+                residual=None,
+            ),
+            "not non-decreasing",
+        ),
+        (lambda v: v.update(method="platt"), "method 'platt'"),
+    ],
+)
+def test_an_edited_calibration_is_refused_not_applied(tmp_path, edit, entry):
+    from graphormer.training.calibration import Calibration
+
+    path = fitted_regression_calibration(tmp_path)
+    lower, upper = Calibration.load(path).intervals(np.zeros((3, 1)), None, 0.8, None)
+    assert (lower < upper).all()
+    values = json.loads(path.read_text())
+    edit(values)
+    path.write_text(json.dumps(values))
+    # A negative score gave intervals with lower above upper, used without a word.
+    with pytest.raises(DataError, match=f"{path}.*{entry}.*train the run again"):
+        Calibration.load(path)
+
+
+def test_a_calibration_that_makes_validation_ece_worse_is_not_applied():
+    from graphormer.training.calibration import Calibration
+
+    rng = np.random.default_rng(3)  # a sample on which temperature scaling raises the ECE
+    probs = rng.uniform(0.05, 0.95, 40)
+    labels = (rng.uniform(size=40) < probs).astype(float)
+    found = Calibration.fit(
+        "binary classification", [], labels[:, None], probs[:, None], method="temperature"
+    )
+    assert found.kept_uncalibrated == [0] and found.temperature == [1.0]
+    assert found.ece_after == found.ece_before
+    np.testing.assert_allclose(found.calibrate(probs[:, None])[:, 0], probs, rtol=1e-12)
+    isotonic = Calibration.fit(
+        "binary classification", [], labels[:, None], probs[:, None], method="isotonic"
+    )
+    assert isotonic.kept_uncalibrated == [] and isotonic.ece_after[0] < isotonic.ece_before[0]
+
+
+def test_calibration_says_what_it_did_in_the_log_and_the_metrics(molecules, tmp_path):
+    molecules.to_csv(tmp_path / "m.csv", index=False)
+    out = tmp_path / "run"
+    args = train_args(
+        tmp_path / "m.csv", out, "binary", "trainer.max_epochs=1", "calibration=temperature"
+    )
+    log = call_script("train.py", args, tmp_path)
+    found = json.loads((out / "metrics.json").read_text())["calibration"]
+    assert found["method"] == "temperature" and set(found["ece_before"]) == {"binary"}
+    before, after = found["ece_before"]["binary"], found["ece_after"]["binary"]
+    assert after <= before
+    line = f"calibration=temperature: validation ECE binary {before:.4f} -> {after:.4f}"
+    assert line in log and line in (out / "train.log").read_text()
