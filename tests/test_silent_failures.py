@@ -250,3 +250,19 @@ def test_calibration_says_what_it_did_in_the_log_and_the_metrics(molecules, tmp_
     assert after <= before
     line = f"calibration=temperature: validation ECE binary {before:.4f} -> {after:.4f}"
     assert line in log and line in (out / "train.log").read_text()
+
+
+def test_hops_beyond_what_any_training_graph_has_are_refused_up_front(molecules, tmp_path):
+    from graphormer.training.settings import DataModuleSettings
+
+    with pytest.raises(ConfigError, match=r"datamodule.max_hops=128 .* at most 127"):
+        DataModuleSettings(max_nodes=128, max_hops=128)
+    assert DataModuleSettings(max_nodes=128, max_hops=127).max_hops == 127
+    assert DataModuleSettings(max_nodes=1, max_hops=1).max_hops == 1
+    # datamodule.max_hops follows the model's: 100000 hops per node pair of 120 molecules asked
+    # numpy for 7.3 GiB (22 GB on a larger set) before the kernel killed the run.
+    molecules.to_csv(tmp_path / "m.csv", index=False)
+    args = train_args(tmp_path / "m.csv", tmp_path / "run", "tpsa", "model.multi_hop_max_dist=100000")
+    line = error_line(call_failing("train.py", args, tmp_path))
+    assert "max_hops=100000 is not allowed: at most 127" in line, line
+    assert "model.multi_hop_max_dist" in line

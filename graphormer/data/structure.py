@@ -38,6 +38,7 @@ __all__ = [
     "StructuralFeatures",
     "add_structural_features",
     "batched_shortest_paths",
+    "max_useful_hops",
     "shortest_paths",
     "structural_features",
 ]
@@ -68,6 +69,14 @@ class PairLayout:
     @property
     def num_pairs(self) -> int:
         return int(self.pair_ptr[-1])
+
+
+def max_useful_hops(max_nodes: int) -> int:
+    """The most path edges a graph of at most ``max_nodes`` nodes can fill: a shortest path
+    visits each node once, so it has at most ``max_nodes - 1`` edges. Every node pair stores
+    ``max_hops`` edge ids whatever its path's length, so hops beyond this cost memory (GBs at
+    ``max_hops`` in the thousands) and are never read."""
+    return max(1, int(max_nodes) - 1)
 
 
 def batched_shortest_paths(

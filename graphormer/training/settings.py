@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from graphormer.data.structure import max_useful_hops
 from graphormer.errors import ConfigError
 from graphormer.models.graphormer import GraphormerConfig
 
@@ -231,6 +232,16 @@ class DataModuleSettings:
         _boolean("datamodule.on_the_fly", self.on_the_fly)
         _boolean("datamodule.group_by_size", self.group_by_size)
         _integer("datamodule.max_tokens", self.max_tokens, 1, optional=True)
+        useful = max_useful_hops(self.max_nodes)
+        if self.max_hops > useful:
+            raise _bad(
+                "datamodule.max_hops",
+                self.max_hops,
+                f"at most {useful}: a training graph of at most datamodule.max_nodes="
+                f"{self.max_nodes} nodes has shortest paths of at most {useful} edges, and every "
+                "node pair would store all the hops asked for (it follows "
+                "model.multi_hop_max_dist unless set; Graphormer uses 5, 20 on ZINC)",
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> DataModuleSettings:
