@@ -262,7 +262,9 @@ def test_hops_beyond_what_any_training_graph_has_are_refused_up_front(molecules,
     # datamodule.max_hops follows the model's: 100000 hops per node pair of 120 molecules asked
     # numpy for 7.3 GiB (22 GB on a larger set) before the kernel killed the run.
     molecules.to_csv(tmp_path / "m.csv", index=False)
-    args = train_args(tmp_path / "m.csv", tmp_path / "run", "tpsa", "model.multi_hop_max_dist=100000")
+    args = train_args(
+        tmp_path / "m.csv", tmp_path / "run", "tpsa", "model.multi_hop_max_dist=100000"
+    )
     line = error_line(call_failing("train.py", args, tmp_path))
     assert "max_hops=100000 is not allowed: at most 127" in line, line
     assert "model.multi_hop_max_dist" in line

@@ -204,7 +204,8 @@ class Calibration:
         if method != "none":
             # A map that makes the validation split's probabilities less calibrated is not
             # applied: that task keeps the model's own probabilities (identity map).
-            worse = [t for t, (b, a) in enumerate(zip(found.ece_before, found.ece_after)) if a > b]
+            pairs = zip(found.ece_before, found.ece_after, strict=True)
+            worse = [t for t, (before, after) in enumerate(pairs) if after > before]
             for t in worse:
                 if found.temperature is not None:
                     found.temperature[t] = 1.0

@@ -927,7 +927,6 @@ class GraphormerModule(pl.LightningModule):
                     "is not the exact continuation of the interrupted one"
                 )
 
-
     def _check_same_data(self, checkpoint: dict[str, Any]) -> None:
         """A resume continues training on the data it started with: a training file changed at
         the same path since the checkpoint was written is refused, not trained on."""
