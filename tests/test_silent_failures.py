@@ -4,6 +4,7 @@ could have told."""
 
 import json
 
+import lightning.pytorch as pl
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,7 +13,7 @@ from graphormer.data import GraphDataModule, SmilesCsvSource
 from graphormer.errors import ConfigError, DataError
 from graphormer.training.settings import TrainerSettings
 
-from helpers import TINY, call_failing, call_script, nci_table
+from helpers import TINY, call_failing, call_script, compose_train, nci_table, train_config
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +269,59 @@ def test_hops_beyond_what_any_training_graph_has_are_refused_up_front(molecules,
     line = error_line(call_failing("train.py", args, tmp_path))
     assert "max_hops=100000 is not allowed: at most 127" in line, line
     assert "model.multi_hop_max_dist" in line
+
+
+class FirstEpochSteps(pl.Callback):
+    """The training loss and learning rate of each step of the first epoch."""
+
+    def __init__(self) -> None:
+        self.losses, self.lrs = [], []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.current_epoch == 0 and outputs is not None:
+            self.losses.append(float(outputs["loss"]))
+            self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def test_a_probed_head_is_not_undone_by_the_first_fine_tuning_epoch(tmp_path):
+    table = nci_table()
+    table.iloc[200:1000].to_csv(tmp_path / "pre.csv", index=False)
+    tuned = table.iloc[:200].copy()
+    tuned["tpsa"] = np.log1p(tuned.tpsa) * 3  # another target on other molecules
+    tuned.to_csv(tmp_path / "ft.csv", index=False)
+    pre = tmp_path / "pre"
+    common = ["dataset.auxiliary_atom_descriptors=false", "model.dropout=0.1"]
+    call_script(
+        "train.py",
+        train_args(tmp_path / "pre.csv", pre, "tpsa", "trainer.max_epochs=4", *common),
+        tmp_path,
+    )
+    best = json.loads((pre / "metrics.json").read_text())["best_checkpoint"]
+
+    def first_epoch(name: str, *extra: str) -> FirstEpochSteps:
+        steps = FirstEpochSteps()
+        args = train_args(
+            tmp_path / "ft.csv",
+            tmp_path / name,
+            "tpsa",
+            "trainer.max_epochs=3",
+            f"pretrained={best}",
+            "pretrained_head=probe",
+            f"output_dir={tmp_path / name}",
+            *common,
+            *extra,
+        )
+        train_config(compose_train(args), callbacks=[steps])
+        return steps
+
+    # 160 training molecules in batches of 32: the learning rate rises over the whole first
+    # epoch (the callback sees the next step's rate).
+    warmed = first_epoch("warmed")
+    assert len(warmed.lrs) == 5 and warmed.lrs[:4] == sorted(warmed.lrs[:4])
+    assert warmed.lrs[0] == pytest.approx(0.4e-3)
+    # The default 6% warm-up of 15 steps was one step, as optim.warmup_steps=1 is: the loss went
+    # from the probe's 0.34 to 14.6 within the first epoch (4.6 on average; 0.65 warmed).
+    abrupt = first_epoch("abrupt", "optim.warmup_steps=1")
+    mean = np.mean(warmed.losses)
+    assert mean < 0.5 * np.mean(abrupt.losses), (warmed.losses, abrupt.losses)
+    assert mean < 3 * warmed.losses[0], warmed.losses

@@ -35,6 +35,8 @@ PRETRAINED_KEY = "graphormer_pretrained_parameters"
 # rate that pulls them there.
 ANCHOR_KEY = "graphormer_pretrained_anchor"
 _ANCHOR_DECAY = "pretrained_decay"
+# Whether the run's output layer was fitted by pretrained_head=probe (its warm-up follows).
+PROBED_KEY = "graphormer_probed_head"
 
 _LOSSES = ("bce", "ce", "l1", "mse")
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
@@ -238,6 +240,9 @@ class GraphormerModule(pl.LightningModule):
         self.pretrained_parameters: frozenset[str] = frozenset()
         # Their pre-trained values, where pretrained_decay pulls them (anchor_pretrained()).
         self.pretrained_anchor: dict[str, Tensor] = {}
+        # pretrained_head=probe fitted the output layer (train() sets it; a resume reads it from
+        # its checkpoint): the learning rate then warms up over the first epoch at least.
+        self.probed_head = False
         if nonfinite not in _NONFINITE:
             raise ValueError(f"nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
         self.nonfinite = nonfinite
@@ -807,6 +812,15 @@ class GraphormerModule(pl.LightningModule):
         total = hp.get("total_steps") or self.trainer.estimated_stepping_batches
         total = max(int(total), 1)
         warmup = hp.warmup_steps if hp.warmup_steps is not None else int(hp.warmup_ratio * total)
+        if self.probed_head and hp.warmup_steps is None and self._trainer is not None:
+            # A head fitted to the pre-trained features (loss 0.33 on a small set) met the full
+            # learning rate at the second step: Adam's first updates move every body tensor by
+            # about lr at once, the features the head was fitted to change, and the loss rose to
+            # 7.9 within the first epoch (175 on a larger set). Warming up over that epoch
+            # keeps the fitted start.
+            trainer = self.trainer
+            per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+            warmup = max(warmup, min(per_epoch, total))
         warmup = max(int(warmup), 1)
 
         def factor(step: int) -> float:
@@ -889,6 +903,8 @@ class GraphormerModule(pl.LightningModule):
             # A resume rebuilds the same optimiser groups (its weights come from here, not
             # from pretrained=).
             checkpoint[PRETRAINED_KEY] = sorted(self.pretrained_parameters)
+        if self.probed_head:
+            checkpoint[PROBED_KEY] = True
         if self.pretrained_anchor:
             checkpoint[ANCHOR_KEY] = {
                 name: t.detach().cpu() for name, t in sorted(self.pretrained_anchor.items())
@@ -912,6 +928,7 @@ class GraphormerModule(pl.LightningModule):
         # fine-tuning run groups its parameters as the interrupted one did.
         self.pretrained_parameters = frozenset(checkpoint.get(PRETRAINED_KEY, ()))
         self.pretrained_anchor = dict(checkpoint.get(ANCHOR_KEY, {}))
+        self.probed_head = bool(checkpoint.get(PROBED_KEY, False))
         fitting = self._trainer is not None and self.trainer.state.fn == "fit"
         if fitting:
             self._check_same_data(checkpoint)

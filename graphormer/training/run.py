@@ -314,6 +314,13 @@ def train(
     callbacks = [checkpoint, *(callbacks or [])]
     if settings.pretrained and not settings.ckpt_path and settings.pretrained_head == "probe":
         callbacks.append(HeadProbe())  # before the average starts from the weights
+        module.probed_head = True
+        if settings.optim.warmup_steps is None and is_first_process():
+            report(
+                "pretrained_head=probe: the learning rate warms up over the first epoch at "
+                "least, so that the first full-size updates do not undo the fitted layer "
+                "(optim.warmup_steps=N chooses another warm-up)"
+            )
     if module.hparams.get("ema_decay") is not None:
         callbacks.append(WeightAverage(module.hparams.ema_decay))
     kwargs = trainer_settings.lightning_kwargs()
