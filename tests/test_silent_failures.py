@@ -325,3 +325,23 @@ def test_a_probed_head_is_not_undone_by_the_first_fine_tuning_epoch(tmp_path):
     mean = np.mean(warmed.losses)
     assert mean < 0.5 * np.mean(abrupt.losses), (warmed.losses, abrupt.losses)
     assert mean < 3 * warmed.losses[0], warmed.losses
+
+
+def test_max_steps_that_end_before_the_first_validation_fail_before_training(molecules, tmp_path):
+    molecules.to_csv(tmp_path / "m.csv", index=False)
+    out = tmp_path / "run"
+    # 96 training molecules in batches of 32: validation first runs after step 3. Two steps
+    # trained, then said "no checkpoint was selected because validation never ran".
+    args = train_args(tmp_path / "m.csv", out, "tpsa", "trainer.max_steps=2")
+    line = error_line(call_failing("train.py", args, tmp_path))
+    assert "trainer.max_steps=2 ends training before validation first runs" in line, line
+    assert "at least 3" in line
+    assert not list(out.glob("checkpoints/*.ckpt"))
+    half = train_args(
+        tmp_path / "m.csv",
+        tmp_path / "half",
+        "tpsa",
+        "trainer.max_steps=1",
+        "trainer.val_check_interval=0.4",
+    )
+    call_script("train.py", half, tmp_path)  # validates after the first batch
