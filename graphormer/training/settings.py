@@ -240,7 +240,8 @@ class DataModuleSettings:
                 f"at most {useful}: a training graph of at most datamodule.max_nodes="
                 f"{self.max_nodes} nodes has shortest paths of at most {useful} edges, and every "
                 "node pair would store all the hops asked for (it follows "
-                "model.multi_hop_max_dist unless set; Graphormer uses 5, 20 on ZINC)",
+                "model.multi_hop_max_dist unless set; Graphormer uses 5, 20 on ZINC); lower it, "
+                "or raise datamodule.max_nodes",
             )
 
     @classmethod
