@@ -158,9 +158,9 @@ def _fold_splits(settings: Any, source: Any, folder: Path) -> tuple[list[dict[st
 
 
 def _check_fold(settings: Any, dataset: dict[str, Any], fold: int) -> None:
-    """Reads fold ``fold``'s data as its run will, so that a fold its split cannot train or
-    score (a class or a target missing from a small fold) fails before any fold trains, not
-    hours later when its turn comes."""
+    """Reads fold (or replicate) ``fold``'s data as its run will, so that a split that cannot
+    train or score (a class or a target missing from a small fold) fails before any fold
+    trains, not hours later when its turn comes."""
     from graphormer.training.run import build_datamodule
 
     try:
@@ -168,9 +168,16 @@ def _check_fold(settings: Any, dataset: dict[str, Any], fold: int) -> None:
         datamodule.prepare_data()
         datamodule.setup("fit")
     except DataError as error:
+        cv = settings.cv
+        if cv.folds is not None:
+            key, fix = (
+                f"cv.folds={cv.folds}",
+                "Lower cv.folds (larger folds), or use cv.replicates=N",
+            )
+        else:
+            key, fix = f"cv.replicates={cv.replicates}", "Change dataset.split_ratios or the data"
         raise ConfigError(
-            f"cv.folds={settings.cv.folds}: fold {fold} cannot be trained and scored, so no "
-            f"fold was: {error}. Lower cv.folds (larger folds), or use cv.replicates=N"
+            f"{key}: fold {fold} cannot be trained and scored, so no fold was: {error}. {fix}"
         ) from error
 
 
@@ -196,6 +203,7 @@ def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[
                 values["split"] = "random"  # a seeded split (TU's stratified one stays)
             for key in ("split_column", "split_file"):
                 values.pop(key, None)
+            _check_fold(settings, values, i)
             datasets.append(values)
         kind = f"{cv.replicates} seeded random splits"
     report(f"{kind}: {len(datasets)} runs in {output_dir / FOLDS_DIR}")
