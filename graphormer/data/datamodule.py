@@ -160,7 +160,9 @@ class GraphDataModule(pl.LightningDataModule):
         self.train_index = train[~too_big]
         self._check_splits(len(train))
         self._check_target_range()
-        if self.task.num_tasks:  # a metric that cannot score a split fails now, not after an epoch
+        # Training's validation and test: a metric that cannot score them fails now, not after
+        # the first epoch (evaluating a checkpoint scores only the splits it is asked for).
+        if self.task.num_tasks and stage in (None, "fit"):
             for split in ("valid", "test"):
                 if self.is_labelled(split):
                     check_scorable(self.task, self.split_targets(split), split)
