@@ -252,7 +252,7 @@ class GraphDataModule(pl.LightningDataModule):
         def feed(name: str, tensor: torch.Tensor) -> None:
             tensor = tensor.detach().cpu().contiguous().reshape(-1)
             digest.update(f"{name}|{tensor.dtype}|{tensor.numel()}|".encode())
-            digest.update(tensor.view(torch.uint8).numpy().tobytes())
+            digest.update(tensor.view(torch.uint8).numpy())  # the bytes in place, no copy
 
         for split in sorted(self.loaded.split):
             feed(f"split:{split}", torch.as_tensor(self.loaded.split[split]))
