@@ -8,8 +8,9 @@ entries it holds:
   ``data`` (the dataset and datamodule settings of the run, or None for converted weights), and
   the training settings (optimiser, loss, FLAG, target normalisation);
 - ``graphormer`` (:data:`META_KEY`): ``format_version``, the package ``version`` that wrote it,
-  the training ``precision``, the SHA-256 of the weights, and for converted weights where they
-  came from (``converted_from``).
+  the training ``precision``, the SHA-256 of the weights, the digest of the training data
+  (``data_digest``: :meth:`GraphDataModule.data_digest`, which a resume compares), and for
+  converted weights where they came from (``converted_from``).
 
 Format versions: 1 is every checkpoint written before the format had a number (the same layout,
 no ``format_version``); 2 adds the number; 3 adds ``checkpoint_sha256``, a digest of everything
@@ -39,6 +40,7 @@ from graphormer.safe_io import load_data, unpickling_reason
 __all__ = [
     "FORMAT_VERSION",
     "META_KEY",
+    "DATA_DIGEST",
     "checkpoint_digest",
     "CheckpointError",
     "CheckpointRecord",
@@ -55,6 +57,9 @@ FORMAT_VERSION = 3
 META_KEY = "graphormer"
 _DIGEST = "weights_sha256"
 _WHOLE_DIGEST = "checkpoint_sha256"
+# The digest of the data a run trained on, in the graphormer entry (absent: converted weights,
+# or a checkpoint written before it was kept).
+DATA_DIGEST = "data_digest"
 _REQUIRED = ("model", "task", "data")
 
 
@@ -155,6 +160,12 @@ class CheckpointRecord:
         """The run's ``dataset`` and ``datamodule`` settings; None for converted weights."""
         data = self.hyper_parameters.get("data")
         return dict(data) if isinstance(data, Mapping) else None
+
+    @property
+    def data_digest(self) -> str | None:
+        """The digest of the training data (graphs, labels, splits), None if not recorded."""
+        value = self.meta.get(DATA_DIGEST)
+        return str(value) if value else None
 
     @property
     def precision(self) -> str | None:

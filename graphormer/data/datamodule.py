@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from graphormer.data.locks import exclusive_lock
 from graphormer.data.sampling import SizeGroupedBatchSampler, budget_batch_size, pack_by_tokens
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.structure import StructuralFeatures
-from graphormer.data.tasks import TaskInfo
+from graphormer.data.tasks import TaskInfo, check_scorable
 from graphormer.devices import resolve_pad_to_multiple
 from graphormer.errors import ConfigError, DataError
 
@@ -191,6 +192,13 @@ class GraphDataModule(pl.LightningDataModule):
             )
         self.train_index = train[~too_big]
         self._check_splits(len(train))
+        self._check_target_range()
+        # Training's validation and test: a metric that cannot score them fails now, not after
+        # the first epoch (evaluating a checkpoint scores only the splits it is asked for).
+        if self.task.num_tasks and stage in (None, "fit"):
+            for split in ("valid", "test"):
+                if self.is_labelled(split):
+                    check_scorable(self.task, self.split_targets(split), split)
         trainer = getattr(self, "trainer", None)
         if trainer is None or trainer.is_global_zero:
             report(f"data: {self.describe()}")
@@ -242,6 +250,54 @@ class GraphDataModule(pl.LightningDataModule):
                 f"datamodule.max_nodes={self.max_nodes} nodes, so training would see none; "
                 "raise datamodule.max_nodes"
             )
+
+    def _check_target_range(self) -> None:
+        """Regression targets a float32 loss and metric can square and sum: a value of 3e38 is
+        a float32 number, but its square is not, and the run would end with an RMSE of inf."""
+        task = self.task
+        if task.is_classification or task.is_multiclass or not task.num_tasks:
+            return
+        y = self.loaded.dataset.y
+        y = y.view(y.size(0), -1).double()
+        for split, index in self.loaded.split.items():
+            values = y[index].abs()
+            values = torch.where(torch.isnan(values), torch.zeros_like(values), values)
+            rows, columns = torch.nonzero(values > MAX_TARGET_MAGNITUDE, as_tuple=True)
+            if len(rows):
+                largest = float(values.max())
+                graphs = ", ".join(str(int(index[r])) for r in rows[:5].tolist())
+                more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+                raise DataError(
+                    f"{task.name}: target {int(columns[0])} of the {split} split holds values as "
+                    f"large as {largest:.3g} (graphs {graphs}{more}); losses and metrics square "
+                    f"them in float32, which overflows beyond |y| = {MAX_TARGET_MAGNITUDE:.0e}: "
+                    "rescale the target (e.g. its log10 or other units) or leave those labels "
+                    "empty"
+                )
+
+    def data_digest(self) -> str:
+        """A digest of the graphs and labels the run trains and selects on, as read (every
+        split's members in order, labels, node counts, and the atoms, bonds and their features
+        of in-memory datasets): a resume compares it with its checkpoint's, so that a training
+        file changed at the same path is not trained on without a word."""
+        digest = hashlib.sha256(b"graphormer-data-v1")
+
+        def feed(name: str, tensor: torch.Tensor) -> None:
+            tensor = tensor.detach().cpu().contiguous().reshape(-1)
+            digest.update(f"{name}|{tensor.dtype}|{tensor.numel()}|".encode())
+            digest.update(tensor.view(torch.uint8).numpy())  # the bytes in place, no copy
+
+        for split in sorted(self.loaded.split):
+            feed(f"split:{split}", torch.as_tensor(self.loaded.split[split]))
+        dataset = self.loaded.dataset
+        feed("y", dataset.y)
+        feed("nodes", torch.as_tensor(self.source.node_counts(dataset)))
+        storage = getattr(dataset, "_data", None)
+        for key in ("x", "edge_index", "edge_attr"):
+            value = getattr(storage, key, None) if storage is not None else None
+            if isinstance(value, torch.Tensor):
+                feed(key, value)
+        return digest.hexdigest()[:16]
 
     def split_sizes(self) -> dict[str, int]:
         """Graphs per split (training before the ``max_nodes`` filter)."""
@@ -463,6 +519,11 @@ class GraphDataModule(pl.LightningDataModule):
 
     def split_size(self, split: str) -> int:
         return len(self.loaded.split[split])
+
+
+# The largest regression target trained and scored: its square (1e30) summed over 1e8 graphs stays
+# below float32's maximum (3.4e38), so no loss or RMSE overflows to inf.
+MAX_TARGET_MAGNITUDE = 1e15
 
 
 def _sizes_text(sizes: dict[str, int]) -> str:

@@ -20,9 +20,18 @@ __all__ = [
     "StructuralFeatures",
     "add_structural_features",
     "batched_shortest_paths",
+    "max_useful_hops",
     "shortest_paths",
     "structural_features",
 ]
+
+
+def max_useful_hops(max_nodes: int) -> int:
+    """The most path edges a graph of at most ``max_nodes`` nodes can fill: a shortest path
+    visits each node once, so it has at most ``max_nodes - 1`` edges. Every node pair stores
+    ``max_hops`` edge ids whatever its path's length, so hops beyond this cost memory (GBs at
+    ``max_hops`` in the thousands) and are never read."""
+    return max(1, int(max_nodes) - 1)
 
 
 def shortest_paths(edge_index: Tensor, num_nodes: int, max_hops: int) -> tuple[Tensor, Tensor]:

@@ -25,6 +25,7 @@ __all__ = [
     "TaskEvaluator",
     "TaskInfo",
     "check_class_labels",
+    "check_scorable",
     "ogb_master_table",
     "score",
     "score_atoms",
@@ -253,6 +254,36 @@ class TaskInfo:
 _NEED_BOTH_CLASSES = {"rocauc", "ap"}
 
 
+def check_scorable(task: TaskInfo, y_true: torch.Tensor, split: str) -> tuple[str, int]:
+    """Whether ``task.metric`` can score the labels ``y_true`` ``[n, T]`` of ``split``: a
+    ranking metric (ROC-AUC, AP) needs both classes of a task. Raises :class:`DataError` when no
+    task has both (the data module asks before training, so that this is not found after the
+    first epoch); returns the tasks that are left out (empty: none) and how many are left in."""
+    if not (task.is_classification and task.metric in _NEED_BOTH_CLASSES):
+        return "", task.num_tasks
+    true = y_true.float().cpu().view(len(y_true), -1)
+    positives = (true == 1).sum(0)
+    negatives = (true == 0).sum(0)
+    one_class = [t for t in range(true.shape[1]) if not (positives[t] and negatives[t])]
+    if not one_class:
+        return "", true.shape[1]
+
+    def described(t: int) -> str:
+        which = "positive" if not positives[t] else "negative"
+        return f"task {t} (no {which} label)"
+
+    names = ", ".join(described(t) for t in one_class[:5])
+    names += f" and {len(one_class) - 5} more" if len(one_class) > 5 else ""
+    if len(one_class) == true.shape[1]:
+        raise DataError(
+            f"{task.metric} of {task.name} cannot be computed on the {split} split: "
+            f"its labels hold one class only for {names}. Give the {split} split "
+            "molecules of both classes (another dataset.split or dataset.split_seed, or "
+            "a larger share in dataset.split_ratios)"
+        )
+    return names, true.shape[1] - len(one_class)
+
+
 def score(
     task: TaskInfo, evaluator: Any, y_true: torch.Tensor, y_pred: torch.Tensor, split: str
 ) -> float:
@@ -267,31 +298,13 @@ def score(
     if task.is_multiclass and y_pred.size(-1) == task.num_classes:
         # Logits [n, C] -> the predicted class id [n, 1], what OGB's `acc` compares.
         y_pred = y_pred.argmax(-1, keepdim=True).float()
-    if task.is_classification and task.metric in _NEED_BOTH_CLASSES:
-        true = y_true.view(len(y_true), -1)
-        positives = (true == 1).sum(0)
-        negatives = (true == 0).sum(0)
-        one_class = [t for t in range(true.shape[1]) if not (positives[t] and negatives[t])]
-        if one_class:
-
-            def described(t: int) -> str:
-                which = "positive" if not positives[t] else "negative"
-                return f"task {t} (no {which} label)"
-
-            names = ", ".join(described(t) for t in one_class[:5])
-            more = f" and {len(one_class) - 5} more" if len(one_class) > 5 else ""
-            if len(one_class) == true.shape[1]:
-                raise DataError(
-                    f"{task.metric} of {task.name} cannot be computed on the {split} split: "
-                    f"its labels hold one class only for {names}{more}. Give the {split} split "
-                    "molecules of both classes (another dataset.split or dataset.split_seed, or "
-                    "a larger share in dataset.split_ratios)"
-                )
-            warnings.warn(
-                f"{task.metric} on the {split} split of {task.name} leaves out {names}{more}: "
-                f"the score is the mean over the other {true.shape[1] - len(one_class)} task(s)",
-                stacklevel=2,
-            )
+    one_class, scored = check_scorable(task, y_true, split)
+    if one_class:
+        warnings.warn(
+            f"{task.metric} on the {split} split of {task.name} leaves out {one_class}: "
+            f"the score is the mean over the other {scored} task(s)",
+            stacklevel=2,
+        )
     return float(evaluator.eval({"y_true": y_true, "y_pred": y_pred})[task.metric])
 
 

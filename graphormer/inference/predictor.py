@@ -126,7 +126,7 @@ class Predictor:
         members (Sequence[GraphormerModule] | None, optional): an ensemble's other members:
             the prediction is their mean (of probabilities for binary tasks), with their spread
             (``std``). (default: :obj:`None`)
-        mc_dropout (int, optional): K > 0: K passes of a single model with dropout on, their
+        mc_dropout (int, optional): K >= 2: K passes of a single model with dropout on, their
             mean and spread (MC dropout, Gal & Ghahramani 2016). (default: :obj:`0`)
         calibration (Calibration | None, optional): the run's ``calibration.json``: calibrated
             probabilities for binary tasks, intervals for regression. (default: :obj:`None`)
@@ -197,6 +197,11 @@ class Predictor:
         self.modules = [module.eval(), *(m.eval() for m in members or [])]
         if isinstance(mc_dropout, bool) or not isinstance(mc_dropout, int) or mc_dropout < 0:
             raise ConfigError(f"mc_dropout={mc_dropout!r} is not allowed: a number of passes >= 0")
+        if mc_dropout == 1:
+            raise ConfigError(
+                "mc_dropout=1 is not allowed: one pass has no spread, so <task>_std would be "
+                "empty; give mc_dropout=K passes with K >= 2 (e.g. 10), or 0 for none"
+            )
         if mc_dropout and len(self.modules) > 1:
             raise ConfigError(
                 f"mc_dropout={mc_dropout} is for a single model: an ensemble's {len(self.modules)} "

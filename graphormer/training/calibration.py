@@ -143,6 +143,8 @@ class Calibration:
         temperature: binary, ``temperature``: one per task.
         isotonic: binary, ``isotonic``: per task, the knots ``[x, y]``.
         ece_before, ece_after: binary: the validation split's ECE per task.
+        kept_uncalibrated: binary: the tasks whose fitted map raised the validation ECE, whose
+            probabilities are therefore left as the model gives them.
     """
 
     task_type: str
@@ -156,6 +158,7 @@ class Calibration:
     isotonic: list[list[list[float]]] | None = None
     ece_before: list[float] | None = None
     ece_after: list[float] | None = None
+    kept_uncalibrated: list[int] | None = None
     split: str = "valid"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -198,6 +201,18 @@ class Calibration:
         found.ece_after = [
             expected_calibration_error(after[:, t], y[:, t]) for t in range(y.shape[1])
         ]
+        if method != "none":
+            # A map that makes the validation split's probabilities less calibrated is not
+            # applied: that task keeps the model's own probabilities (identity map).
+            pairs = zip(found.ece_before, found.ece_after, strict=True)
+            worse = [t for t, (before, after) in enumerate(pairs) if after > before]
+            for t in worse:
+                if found.temperature is not None:
+                    found.temperature[t] = 1.0
+                if found.isotonic is not None:
+                    found.isotonic[t] = [[0.0, 1.0], [0.0, 1.0]]
+                found.ece_after[t] = found.ece_before[t]
+            found.kept_uncalibrated = worse
         return found
 
     # -- applying ---------------------------------------------------------------------------
@@ -262,12 +277,54 @@ class Calibration:
             found = cls(**values)
             if not isinstance(found.members, list) or not isinstance(found.task_type, str):
                 raise ValueError("members or task_type")
+            found._check_values()
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
             raise DataError(
                 f"{path} cannot be read as a calibration ({error}): it was damaged or edited; "
                 "train the run again to recalibrate"
             ) from error
         return found
+
+    def _check_values(self) -> None:
+        """Values that no fit gives (a negative score turns an interval inside out, a
+        negative temperature flips probabilities) are refused with the entry that holds them."""
+        from graphormer.training.settings import CALIBRATIONS
+
+        if self.task_type not in ("regression", "binary classification"):
+            raise ValueError(f"task_type {self.task_type!r}")
+        if self.method not in CALIBRATIONS:
+            raise ValueError(f"method {self.method!r}")
+        for key in ("residual", "normalized", "mc_normalized"):
+            tasks = getattr(self, key)
+            if tasks is None:
+                continue
+            if not isinstance(tasks, list) or not all(isinstance(t, list) for t in tasks):
+                raise ValueError(f"{key} is not a list of score lists")
+            for scores in tasks:
+                values = np.asarray(scores, dtype=np.float64)
+                if not np.isfinite(values).all() or (values < 0).any():
+                    raise ValueError(f"{key} holds a score that is negative or not finite")
+                if (np.diff(values) < 0).any():
+                    raise ValueError(f"{key} holds scores out of order")
+        per_task = ("residual", "normalized", "mc_normalized", "temperature", "isotonic")
+        counts = {k: len(getattr(self, k)) for k in per_task if getattr(self, k) is not None}
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"its entries are of different numbers of tasks {counts}")
+        passes = self.mc_passes
+        if passes is not None and (isinstance(passes, bool) or not isinstance(passes, int)):
+            raise ValueError(f"mc_passes {passes!r}")
+        if (passes is None) != (self.mc_normalized is None) or (passes is not None and passes < 2):
+            raise ValueError(f"mc_passes {passes!r} with mc_normalized")
+        if self.temperature is not None:
+            values = np.asarray(self.temperature, dtype=np.float64)
+            if values.ndim != 1 or not np.isfinite(values).all() or (values <= 0).any():
+                raise ValueError("temperature holds a value that is not a positive number")
+        for knots in self.isotonic or []:
+            x, y = (np.asarray(k, dtype=np.float64) for k in knots)
+            if x.shape != y.shape or not len(x) or not np.isfinite([*x, *y]).all():
+                raise ValueError("isotonic holds knots that are not pairs of numbers")
+            if (np.diff(x) < 0).any() or (np.diff(y) < 0).any() or y.min() < 0 or y.max() > 1:
+                raise ValueError("isotonic holds a map that is not non-decreasing in [0, 1]")
 
     def fits(self, digests: Sequence[str]) -> bool:
         """Whether it was fitted for exactly these weights (their SHA-256 digests, in order)."""

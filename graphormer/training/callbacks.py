@@ -4,6 +4,7 @@ terminal."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any
@@ -15,8 +16,22 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
 from graphormer.console import report
+from graphormer.errors import ConfigError
 
 __all__ = ["EpochSummary", "RunCheckpoint", "WeightAverage"]
+
+
+def first_validation_step(trainer: pl.Trainer) -> int | None:
+    """The optimiser step after which a fresh run first validates, for validation at the end
+    of every ``check_val_every_n_epoch``-th epoch or at a fraction of it; None when it is
+    counted otherwise (every N batches across epochs)."""
+    every, batches = trainer.check_val_every_n_epoch, trainer.num_training_batches
+    interval = trainer.val_check_interval
+    if every is None or not isinstance(interval, float) or math.isinf(batches):
+        return None
+    accumulate = trainer.accumulate_grad_batches
+    per_epoch = math.ceil(batches / accumulate)
+    return (every - 1) * per_epoch + math.ceil(max(int(batches * interval), 1) / accumulate)
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -39,6 +54,22 @@ class RunCheckpoint(ModelCheckpoint):
         # folder moved or copied, then resumed, would otherwise keep both).
         kwargs.setdefault("enable_version_counter", False)
         super().__init__(*args, **kwargs)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        first = first_validation_step(trainer)
+        if self.best_model_path or first is None or not 0 <= trainer.max_steps < first:
+            return
+        # Known once the data is batched, and before the first step: validation selects the
+        # best checkpoint, and a run it never reaches would end with nothing to keep.
+        raise ConfigError(
+            f"trainer.max_steps={trainer.max_steps} ends training before validation first runs "
+            f"(after optimiser step {first}: {trainer.num_training_batches} training batches "
+            f"an epoch, trainer.check_val_every_n_epoch={trainer.check_val_every_n_epoch}), so "
+            f"no checkpoint could be selected; raise trainer.max_steps to at least {first}, or "
+            "validate every N batches with trainer.val_check_interval=N and "
+            "trainer.check_val_every_n_epoch=null"
+        )
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         partial = f"{filepath}.partial"

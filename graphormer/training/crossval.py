@@ -24,7 +24,7 @@ import torch
 
 from graphormer.console import report
 from graphormer.data.sources import build_source
-from graphormer.errors import ConfigError
+from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import atomic_path
 
 __all__ = ["CV_FILE", "assign_folds", "cross_validate", "format_cv_table"]
@@ -128,6 +128,13 @@ def _fold_splits(settings: Any, source: Any, folder: Path) -> tuple[list[dict[st
         positives = (labels[:, None] == torch.arange(task.num_classes)).double().numpy()
     k = settings.cv.folds
     fold_of = assign_folds(groups, k, positives)
+    if (np.bincount(fold_of, minlength=k) == 0).any():
+        kept = f"{len(set(groups))} scaffold groups (each kept whole)" if grouped else ""
+        raise ConfigError(
+            f"cv.folds={k} is more than {task.name} allows: its {len(groups)} graphs form "
+            f"{kept or f'{len(groups)} items'}, so some folds would be empty; give cv.folds <= "
+            f"{len(set(groups))}, or use cv.replicates=N"
+        )
     rows = source.input_rows(dataset).numpy()
     out = []
     for f in range(k):
@@ -145,7 +152,33 @@ def _fold_splits(settings: Any, source: Any, folder: Path) -> tuple[list[dict[st
             values["split"] = "file"
         values.pop("split_column", None)
         out.append(values)
+    for f, values in enumerate(out):
+        _check_fold(settings, values, f)
     return out, grouped
+
+
+def _check_fold(settings: Any, dataset: dict[str, Any], fold: int) -> None:
+    """Reads fold (or replicate) ``fold``'s data as its run will, so that a split that cannot
+    train or score (a class or a target missing from a small fold) fails before any fold
+    trains, not hours later when its turn comes."""
+    from graphormer.training.run import build_datamodule
+
+    try:
+        datamodule = build_datamodule(dataset, settings.datamodule, settings.seed)
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+    except DataError as error:
+        cv = settings.cv
+        if cv.folds is not None:
+            key, fix = (
+                f"cv.folds={cv.folds}",
+                "Lower cv.folds (larger folds), or use cv.replicates=N",
+            )
+        else:
+            key, fix = f"cv.replicates={cv.replicates}", "Change dataset.split_ratios or the data"
+        raise ConfigError(
+            f"{key}: fold {fold} cannot be trained and scored, so no fold was: {error}. {fix}"
+        ) from error
 
 
 def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
@@ -170,6 +203,7 @@ def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[
                 values["split"] = "random"  # a seeded split (TU's stratified one stays)
             for key in ("split_column", "split_file"):
                 values.pop(key, None)
+            _check_fold(settings, values, i)
             datasets.append(values)
         kind = f"{cv.replicates} seeded random splits"
     report(f"{kind}: {len(datasets)} runs in {output_dir / FOLDS_DIR}")

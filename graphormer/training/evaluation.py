@@ -207,6 +207,23 @@ def calibration_of(folder: Path | None, records: list) -> Calibration | None:
     return found
 
 
+def _calibration_report(calibration: Calibration, names: list[str]) -> dict[str, Any]:
+    """What a binary calibration did on the validation split: each task's ECE before and after
+    (said on the console and the run's log), and the tasks it left uncalibrated because the
+    fitted map made their ECE worse."""
+    before = dict(zip(names, calibration.ece_before, strict=True))
+    after = dict(zip(names, calibration.ece_after, strict=True))
+    kept = [names[t] for t in calibration.kept_uncalibrated or []]
+    changes = ", ".join(f"{n} {before[n]:.4f} -> {after[n]:.4f}" for n in names)
+    report(f"calibration={calibration.method}: validation ECE {changes}")
+    if kept:
+        report(
+            f"calibration={calibration.method} made the validation ECE of {', '.join(kept)} "
+            "worse: those probabilities are kept uncalibrated"
+        )
+    return {"ece_before": before, "ece_after": after, "kept_uncalibrated": kept}
+
+
 def score_members(
     paths: list[Path],
     *,
@@ -286,6 +303,8 @@ def score_members(
         )
         file = calibration.save(Path(calibration_dir) / CALIBRATION_FILE)
         found["calibration"] = {"file": str(file.resolve()), "method": calibration.method}
+        if calibration.ece_before is not None:
+            found["calibration"].update(_calibration_report(calibration, names))
     else:
         calibration = calibration_of(calibration_dir, records)
     for split in splits:

@@ -17,7 +17,7 @@ from graphormer.batch import GraphormerBatch
 from graphormer.console import report
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.tasks import TaskInfo, score, score_atoms, score_bonds, score_reported
-from graphormer.errors import UserFacingError
+from graphormer.errors import DataError, UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import (
     RNG_KEY,
@@ -35,6 +35,8 @@ PRETRAINED_KEY = "graphormer_pretrained_parameters"
 # rate that pulls them there.
 ANCHOR_KEY = "graphormer_pretrained_anchor"
 _ANCHOR_DECAY = "pretrained_decay"
+# Whether the run's output layer was fitted by pretrained_head=probe (its warm-up follows).
+PROBED_KEY = "graphormer_probed_head"
 
 _LOSSES = ("bce", "ce", "l1", "mse")
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
@@ -181,7 +183,8 @@ class GraphormerModule(pl.LightningModule):
             :func:`build_adamw`). (default: :obj:`None`)
         nonfinite (str, optional): what a NaN or infinite loss or gradient does: ``stop`` ends
             the run with :class:`NonFiniteError` (the checkpoints already written stay), ``skip``
-            skips that update with a warning. (default: :obj:`"stop"`)
+            skips that update with a warning; an epoch that skips most of its updates has
+            diverged, and ends the run with :class:`NonFiniteError` too. (default: :obj:`"stop"`)
         loss_weights (dict | None, optional): weight of each level's loss in the total
             (``molecule``, ``atom``, ``bond``); a level not named weighs 1. Atom and bond
             targets (issue #18) are trained with MSE on standardised values (regression) or BCE
@@ -237,10 +240,18 @@ class GraphormerModule(pl.LightningModule):
         self.pretrained_parameters: frozenset[str] = frozenset()
         # Their pre-trained values, where pretrained_decay pulls them (anchor_pretrained()).
         self.pretrained_anchor: dict[str, Tensor] = {}
+        # pretrained_head=probe fitted the output layer (train() sets it; a resume reads it from
+        # its checkpoint): the learning rate then warms up over the first epoch at least.
+        self.probed_head = False
         if nonfinite not in _NONFINITE:
             raise ValueError(f"nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
         self.nonfinite = nonfinite
         self._skipped_steps = 0
+        # The training data's digest (GraphDataModule.data_digest), kept in checkpoints.
+        self._data_digest: str | None = None
+        # This epoch's skipped and taken updates: skipping is for a rare bad batch, and an
+        # epoch that skips most of its updates is a diverged run, not a trained one.
+        self._epoch_skipped = self._epoch_updates = 0
         self.flag = FlagSettings(**(flag or {}))
         # FLAG takes several backward passes per optimiser step: manual optimisation, with the
         # clipping the trainer would have done (``gradient_clip_val``, set by train()).
@@ -344,6 +355,9 @@ class GraphormerModule(pl.LightningModule):
         # checkpoint (whose buffers then win).
         if stage != "fit":
             return
+        datamodule = self.trainer.datamodule
+        if isinstance(datamodule, GraphDataModule):
+            self._data_digest = datamodule.data_digest()
         self._standardise_inputs()
         self._fit_molecule_features()
         if self.task.atom_tasks and self.atom_loss_name == "mse":
@@ -555,10 +569,24 @@ class GraphormerModule(pl.LightningModule):
                 "kept; nonfinite=skip skips such updates instead"
             )
         self._skipped_steps += 1
+        self._epoch_skipped += 1
         if self._skipped_steps in (1, 10, 100, 1000):
             rank_zero_warn(
                 f"{what} is NaN or infinite at step {step}: update skipped "
                 f"({self._skipped_steps} so far; nonfinite=skip); likely {causes}"
+            )
+
+    def on_train_epoch_start(self) -> None:
+        self._epoch_skipped = self._epoch_updates = 0
+
+    def on_train_epoch_end(self) -> None:
+        skipped, taken = self._epoch_skipped, self._epoch_updates
+        if skipped and skipped >= taken:
+            raise NonFiniteError(
+                f"training diverged: {skipped} of the {skipped + taken} updates of epoch "
+                f"{self.current_epoch} had a NaN or infinite loss or gradient and were skipped "
+                "(nonfinite=skip skips a rare bad batch, not most of them); lower optim.lr, check "
+                "the targets for extreme values, or keep trainer.gradient_clip_val set"
             )
 
     def _gradients_finite(self) -> bool:
@@ -578,6 +606,9 @@ class GraphormerModule(pl.LightningModule):
             for p in self.parameters():
                 p.grad = None
             return
+        # A skipped loss still reaches here (Lightning steps with no gradients): not an update.
+        if any(p.grad is not None for p in self.parameters()):
+            self._epoch_updates += 1
         # Manual optimisation (FLAG) gets no clipping from the trainer. Lightning calls this
         # hook after unscaling fp16 gradients, so the threshold applies to the true gradients.
         if self.flag.enabled and self.gradient_clip_val:
@@ -781,6 +812,15 @@ class GraphormerModule(pl.LightningModule):
         total = hp.get("total_steps") or self.trainer.estimated_stepping_batches
         total = max(int(total), 1)
         warmup = hp.warmup_steps if hp.warmup_steps is not None else int(hp.warmup_ratio * total)
+        if self.probed_head and hp.warmup_steps is None and self._trainer is not None:
+            # A head fitted to the pre-trained features (loss 0.33 on a small set) met the full
+            # learning rate at the second step: Adam's first updates move every body tensor by
+            # about lr at once, the features the head was fitted to change, and the loss rose to
+            # 7.9 within the first epoch (175 on a larger set). Warming up over that epoch
+            # keeps the fitted start.
+            trainer = self.trainer
+            per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+            warmup = max(warmup, min(per_epoch, total))
         warmup = max(int(warmup), 1)
 
         def factor(step: int) -> float:
@@ -863,13 +903,16 @@ class GraphormerModule(pl.LightningModule):
             # A resume rebuilds the same optimiser groups (its weights come from here, not
             # from pretrained=).
             checkpoint[PRETRAINED_KEY] = sorted(self.pretrained_parameters)
+        if self.probed_head:
+            checkpoint[PROBED_KEY] = True
         if self.pretrained_anchor:
             checkpoint[ANCHOR_KEY] = {
                 name: t.detach().cpu() for name, t in sorted(self.pretrained_anchor.items())
             }
         precision = str(self.trainer.precision) if self._trainer is not None else None
+        digest = {checkpoints.DATA_DIGEST: self._data_digest} if self._data_digest else {}
         checkpoint[checkpoints.META_KEY] = checkpoints.meta_entry(
-            checkpoint["state_dict"], precision
+            checkpoint["state_dict"], precision, **digest
         )
         # The random streams (dropout, ...), so that a resumed run continues exactly where the
         # interrupted one stopped, every rank's under DDP; stored as tensors and plain values
@@ -885,6 +928,10 @@ class GraphormerModule(pl.LightningModule):
         # fine-tuning run groups its parameters as the interrupted one did.
         self.pretrained_parameters = frozenset(checkpoint.get(PRETRAINED_KEY, ()))
         self.pretrained_anchor = dict(checkpoint.get(ANCHOR_KEY, {}))
+        self.probed_head = bool(checkpoint.get(PROBED_KEY, False))
+        fitting = self._trainer is not None and self.trainer.state.fn == "fit"
+        if fitting:
+            self._check_same_data(checkpoint)
         state = checkpoint.get(RNG_KEY)
         # Only when fit resumes; evaluating a checkpoint leaves the streams alone.
         if state is not None and self._trainer is not None and self.trainer.state.fn == "fit":
@@ -896,6 +943,21 @@ class GraphormerModule(pl.LightningModule):
                     "every rank continues with rank 0's dropout stream, so the resumed run "
                     "is not the exact continuation of the interrupted one"
                 )
+
+    def _check_same_data(self, checkpoint: dict[str, Any]) -> None:
+        """A resume continues training on the data it started with: a training file changed at
+        the same path since the checkpoint was written is refused, not trained on."""
+        meta = checkpoint.get(checkpoints.META_KEY) or {}
+        stored = meta.get(checkpoints.DATA_DIGEST) if isinstance(meta, dict) else None
+        if stored and self._data_digest and stored != self._data_digest:
+            source = (self.hparams.get("data") or {}).get("dataset") or {}
+            where = source.get("path") or source.get("root") or source.get("name") or "the data"
+            raise DataError(
+                f"the training data ({where}) is not the data the checkpoint being resumed was "
+                "trained on: its graphs, labels or splits changed since. Resume with the data "
+                "it trained on, or start a new run from these weights with pretrained=CKPT "
+                "instead of ckpt_path"
+            )
 
 
 def _loss_weights(given: dict[str, float] | None) -> dict[str, float]:

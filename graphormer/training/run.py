@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import sys
@@ -25,7 +26,7 @@ from graphormer.errors import ConfigError
 from graphormer.models.molecule_features import MOLECULE_FEATURE_RULE
 from graphormer.rundir import is_first_process, newest_checkpoint
 from graphormer.training.callbacks import EpochSummary, RunCheckpoint, WeightAverage
-from graphormer.training.module import GraphormerModule
+from graphormer.training.module import GraphormerModule, NonFiniteError
 from graphormer.training.precision import precision_arguments
 from graphormer.training.pretrained import HeadProbe, load_pretrained
 from graphormer.training.settings import DataModuleSettings, RunSettings
@@ -313,6 +314,13 @@ def train(
     callbacks = [checkpoint, *(callbacks or [])]
     if settings.pretrained and not settings.ckpt_path and settings.pretrained_head == "probe":
         callbacks.append(HeadProbe())  # before the average starts from the weights
+        module.probed_head = True
+        if settings.optim.warmup_steps is None and is_first_process():
+            report(
+                "pretrained_head=probe: the learning rate warms up over the first epoch at "
+                "least, so that the first full-size updates do not undo the fitted layer "
+                "(optim.warmup_steps=N chooses another warm-up)"
+            )
     if module.hparams.get("ema_decay") is not None:
         callbacks.append(WeightAverage(module.hparams.ema_decay))
     kwargs = trainer_settings.lightning_kwargs()
@@ -392,6 +400,7 @@ def train(
         results["valid"].update(
             {name: float(scores[0][f"val/{name}"]) for name in task.level_metrics}
         )
+    _refuse_nonfinite_scores(results)
     if trainer.is_global_zero:
         path = output_dir / "metrics.json"
         path.write_text(json.dumps(results, indent=2) + "\n")
@@ -401,6 +410,19 @@ def train(
         report(f"valid {metric}: {results['valid'][metric]:.4f}  test {metric}: {test_text}")
         report(f"evaluate with: {command('eval')} ckpt={results['best_checkpoint']}")
     return results
+
+
+def _refuse_nonfinite_scores(results: dict[str, Any]) -> None:
+    """A score of inf or NaN is a failed run, not a result to report with exit status 0."""
+    for split in ("valid", "test"):
+        bad = {k: v for k, v in (results[split] or {}).items() if not math.isfinite(v)}
+        if bad:
+            shown = ", ".join(f"{split} {k} {v}" for k, v in bad.items())
+            raise NonFiniteError(
+                f"training ended without a usable model: {shown} (the predictions or the "
+                f"targets overflow); lower optim.lr, rescale extreme targets, or keep "
+                f"trainer.gradient_clip_val set. The checkpoints are in {results['best_checkpoint']}"
+            )
 
 
 def _refuse_fine_tuning_settings(settings: RunSettings) -> None:

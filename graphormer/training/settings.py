@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from graphormer.data.structure import max_useful_hops
 from graphormer.errors import ConfigError
 from graphormer.models.graphormer import GraphormerConfig
 
@@ -280,6 +281,17 @@ class DataModuleSettings:
         _boolean("datamodule.on_the_fly", self.on_the_fly)
         _boolean("datamodule.group_by_size", self.group_by_size)
         _integer("datamodule.max_tokens", self.max_tokens, 1, optional=True)
+        useful = max_useful_hops(self.max_nodes)
+        if self.max_hops > useful:
+            raise _bad(
+                "datamodule.max_hops",
+                self.max_hops,
+                f"at most {useful}: a training graph of at most datamodule.max_nodes="
+                f"{self.max_nodes} nodes has shortest paths of at most {useful} edges, and every "
+                "node pair would store all the hops asked for (it follows "
+                "model.multi_hop_max_dist unless set; Graphormer uses 5, 20 on ZINC); lower it, "
+                "or raise datamodule.max_nodes",
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> DataModuleSettings:
@@ -429,6 +441,25 @@ class TrainerSettings:
         for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
             if key in self.extra:
                 _fraction_or_count(f"trainer.{key}", self.extra[key])
+        self._check_validation_runs()
+
+    def _check_validation_runs(self) -> None:
+        """The best checkpoint is chosen by validation: settings under which it never runs are
+        refused now, not after the training they would waste."""
+        if self.extra.get("limit_val_batches", 1) in (0, 0.0):
+            raise _bad(
+                "trainer.limit_val_batches",
+                self.extra["limit_val_batches"],
+                "more than 0: validation selects the best checkpoint",
+            )
+        every = self.check_val_every_n_epoch
+        if every is not None and self.max_steps == -1 and 0 <= self.max_epochs < every:
+            raise _bad(
+                "trainer.check_val_every_n_epoch",
+                every,
+                f"at most trainer.max_epochs={self.max_epochs}, or validation never runs and "
+                "no checkpoint can be selected; lower it or train more epochs",
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> TrainerSettings:
