@@ -130,7 +130,12 @@ def test_user_errors_are_one_line_without_a_traceback(tmp_path, ogb_root):
         ),
         ("train.py", ["model.num_heads=7"], "must be divisible by model.num_heads"),
         ("train.py", ["loss=hinge"], "loss='hinge' is not allowed: one of auto, bce, ce, l1, mse"),
-        ("train.py", ["datamodule.max_nodes=2"], "raise datamodule.max_nodes"),
+        (
+            "train.py",
+            ["datamodule.max_nodes=2", "model.multi_hop_max_dist=1"],
+            "training graphs have more than datamodule.max_nodes=2 nodes",
+        ),
+        ("train.py", ["datamodule.max_nodes=2"], "datamodule.max_hops=5 is not allowed: at most 1"),
         ("train.py", ["dataset.source=somewhere"], "dataset.source='somewhere' is not a dataset"),
         (
             "train.py",
