@@ -9,7 +9,7 @@ from torch import Tensor, nn
 __all__ = ["MOLECULE_FEATURE_RULE", "MoleculeFeatureInput"]
 
 # The rule, stored with every checkpoint that reads molecule features (hyper-parameters) and
-# shown in the README: the statistics it names are buffers of MoleculeFeatureInput.
+# shown in the docs: the statistics it names are buffers of MoleculeFeatureInput.
 MOLECULE_FEATURE_RULE = (
     "non-finite values are replaced by the training split's median of the column; columns "
     "without a finite value, or constant, on the training split are dropped (zero input); the "

@@ -81,7 +81,9 @@ def _logit(p: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
+    # exp of a large negative logit over a small temperature overflows: clip where the result
+    # is 0 or 1 in float64 anyway.
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -700.0, 700.0)))
 
 
 def fit_temperature(probs: np.ndarray, labels: np.ndarray) -> float:

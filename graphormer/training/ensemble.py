@@ -29,7 +29,7 @@ from graphormer.errors import ConfigError, UserFacingError
 from graphormer.outputs import atomic_path
 from graphormer.rundir import is_first_process, newest_checkpoint
 from graphormer.training.calibration import CALIBRATION_FILE
-from graphormer.training.evaluation import score_members
+from graphormer.training.evaluation import calibration_lines, score_members
 from graphormer.training.members import ENSEMBLE_FILE, MEMBERS_DIR, best_checkpoint
 from graphormer.training.run import train
 
@@ -51,6 +51,8 @@ def train_calibrated(settings: Any, loggers: list[Any] | None = None) -> dict[st
             calibration_dir=Path(settings.output_dir),
         )
     results["calibration"] = found.get("calibration")  # None: a multi-class task has none
+    for line in calibration_lines(results["calibration"]):
+        report(line)
     path = Path(settings.output_dir) / "metrics.json"
     _write_json(path, results)
     return results
@@ -218,6 +220,8 @@ def score_ensemble(
         fit_calibration=settings.calibration,
         calibration_dir=output_dir,
     )
+    for line in calibration_lines(scored.get("calibration")):
+        report(line)
     metric = scored["metric"]
     member_rows = []
     for i, r in enumerate(results):

@@ -38,6 +38,7 @@ from graphormer.training.run import (
 from graphormer.training.tasknames import read_task_names
 
 __all__ = [
+    "calibration_lines",
     "calibration_of",
     "evaluate",
     "format_table",
@@ -208,20 +209,30 @@ def calibration_of(folder: Path | None, records: list) -> Calibration | None:
 
 
 def _calibration_report(calibration: Calibration, names: list[str]) -> dict[str, Any]:
-    """What a binary calibration did on the validation split: each task's ECE before and after
-    (said on the console and the run's log), and the tasks it left uncalibrated because the
-    fitted map made their ECE worse."""
+    """What a binary calibration did on the validation split: each task's ECE before and after,
+    and the tasks it left uncalibrated because the fitted map made their ECE worse (said by
+    :func:`calibration_lines`)."""
     before = dict(zip(names, calibration.ece_before, strict=True))
     after = dict(zip(names, calibration.ece_after, strict=True))
     kept = [names[t] for t in calibration.kept_uncalibrated or []]
-    changes = ", ".join(f"{n} {before[n]:.4f} -> {after[n]:.4f}" for n in names)
-    report(f"calibration={calibration.method}: validation ECE {changes}")
-    if kept:
-        report(
-            f"calibration={calibration.method} made the validation ECE of {', '.join(kept)} "
-            "worse: those probabilities are kept uncalibrated"
-        )
     return {"ece_before": before, "ece_after": after, "kept_uncalibrated": kept}
+
+
+def calibration_lines(entry: dict[str, Any] | None) -> list[str]:
+    """The lines that say what calibration did (for the console and the run's log), from the
+    ``calibration`` entry of :func:`score_members`' results; none for a regression run."""
+    if not entry or entry.get("ece_before") is None:
+        return []
+    method, before, after = entry["method"], entry["ece_before"], entry["ece_after"]
+    changes = ", ".join(f"{n} {before[n]:.4f} -> {after[n]:.4f}" for n in before)
+    lines = [f"calibration={method}: validation ECE {changes}"]
+    if entry.get("kept_uncalibrated"):
+        lines.append(
+            f"calibration={method} made the validation ECE of "
+            f"{', '.join(entry['kept_uncalibrated'])} worse: those probabilities are kept "
+            "uncalibrated"
+        )
+    return lines
 
 
 def score_members(

@@ -319,7 +319,7 @@ def probe_new_head(module: GraphormerModule, datamodule: Any, device: torch.devi
     :data:`PROBE_PENALTIES`, keeping the one of least validation loss. The fitted maps replace
     ``model.head`` (and ``model.readout`` for ``token_sum``; a shared ``head_bias`` takes the
     intercept). Atom and bond heads keep their initialisation. Measured on issue #22's built
-    sets it fine-tuned worse than the random start (README), so it is opt-in.
+    sets it fine-tuned worse than the random start (docs/benchmarks/small-set-defaults.md), so it is opt-in.
 
     Args:
         module (GraphormerModule): the fine-tuning run's module, after :func:`load_pretrained`
