@@ -10,7 +10,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 # Keep test runs quiet and fast on 2 cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from helpers import TINY, nci_ogb_dataset, nci_table, run_script  # noqa: E402
+from helpers import (  # noqa: E402
+    TINY,
+    nci_ogb_dataset,
+    nci_table,
+    run_script,
+    untrained_checkpoint,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,3 +72,13 @@ def trained_run(tmp_path_factory, ogb_root):
         cwd=work,
     )
     return work, out, log
+
+
+@pytest.fixture(scope="session")
+def esol_checkpoint(tmp_path_factory, ogb_root) -> Path:
+    """An untrained ogbg-molesol model whose standardisation statistics are far from (0, 1), so
+    that a prediction path that forgets them is caught. Shared: tests read it, never change it."""
+    path = tmp_path_factory.mktemp("esol") / "esol.ckpt"
+    return untrained_checkpoint(
+        path, ["dataset=ogbg-molesol", f"dataset.root={ogb_root}"], [-3.0], [2.5]
+    )

@@ -35,15 +35,6 @@ from graphormer.cli.export import run as export  # noqa: E402
 from graphormer.portable.onnx_predictor import OnnxPredictor  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def regression_ckpt(tmp_path_factory, ogb_root):
-    """An untrained ogbg-molesol model with standardisation statistics far from (0, 1)."""
-    path = tmp_path_factory.mktemp("esol") / "esol.ckpt"
-    return untrained_checkpoint(
-        path, ["dataset=ogbg-molesol", f"dataset.root={ogb_root}"], [-3.0], [2.5]
-    )
-
-
 def exported(ckpt, output, *overrides):
     return export(compose_config("export", [f"ckpt={ckpt}", f"output={output}", *overrides]))
 
@@ -57,12 +48,12 @@ def assert_same_table(found: pd.DataFrame, expected: pd.DataFrame, columns):
         assert np.nanmax(np.abs(a - b)) <= 1e-4, column
 
 
-def test_regression_export_matches_the_predictor(regression_ckpt, tmp_path):
+def test_regression_export_matches_the_predictor(esol_checkpoint, tmp_path):
     """The table of ONNX Runtime is the Predictor's: units (the run's standardisation inside
     the graph), errors in place, within 1e-4, on molecules of many sizes and salts."""
-    [path] = exported(regression_ckpt, tmp_path / "esol.onnx")
+    [path] = exported(esol_checkpoint, tmp_path / "esol.onnx")
     smiles = molecules(60)
-    expected = Predictor.from_checkpoint(regression_ckpt, device="cpu").predict(smiles)
+    expected = Predictor.from_checkpoint(esol_checkpoint, device="cpu").predict(smiles)
     found = OnnxPredictor(path, batch_size=16).predict(smiles)
     assert_same_table(found, expected, ["task_0"])
     assert found.loc[2, "error"].startswith("invalid SMILES")
@@ -92,9 +83,9 @@ def test_binary_ensemble_exports_its_members(tmp_path, ogb_root):
     assert (found.task_0_std[valid] > 0).all()
 
 
-def test_onnx_predictor_runs_without_torch(regression_ckpt, tmp_path):
+def test_onnx_predictor_runs_without_torch(esol_checkpoint, tmp_path):
     """A process in which torch cannot be imported predicts with the exported file."""
-    [path] = exported(regression_ckpt, tmp_path / "esol.onnx")
+    [path] = exported(esol_checkpoint, tmp_path / "esol.onnx")
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from graphormer.portable.onnx_predictor import OnnxPredictor\n"
@@ -109,14 +100,14 @@ def test_onnx_predictor_runs_without_torch(regression_ckpt, tmp_path):
     assert "[True, False, True]" in done.stdout
 
 
-def test_export_refuses_to_overwrite(regression_ckpt, tmp_path):
+def test_export_refuses_to_overwrite(esol_checkpoint, tmp_path):
     target = tmp_path / "model.onnx"
     target.write_text("mine")
     with pytest.raises(UserFacingError, match="overwrite"):
-        exported(regression_ckpt, target)
+        exported(esol_checkpoint, target)
     assert target.read_text() == "mine"
     with pytest.raises(UserFacingError, match=r"\.onnx"):
-        exported(regression_ckpt, tmp_path / "model.ckpt")
+        exported(esol_checkpoint, tmp_path / "model.ckpt")
 
 
 def test_onnx_predictor_refuses_other_files(tmp_path):
@@ -126,11 +117,11 @@ def test_onnx_predictor_refuses_other_files(tmp_path):
         OnnxPredictor(other)
 
 
-def test_network_parity_on_the_raw_inputs(regression_ckpt, tmp_path):
+def test_network_parity_on_the_raw_inputs(esol_checkpoint, tmp_path):
     """ONNX Runtime on the collator's arrays equals the module on the same batch (no
     featurisation in between), for a batch size and atom count unlike the traced ones."""
-    [path] = exported(regression_ckpt, tmp_path / "esol.onnx")
-    predictor = Predictor.from_checkpoint(regression_ckpt, device="cpu")
+    [path] = exported(esol_checkpoint, tmp_path / "esol.onnx")
+    predictor = Predictor.from_checkpoint(esol_checkpoint, device="cpu")
     smiles = list(nci_smiles()[100:137])
     batch = predictor.collator(featurize_smiles(smiles).graphs)
     with torch.inference_mode():

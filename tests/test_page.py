@@ -9,8 +9,6 @@ import pytest
 
 from graphormer.testing import running_server
 
-from helpers import untrained_checkpoint
-
 pytest.importorskip("litserve", reason="the serve extra (litserve) is absent")
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
@@ -37,12 +35,9 @@ def browser():
         found.close()
 
 
-def test_page_predicts_and_shows_a_picture(browser, tmp_path, ogb_root):
+def test_page_predicts_and_shows_a_picture(browser, tmp_path, esol_checkpoint):
     """Three SMILES, one invalid: three rows, one error; a click shows the molecule."""
-    ckpt = untrained_checkpoint(
-        tmp_path / "esol.ckpt", ["dataset=ogbg-molesol", f"dataset.root={ogb_root}"]
-    )
-    with running_server(ckpt, f"hydra.run.dir={tmp_path / 'serve'}") as (url, _):
+    with running_server(esol_checkpoint, f"hydra.run.dir={tmp_path / 'serve'}") as (url, _):
         page = browser.new_page()
         page.goto(url + "/")
         sync_api.expect(page.locator("#model")).to_contain_text("regression")

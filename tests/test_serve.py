@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from helpers import nci_smiles, run_failing, untrained_checkpoint
+from helpers import nci_smiles, run_failing
 
 pytest.importorskip("litserve", reason="the serve extra (litserve) is absent")
 pytest.importorskip("httpx", reason="the serve extra (httpx, FastAPI's test client) is absent")
@@ -18,11 +18,8 @@ from graphormer.serving.app import Limits, build_server, check_exposure  # noqa:
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory, ogb_root):
-    path = tmp_path_factory.mktemp("serve") / "esol.ckpt"
-    return untrained_checkpoint(
-        path, ["dataset=ogbg-molesol", f"dataset.root={ogb_root}"], [-3.0], [2.5]
-    )
+def ckpt(esol_checkpoint):
+    return esol_checkpoint
 
 
 @pytest.fixture(scope="module")
