@@ -11,7 +11,7 @@ import torch
 
 from graphormer import Predictor
 from graphormer.data.featurize import featurize_smiles
-from graphormer.errors import UserFacingError
+from graphormer.errors import ConfigError, UserFacingError
 from graphormer.portable.dense import INPUT_NAMES
 
 from helpers import REPO, compose_config, nci_smiles, untrained_checkpoint
@@ -151,3 +151,11 @@ def test_export_leaves_the_predictor_as_it_was(tmp_path, ogb_root):
     np.testing.assert_array_equal(first, again)
     found = OnnxPredictor(tmp_path / "drop.onnx").run(smiles).values
     assert np.nanmax(np.abs(found - first)) <= 1e-4
+
+
+def test_export_without_the_onnx_extra_names_it(tmp_path, monkeypatch):
+    """Without onnx (or onnxruntime) the command says which extra to install, before any model
+    is read (it was a ModuleNotFoundError traceback after loading the model)."""
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(ConfigError, match=r"needs the onnx extra .*graphormer\[onnx\]"):
+        exported(tmp_path / "missing.ckpt", tmp_path / "m.onnx")

@@ -142,3 +142,20 @@ def test_serve_command_refuses_other_hosts_without_a_key(ckpt, tmp_path, monkeyp
     result = run_failing("serve.py", args, cwd=tmp_path)
     assert result.stderr.strip().splitlines()[-1].startswith("error: host=0.0.0.0")
     assert "GRAPHORMER_API_KEY" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("argument", "expected"),
+    [
+        ("port=abc", "error: port='abc' is not allowed: a TCP port"),
+        ("port=70000", "error: port=70000 is not allowed: a TCP port"),
+        ("batch_timeout=x", "error: batch_timeout='x' is not allowed"),
+        ("prot=8001", "error: prot is not a key of this config: did you mean port?"),
+    ],
+)
+def test_serve_settings_are_checked_before_anything_is_served(argument, expected, tmp_path):
+    """A bad port, wait or key is one error line (they were a ValueError traceback, or uvicorn's
+    own failure once the model was loaded)."""
+    args = ["ckpt=missing.ckpt", argument, f"hydra.run.dir={tmp_path / 'serve'}"]
+    result = run_failing("serve.py", args, cwd=tmp_path)
+    assert result.stderr.strip().splitlines()[-1].startswith(expected), result.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import checkpoint_inputs, plain, run_reporting_errors
+from graphormer.cli.common import checkpoint_inputs, plain, run_command, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import check_outputs
@@ -46,6 +46,14 @@ def run(cfg: DictConfig) -> list[Path]:
     from graphormer.inference.predictor import Predictor
 
     values = plain(cfg)
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError as error:
+        raise ConfigError(
+            f"graphormer-export needs the onnx extra ({error.name} is missing): "
+            "pip install 'graphormer[onnx]'"
+        ) from error
     output = Path(str(values["output"])).expanduser()
     if output.suffix != ".onnx":
         raise ConfigError(f"output={values['output']} does not end in .onnx: give model.onnx")
@@ -75,8 +83,13 @@ def run(cfg: DictConfig) -> list[Path]:
 
 
 @hydra.main(config_path="../configs", config_name="export", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _application(cfg: DictConfig) -> None:
     run_reporting_errors(run, cfg)
+
+
+def main() -> None:
+    """The console command: Hydra's application, its command line checked first."""
+    run_command(_application, "export")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import plain, run_reporting_errors
+from graphormer.cli.common import plain, run_command, run_reporting_errors
 from graphormer.console import report
 from graphormer.errors import ConfigError
 
@@ -29,6 +29,14 @@ def run(cfg: DictConfig) -> None:
     for key in ("max_rows", "max_smiles_length", "max_atoms", "max_batch_size"):
         if not isinstance(values[key], int) or values[key] < 1:
             raise ConfigError(f"{key}={values[key]!r} is not allowed: a number >= 1")
+    port = values["port"]
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"port={port!r} is not allowed: a TCP port, an integer from 1 to 65535")
+    timeout = values["batch_timeout"]
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 <= timeout <= 10:
+        raise ConfigError(
+            f"batch_timeout={timeout!r} is not allowed: seconds a batch waits, from 0 to 10"
+        )
     check_exposure(str(values["host"]), values["api_key"])
     server = build_server(
         values["ckpt"],
@@ -47,8 +55,13 @@ def run(cfg: DictConfig) -> None:
 
 
 @hydra.main(config_path="../configs", config_name="serve", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def _application(cfg: DictConfig) -> None:
     run_reporting_errors(run, cfg)
+
+
+def main() -> None:
+    """The console command: Hydra's application, its command line checked first."""
+    run_command(_application, "serve")
 
 
 if __name__ == "__main__":
