@@ -1,6 +1,9 @@
 """The numpy twins of the torch data path (issue 40): what the ONNX predictor computes without
 torch equals what training and the Predictor compute."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -9,7 +12,7 @@ from graphormer.data.featurize import featurize_smiles
 from graphormer.portable.dense import INPUT_NAMES, dense_inputs
 from graphormer.portable.molecules import blocked_rdkit_logs, featurize_one
 
-from helpers import nci_smiles
+from helpers import REPO, nci_smiles
 
 
 @pytest.mark.parametrize("pad_to_multiple", [1, 8])
@@ -26,3 +29,15 @@ def test_dense_inputs_equal_the_collator(pad_to_multiple):
         expected = getattr(batch, name).numpy()
         assert found[name].shape == expected.shape, name
         np.testing.assert_array_equal(found[name], expected.astype(found[name].dtype), name)
+
+
+def test_the_portable_modules_load_without_torch():
+    """The ONNX predictor reads a run's calibration (intervals, calibrated probabilities): none
+    of graphormer.portable may import torch, or a deployment would need it after all."""
+    code = (
+        "import sys, graphormer.portable.calibration, graphormer.portable.onnx_predictor\n"
+        "import graphormer.portable.dense, graphormer.portable.paths\n"
+        "loaded = [m for m in ('torch', 'lightning', 'torch_geometric') if m in sys.modules]\n"
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -130,7 +130,7 @@ def checkpoint_inputs(ckpt: Any) -> dict[str, Any]:
     folder's ``calibration.json``, ``ensemble.json`` and ``metrics.json``, and the data files
     its run read (``dataset.path``, ``dataset.split_file``)."""
     from graphormer.checkpoint import data_files
-    from graphormer.training.calibration import CALIBRATION_FILE
+    from graphormer.portable.calibration import CALIBRATION_FILE
     from graphormer.training.members import MEMBERS_DIR
 
     listed = isinstance(ckpt, list | tuple)

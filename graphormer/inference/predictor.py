@@ -33,7 +33,7 @@ from graphormer.data.sources.pyg_file import read_graphs
 from graphormer.devices import DEFAULT_PRECISION, PRECISIONS, resolve_pad_to_multiple
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, atom_labels
-from graphormer.training.calibration import Calibration, conformal_radius
+from graphormer.portable.calibration import Calibration, conformal_radius
 from graphormer.training.evaluation import has_dropout
 from graphormer.training.module import GraphormerModule
 from graphormer.training.tasknames import (

@@ -190,7 +190,7 @@ class OnnxPredictor:
             )
         if isinstance(interval, bool) or not isinstance(interval, int | float):
             raise ConfigError(f"interval={interval!r} is not allowed: a level in (0, 1), e.g. 0.9")
-        from graphormer.training.calibration import conformal_radius
+        from graphormer.portable.calibration import conformal_radius
 
         conformal_radius(np.asarray(self.calibration.residual[0]), float(interval))
 
@@ -234,6 +234,6 @@ def _calibration(values: dict | None) -> Any:
     if not values:
         return None
     # Its owner lives with training (it is fitted there); reading it imports that package.
-    from graphormer.training.calibration import Calibration
+    from graphormer.portable.calibration import Calibration
 
     return Calibration(**values)

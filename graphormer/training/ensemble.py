@@ -27,8 +27,8 @@ import torch
 from graphormer.console import command, quietly, report
 from graphormer.errors import ConfigError, UserFacingError
 from graphormer.outputs import atomic_path
+from graphormer.portable.calibration import CALIBRATION_FILE
 from graphormer.rundir import is_first_process, newest_checkpoint
-from graphormer.training.calibration import CALIBRATION_FILE
 from graphormer.training.evaluation import calibration_lines, score_members
 from graphormer.training.members import ENSEMBLE_FILE, MEMBERS_DIR, best_checkpoint
 from graphormer.training.run import train

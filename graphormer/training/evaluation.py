@@ -19,7 +19,7 @@ from graphormer.data.tasks import score, score_reported
 from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
 from graphormer.outputs import atomic_path
-from graphormer.training.calibration import CALIBRATION_FILE, Calibration
+from graphormer.portable.calibration import CALIBRATION_FILE, Calibration
 from graphormer.training.members import (
     Members,
     check_members,

@@ -229,7 +229,7 @@ def uncertainty_report(
         found["calibration"] = calibration.method if calibration is not None else "none"
         found["ece_before"] = {}
         found["ece_after"] = {}
-        from graphormer.training.calibration import expected_calibration_error
+        from graphormer.portable.calibration import expected_calibration_error
 
         for t, name in enumerate(task_names):
             found["ece_before"][name] = expected_calibration_error(mean[:, t], y[:, t])

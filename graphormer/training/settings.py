@@ -21,6 +21,7 @@ from typing import Any
 from graphormer.data.structure import max_useful_hops
 from graphormer.errors import ConfigError
 from graphormer.models.graphormer import GraphormerConfig
+from graphormer.portable.calibration import CALIBRATIONS
 
 __all__ = [
     "CALIBRATIONS",
@@ -492,7 +493,6 @@ def _fraction_or_count(key: str, value: Any) -> None:
 
 _LOSSES = ("auto", "bce", "ce", "l1", "mse")
 # How binary probabilities are calibrated on the validation split at the end of training.
-CALIBRATIONS = ("none", "temperature", "isotonic")
 # How a fine-tuning's new molecule output layer starts (graphormer.training.pretrained).
 PRETRAINED_HEADS = ("random", "probe")
 
