@@ -44,12 +44,18 @@ __all__ = [
     "checkpoint_digest",
     "CheckpointError",
     "CheckpointRecord",
+    "RunRecord",
+    "TrainingState",
     "data_files",
     "load",
     "meta_entry",
+    "read_training_state",
     "save",
+    "saved_epoch",
     "seal",
+    "store_averaged_weights",
     "weights_digest",
+    "write_training_state",
 ]
 
 FORMAT_VERSION = 3
@@ -61,6 +67,14 @@ _WHOLE_DIGEST = "checkpoint_sha256"
 # or a checkpoint written before it was kept).
 DATA_DIGEST = "data_digest"
 _REQUIRED = ("model", "task", "data")
+# The entries a fine-tuning run adds: the parameter names copied from ``pretrained=``, their
+# pre-trained values (``pretrained_decay`` pulls toward them), and whether the output layer was
+# fitted by ``pretrained_head=probe`` (its warm-up follows).
+PRETRAINED_KEY = "graphormer_pretrained_parameters"
+ANCHOR_KEY = "graphormer_pretrained_anchor"
+PROBED_KEY = "graphormer_probed_head"
+# Every rank's random streams (dropout, ...), so that a resume continues exactly.
+RNG_KEY = "graphormer_rng_states"
 
 
 class CheckpointError(UserFacingError, ValueError):
@@ -130,6 +144,153 @@ def meta_entry(
 
 
 @dataclass(frozen=True)
+class RunRecord:
+    """The settings a run stored with its weights (a checkpoint's ``hyper_parameters``, which are
+    also a :class:`~graphormer.training.module.GraphormerModule`'s ``hparams``), read through one
+    type: every stored setting is asked for here, never by dict path elsewhere.
+
+    Attributes:
+        model: the network's settings (``num_tasks`` included).
+        task: the task's :class:`~graphormer.data.tasks.TaskInfo` fields.
+        dataset: the run's dataset settings; None for converted weights.
+        datamodule: the run's datamodule settings; None for converted weights.
+        molecule_features: the molecule-feature settings (their column ``names``), or None.
+        training: every other stored setting (optimiser, loss, FLAG, normalisation, ...).
+    """
+
+    model: Mapping[str, Any]
+    task: Mapping[str, Any]
+    dataset: Mapping[str, Any] | None
+    datamodule: Mapping[str, Any] | None
+    molecule_features: Mapping[str, Any] | None
+    training: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, hyper_parameters: Mapping[str, Any]) -> RunRecord:
+        """The settings of ``hyper_parameters`` (a checkpoint's, or a module's ``hparams``)."""
+        data = hyper_parameters.get("data")
+        data = dict(data) if isinstance(data, Mapping) else {}
+
+        def part(value: Any) -> dict[str, Any] | None:
+            return dict(value) if isinstance(value, Mapping) else None
+
+        return cls(
+            model=dict(hyper_parameters.get("model") or {}),
+            task=dict(hyper_parameters.get("task") or {}),
+            dataset=part(data.get("dataset")),
+            datamodule=part(data.get("datamodule")),
+            molecule_features=part(data.get("molecule_features")),
+            training={
+                k: v for k, v in hyper_parameters.items() if k not in ("model", "task", "data")
+            },
+        )
+
+    @property
+    def network(self) -> dict[str, Any]:
+        """The network's settings without ``num_tasks`` (which the task sets)."""
+        return {k: v for k, v in self.model.items() if k != "num_tasks"}
+
+    @property
+    def has_data(self) -> bool:
+        """Whether the run recorded the data it trained on (converted weights do not)."""
+        return self.dataset is not None and self.datamodule is not None
+
+    @property
+    def max_hops(self) -> int | None:
+        """The paths' length the run read (``datamodule.max_hops``), None if not recorded."""
+        return (self.datamodule or {}).get("max_hops")
+
+    @property
+    def pad_to_multiple(self) -> int | None:
+        return (self.datamodule or {}).get("pad_to_multiple")
+
+    def dataset_setting(self, key: str) -> Any:
+        """One ``dataset.`` setting of the run, None if not recorded."""
+        return (self.dataset or {}).get(key)
+
+    def molecule_feature_names(self) -> list[str]:
+        """The molecule features' column names, as the run recorded them (empty if none)."""
+        return list((self.molecule_features or {}).get("names") or [])
+
+    def trained(self, key: str, default: Any = None) -> Any:
+        """One training setting (``loss``, ``normalize_targets``, ``flag``, ``lr`` ...)."""
+        return self.training.get(key, default)
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """What a run keeps in a checkpoint beside the weights for its resume: the parameters
+    copied from ``pretrained=`` and their pre-trained values, whether the head was probed, the
+    training data's digest, the random streams (None when not kept)."""
+
+    pretrained_parameters: frozenset[str]
+    pretrained_anchor: dict[str, torch.Tensor]
+    probed_head: bool
+    data_digest: str | None
+    rng_states: Any = None
+
+
+def write_training_state(
+    checkpoint: dict[str, Any],
+    *,
+    pretrained_parameters: frozenset[str],
+    pretrained_anchor: Mapping[str, torch.Tensor],
+    probed_head: bool,
+    precision: str | None,
+    data_digest: str | None,
+    rng_states: Any,
+) -> None:
+    """Writes a training run's own entries into a Lightning ``checkpoint`` being saved (the
+    fine-tuning state and the ``graphormer`` entry); :func:`seal` follows, last."""
+    if pretrained_parameters:
+        # A resume rebuilds the same optimiser groups (its weights come from here, not from
+        # pretrained=).
+        checkpoint[PRETRAINED_KEY] = sorted(pretrained_parameters)
+    if probed_head:
+        checkpoint[PROBED_KEY] = True
+    if pretrained_anchor:
+        checkpoint[ANCHOR_KEY] = {
+            name: t.detach().cpu() for name, t in sorted(pretrained_anchor.items())
+        }
+    digest = {DATA_DIGEST: data_digest} if data_digest else {}
+    checkpoint[META_KEY] = meta_entry(checkpoint["state_dict"], precision, **digest)
+    # Tensors and plain values (weights_only-loadable).
+    checkpoint[RNG_KEY] = rng_states
+
+
+def read_training_state(checkpoint: Mapping[str, Any]) -> TrainingState:
+    """The entries :func:`write_training_state` wrote (absent ones: nothing copied, no
+    digest), from a Lightning checkpoint being restored."""
+    meta = checkpoint.get(META_KEY)
+    digest = meta.get(DATA_DIGEST) if isinstance(meta, Mapping) else None
+    return TrainingState(
+        pretrained_parameters=frozenset(checkpoint.get(PRETRAINED_KEY, ())),
+        pretrained_anchor=dict(checkpoint.get(ANCHOR_KEY, {})),
+        probed_head=bool(checkpoint.get(PROBED_KEY, False)),
+        data_digest=str(digest) if digest else None,
+        rng_states=checkpoint.get(RNG_KEY),
+    )
+
+
+def store_averaged_weights(
+    checkpoint: dict[str, Any], state_key: str, average: Mapping[str, torch.Tensor]
+) -> None:
+    """A checkpoint of a run that averages its weights holds the average as its weights (what
+    evaluation and prediction read) and the training weights in the averaging callback's state
+    ``state_key`` (what a resume continues from)."""
+    weights = {}
+    for name, tensor in average.items():
+        weights[name] = checkpoint["state_dict"][name]
+        checkpoint["state_dict"][name] = tensor.to(weights[name].dtype).cpu()
+    checkpoint["callbacks"][state_key]["weights"] = weights
+
+
+def saved_epoch(path: str | Path) -> int:
+    """The training epoch a Lightning checkpoint was saved in (a quick look: nothing verified)."""
+    return int(load_data(path, mmap=True)["epoch"])
+
+
+@dataclass(frozen=True)
 class CheckpointRecord:
     """A checkpoint read back: its settings, weights and metadata.
 
@@ -146,6 +307,11 @@ class CheckpointRecord:
     hyper_parameters: dict[str, Any]
     meta: dict[str, Any]
     format_version: int
+
+    @property
+    def run(self) -> RunRecord:
+        """The run's stored settings, typed."""
+        return RunRecord.of(self.hyper_parameters)
 
     @property
     def model(self) -> dict[str, Any]:
@@ -213,8 +379,8 @@ def data_files(path: str | Path) -> dict[str, str]:
     for a file that cannot be read, which :func:`load` then refuses in its own words."""
     try:
         checkpoint = load_data(path, mmap=True)
-        dataset = checkpoint["hyper_parameters"]["data"]["dataset"]
-        found = {f"dataset.{key}": dataset.get(key) for key in DATA_FILE_KEYS}
+        settings = RunRecord.of(checkpoint["hyper_parameters"])
+        found = {f"dataset.{key}": settings.dataset_setting(key) for key in DATA_FILE_KEYS}
     except Exception:  # any damage: load() names it when the command reads the file
         return {}
     return {

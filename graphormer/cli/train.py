@@ -141,8 +141,8 @@ def _stored_run(ckpt_path: str, current: dict[str, Any]) -> tuple[dict, dict | N
     from graphormer.training.run import absolute_paths
 
     record = checkpoints.load(ckpt_path)  # a missing, corrupt or altered file fails here
-    data = record.data
-    if data is None:
+    run = record.run
+    if not run.has_data:
         raise ConfigError(
             f"ckpt_path={ckpt_path} holds converted weights, not a training run to resume: "
             f"fine-tune from it with pretrained={ckpt_path}"
@@ -151,7 +151,7 @@ def _stored_run(ckpt_path: str, current: dict[str, Any]) -> tuple[dict, dict | N
     config_file = run_dir / ".hydra" / "config.yaml" if run_dir else None
     if config_file is not None and config_file.is_file():
         stored = OmegaConf.load(config_file)
-        network = {k: v for k, v in record.model.items() if k != "num_tasks"}
+        network = run.network
         with open_dict(stored):
             stored.output_dir = current["output_dir"]  # resolved by this run, not the old one
             # The network is the checkpoint's own: pretrained= may have taken it from another
@@ -166,19 +166,18 @@ def _stored_run(ckpt_path: str, current: dict[str, Any]) -> tuple[dict, dict | N
         where = str(config_file)
     else:
         values = copy.deepcopy(current)
-        hyper = record.hyper_parameters
-        values["model"] = {k: v for k, v in record.model.items() if k != "num_tasks"}
-        values["datamodule"] = dict(data["datamodule"])
+        values["model"] = run.network
+        values["datamodule"] = dict(run.datamodule)
         for key in ("loss", "normalize_targets"):
-            values[key] = hyper[key]
+            values[key] = run.training[key]
         for key in values.get("optim", {}):
-            if key in hyper:
-                values["optim"][key] = hyper[key]
-        values["flag"] = {**values.get("flag", {}), **(hyper.get("flag") or {"m": 0})}
+            if key in run.training:
+                values["optim"][key] = run.training[key]
+        values["flag"] = {**values.get("flag", {}), **(run.trained("flag") or {"m": 0})}
         choices = None
         where = f"{ckpt_path} (no .hydra/config.yaml beside it: seed and trainer from this command)"
     # The checkpoint's dataset settings hold absolute paths: found from any working folder.
-    values["dataset"] = absolute_paths(dict(data["dataset"]))
+    values["dataset"] = absolute_paths(dict(run.dataset))
     return values, choices, where
 
 

@@ -284,15 +284,13 @@ class Predictor:
         check_members(records, modules)
         record, module = records[0], modules[0]
         path = found.paths[0]
-        data = module.hparams.get("data") or {}
-        datamodule = dict(data.get("datamodule") or {})
         source = stored_source(module)
         refusal = source.smiles_refusal() if source is not None else None
         predictor = cls(
             module,
             read_task_names(module),
-            max_hops=datamodule.get("max_hops"),
-            pad_to_multiple=datamodule.get("pad_to_multiple"),
+            max_hops=module.run_record.max_hops,
+            pad_to_multiple=module.run_record.pad_to_multiple,
             device=device,
             precision=precision or record.precision or DEFAULT_PRECISION,
             batch_size=batch_size,
@@ -303,7 +301,7 @@ class Predictor:
             calibration=calibration_of(found.folder, records),
             atom_task_names=read_atom_task_names(module),
             bond_task_names=read_bond_task_names(module),
-            molecule_features=_stored_molecule_features(source, data, path),
+            molecule_features=_stored_molecule_features(source, module.run_record, path),
         )
         if refusal is not None:
             predictor.smiles_refusal = f"checkpoint {path} {refusal}"
@@ -949,13 +947,15 @@ def format_atom_list(values: np.ndarray) -> str:
     return "[" + ", ".join("nan" if v != v else f"{float(v):.6g}" for v in values) + "]"
 
 
-def _stored_molecule_features(source: Any, data: dict, path: Any) -> MoleculeFeatures | None:
+def _stored_molecule_features(
+    source: Any, run: checkpoints.RunRecord, path: Any
+) -> MoleculeFeatures | None:
     """The molecule features a checkpoint's model reads (issue #22), checked against what this
     installation computes under the same names (another RDKit may list other descriptors)."""
     features = source.molecule_features() if source is not None else None
     if features is None:
         return None
-    stored = list((data.get("molecule_features") or {}).get("names") or [])
+    stored = run.molecule_feature_names()
     if stored and stored != features.names():
         differ = sorted(set(stored) ^ set(features.names()))[:5]
         raise CheckpointError(

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 
+from graphormer import checkpoint as checkpoints
 from graphormer.console import report
 from graphormer.errors import ConfigError
 
@@ -294,8 +295,5 @@ class WeightAverage(Callback):
         if self._average is None or trainer.state.fn != TrainerFn.FITTING:
             return
         # The training weights (in the module now) go to the state, the average to state_dict.
-        weights = {}
-        for name, p in self._trained(pl_module).items():
-            weights[name] = checkpoint["state_dict"][name]
-            checkpoint["state_dict"][name] = self._average[name].to(p.dtype).cpu()
-        checkpoint["callbacks"][self.state_key]["weights"] = weights
+        average = {name: self._average[name] for name in self._trained(pl_module)}
+        checkpoints.store_averaged_weights(checkpoint, self.state_key, average)

@@ -137,17 +137,17 @@ def _datamodule_of(
     checkpoint, module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
 ):
     """The data a checkpoint was trained on, where it lives now, batched for evaluation."""
-    data = module.hparams["data"] or {}
-    if not isinstance(data.get("dataset"), dict) or not isinstance(data.get("datamodule"), dict):
+    stored = module.run_record
+    if not stored.has_data:
         raise CheckpointError(
             f"checkpoint {checkpoint} records no dataset to evaluate on (a converted or hand-made "
             "checkpoint?): fine-tune it with train.py pretrained=... and evaluate that run"
         )
-    dataset_cfg = dict(data["dataset"])
+    dataset_cfg = dict(stored.dataset)
     # Where the data lives now, if it moved since training (the task must stay the same).
     moved = {k: str(v) for k, v in (("root", dataset_root), ("path", dataset_path)) if v}
     dataset_cfg.update(absolute_paths(moved))
-    datamodule_cfg = dict(data["datamodule"])
+    datamodule_cfg = dict(stored.datamodule)
     if batch_size:
         datamodule_cfg["eval_batch_size"] = batch_size
     if max_tokens is not None:

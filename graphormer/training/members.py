@@ -150,16 +150,13 @@ def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
                 f"checkpoint {record.path} predicts {module.task}, but {records[0].path} "
                 f"predicts {first.task}: an ensemble's members share one task"
             )
-        hops = [
-            (m.hparams.get("data") or {}).get("datamodule", {}).get("max_hops")
-            for m in (first, module)
-        ]
+        hops = [m.run_record.max_hops for m in (first, module)]
         if hops[0] != hops[1]:
             raise CheckpointError(
                 f"checkpoint {record.path} reads paths of {hops[1]} hops but {records[0].path} "
                 f"of {hops[0]}: an ensemble's members share the structural settings"
             )
-        inputs = [{k: m.hparams["model"].get(k) for k in _INPUT_KEYS} for m in (first, module)]
+        inputs = [{k: m.run_record.model.get(k) for k in _INPUT_KEYS} for m in (first, module)]
         if inputs[0] != inputs[1]:
             keys = [k for k in _INPUT_KEYS if inputs[0][k] != inputs[1][k]]
             raise CheckpointError(
@@ -168,11 +165,7 @@ def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
                 "members read the same features"
             )
         data = [
-            {
-                k: v
-                for k, v in ((m.hparams.get("data") or {}).get("dataset") or {}).items()
-                if k not in _TRAINING_ONLY_DATA
-            }
+            {k: v for k, v in (m.run_record.dataset or {}).items() if k not in _TRAINING_ONLY_DATA}
             for m in (first, module)
         ]
         differ = sorted(k for k in set(data[0]) | set(data[1]) if data[0].get(k) != data[1].get(k))

@@ -20,7 +20,6 @@ from graphormer.data.tasks import TaskInfo, score, score_atoms, score_bonds, sco
 from graphormer.errors import DataError, UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import (
-    RNG_KEY,
     capture_rng_states_of_all_ranks,
     restore_rng_state_of_rank,
 )
@@ -29,14 +28,13 @@ from graphormer.training.settings import FlagSettings
 
 __all__ = ["LEVELS", "GraphormerModule", "NonFiniteError", "auto_loss", "masked_loss"]
 
-# The checkpoint entry naming the parameters a fine-tuning run copied from ``pretrained=``.
-PRETRAINED_KEY = "graphormer_pretrained_parameters"
-# The copied tensors' pre-trained values (pretrained_decay), and the parameter-group key of the
-# rate that pulls them there.
-ANCHOR_KEY = "graphormer_pretrained_anchor"
+# The checkpoint entries of a fine-tuning run (written and read by graphormer.checkpoint alone;
+# named here for the callers that imported them from this module).
+PRETRAINED_KEY = checkpoints.PRETRAINED_KEY
+ANCHOR_KEY = checkpoints.ANCHOR_KEY
+PROBED_KEY = checkpoints.PROBED_KEY
+# The parameter-group key of the rate that pulls copied tensors to their pre-trained values.
 _ANCHOR_DECAY = "pretrained_decay"
-# Whether the run's output layer was fitted by pretrained_head=probe (its warm-up follows).
-PROBED_KEY = "graphormer_probed_head"
 
 _LOSSES = ("bce", "ce", "l1", "mse")
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
@@ -332,7 +330,7 @@ class GraphormerModule(pl.LightningModule):
         """Raises ValueError naming the setting when the checkpoint's settings describe tensors
         other than the ones it holds. The layers are counted first (building them is a loop);
         every other shape is compared on the meta device, where nothing is allocated."""
-        num_layers = record.model.get("num_layers")
+        num_layers = record.run.model.get("num_layers")
         names = (key.split(".") for key in record.state_dict if key.startswith("model.layers."))
         held = len({parts[2] for parts in names if len(parts) > 2})
         if num_layers != held:
@@ -343,12 +341,17 @@ class GraphormerModule(pl.LightningModule):
             stored = record.state_dict.get(name)
             if stored is not None and tuple(stored.shape) != tuple(tensor.shape):
                 differing = ", ".join(
-                    f"{k}={v!r}" for k, v in record.model.items() if k in _SIZE_SETTINGS
+                    f"{k}={v!r}" for k, v in record.run.model.items() if k in _SIZE_SETTINGS
                 )
                 raise ValueError(
                     f"{name} is {tuple(stored.shape)} but the settings ({differing}) make it "
                     f"{tuple(tensor.shape)}"
                 )
+
+    @property
+    def run_record(self) -> checkpoints.RunRecord:
+        """The settings this module was built with (what its checkpoints store), typed."""
+        return checkpoints.RunRecord.of(self.hparams)
 
     def setup(self, stage: str) -> None:
         # Runs on every rank after the data is set up, and before a resumed run restores its
@@ -438,7 +441,7 @@ class GraphormerModule(pl.LightningModule):
                 f"training graphs carry {width}"
             )
         dropped = block.fit(rows)
-        names = list((self.hparams.get("data") or {}).get(key, {}).get("names") or [])
+        names = self.run_record.molecule_feature_names()
         message = (
             f"molecule features: {rows.size(-1)} per molecule, statistics of {len(rows)} "
             f"training molecules; {int(rows.isnan().sum())} missing or non-finite value(s) "
@@ -899,26 +902,18 @@ class GraphormerModule(pl.LightningModule):
                 torch._foreach_add_(params, drift, alpha=-group["lr"] * rate)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.pretrained_parameters:
-            # A resume rebuilds the same optimiser groups (its weights come from here, not
-            # from pretrained=).
-            checkpoint[PRETRAINED_KEY] = sorted(self.pretrained_parameters)
-        if self.probed_head:
-            checkpoint[PROBED_KEY] = True
-        if self.pretrained_anchor:
-            checkpoint[ANCHOR_KEY] = {
-                name: t.detach().cpu() for name, t in sorted(self.pretrained_anchor.items())
-            }
-        precision = str(self.trainer.precision) if self._trainer is not None else None
-        digest = {checkpoints.DATA_DIGEST: self._data_digest} if self._data_digest else {}
-        checkpoint[checkpoints.META_KEY] = checkpoints.meta_entry(
-            checkpoint["state_dict"], precision, **digest
-        )
-        # The random streams (dropout, ...), so that a resumed run continues exactly where the
-        # interrupted one stopped, every rank's under DDP; stored as tensors and plain values
-        # (weights_only-loadable).
         size = self.trainer.world_size if self._trainer is not None else 1
-        checkpoint[RNG_KEY] = capture_rng_states_of_all_ranks(size)
+        checkpoints.write_training_state(
+            checkpoint,
+            pretrained_parameters=self.pretrained_parameters,
+            pretrained_anchor=self.pretrained_anchor,
+            probed_head=self.probed_head,
+            precision=str(self.trainer.precision) if self._trainer is not None else None,
+            data_digest=self._data_digest,
+            # So that a resumed run continues exactly where the interrupted one stopped, every
+            # rank's streams under DDP.
+            rng_states=capture_rng_states_of_all_ranks(size),
+        )
         # Last: Lightning calls this hook after the callbacks' states are in, so the digest
         # covers everything a resume reads (issue #20).
         checkpoints.seal(checkpoint)
@@ -926,17 +921,18 @@ class GraphormerModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning restores the module before it builds the optimiser, so a resumed
         # fine-tuning run groups its parameters as the interrupted one did.
-        self.pretrained_parameters = frozenset(checkpoint.get(PRETRAINED_KEY, ()))
-        self.pretrained_anchor = dict(checkpoint.get(ANCHOR_KEY, {}))
-        self.probed_head = bool(checkpoint.get(PROBED_KEY, False))
+        state = checkpoints.read_training_state(checkpoint)
+        self.pretrained_parameters = state.pretrained_parameters
+        self.pretrained_anchor = state.pretrained_anchor
+        self.probed_head = state.probed_head
         fitting = self._trainer is not None and self.trainer.state.fn == "fit"
         if fitting:
-            self._check_same_data(checkpoint)
-        state = checkpoint.get(RNG_KEY)
+            self._check_same_data(state.data_digest)
+        streams = state.rng_states
         # Only when fit resumes; evaluating a checkpoint leaves the streams alone.
-        if state is not None and self._trainer is not None and self.trainer.state.fn == "fit":
+        if streams is not None and fitting:
             size = self.trainer.world_size
-            if not restore_rng_state_of_rank(state, self.global_rank, size) and size > 1:
+            if not restore_rng_state_of_rank(streams, self.global_rank, size) and size > 1:
                 rank_zero_warn(
                     "the checkpoint holds no random streams of a run on "
                     f"{size} processes (it ran on another number, or before they were kept): "
@@ -944,14 +940,15 @@ class GraphormerModule(pl.LightningModule):
                     "is not the exact continuation of the interrupted one"
                 )
 
-    def _check_same_data(self, checkpoint: dict[str, Any]) -> None:
-        """A resume continues training on the data it started with: a training file changed at
-        the same path since the checkpoint was written is refused, not trained on."""
-        meta = checkpoint.get(checkpoints.META_KEY) or {}
-        stored = meta.get(checkpoints.DATA_DIGEST) if isinstance(meta, dict) else None
+    def _check_same_data(self, stored: str | None) -> None:
+        """A resume continues training on the data it started with (``stored``: the digest of
+        its checkpoint): a training file changed at the same path since is refused."""
         if stored and self._data_digest and stored != self._data_digest:
-            source = (self.hparams.get("data") or {}).get("dataset") or {}
-            where = source.get("path") or source.get("root") or source.get("name") or "the data"
+            settings = self.run_record
+            where = next(
+                (v for k in ("path", "root", "name") if (v := settings.dataset_setting(k))),
+                "the data",
+            )
             raise DataError(
                 f"the training data ({where}) is not the data the checkpoint being resumed was "
                 "trained on: its graphs, labels or splits changed since. Resume with the data "

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from graphormer import checkpoint
+
 __all__ = [
     "RNG_KEY",
     "capture_rng_state",
@@ -16,7 +18,7 @@ __all__ = [
     "restore_rng_state_of_rank",
 ]
 
-RNG_KEY = "graphormer_rng_states"
+RNG_KEY = checkpoint.RNG_KEY  # the checkpoint entry (owned by graphormer.checkpoint)
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -495,7 +495,7 @@ def _interrupted(
     saved = newest_checkpoint(output_dir)
     if saved is None:
         return RunInterrupted(0, trainer.max_epochs, None, None)
-    epochs = int(torch.load(saved, map_location="cpu", weights_only=True, mmap=True)["epoch"]) + 1
+    epochs = checkpoints.saved_epoch(saved) + 1
     metrics = None
     best = checkpoint.best_model_path
     if trainer.is_global_zero and best and Path(best).is_file():

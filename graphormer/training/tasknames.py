@@ -3,7 +3,6 @@ and evaluation reports label their columns with."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from graphormer.data.sources import Source, build_source
@@ -48,8 +47,8 @@ def _level_names(module: Any, level: str) -> list[str]:
 def stored_source(module: Any) -> Source | None:
     """The dataset source a checkpoint's settings describe; None when it records none (a
     converted checkpoint) or one graphormer cannot build (prediction needs no dataset)."""
-    dataset = (module.hparams.get("data") or {}).get("dataset")
-    if not isinstance(dataset, Mapping) or not dataset:
+    dataset = module.run_record.dataset
+    if not dataset:
         return None
     try:
         return build_source(dataset)
