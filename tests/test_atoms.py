@@ -15,6 +15,7 @@ from rdkit.Chem import rdPartialCharges
 from graphormer.data import GraphormerCollator
 from graphormer.data.featurize import featurize_smiles
 from graphormer.data.sources.smiles_csv import SmilesCsvSource
+from graphormer.data.tasks import ATOM
 from graphormer.errors import ConfigError, DataError
 from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import GraphormerModule
@@ -144,7 +145,7 @@ def test_permuting_the_atoms_permutes_the_atom_predictions(charge_run):
         shuffled = module.model.forward_levels(collate([_permuted(graph, perm)]))["atom"][0]
     assert torch.allclose(shuffled, plain[perm], atol=1e-5)
     # And the model learnt the chemistry: the carbonyl O is more negative than the methyl C.
-    charges = module._atom_units(plain)[:, 0]
+    charges = module.level_units(ATOM, plain)[:, 0]
     assert charges[3] < charges[0]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -15,8 +15,12 @@ from ogb.graphproppred import Evaluator
 from graphormer.errors import ConfigError, DataError
 
 __all__ = [
+    "ATOM",
     "ATOM_METRICS",
+    "BOND",
     "BOND_METRICS",
+    "ITEM_LEVELS",
+    "Level",
     "TASK_TYPES",
     "USER_METRICS",
     "USER_TASK_TYPES",
@@ -30,6 +34,7 @@ __all__ = [
     "score",
     "score_atoms",
     "score_bonds",
+    "score_level",
     "score_reported",
     "user_task",
     "warn_absent_classes",
@@ -57,6 +62,70 @@ REPORTED_METRICS = {"binary classification": ("acc",)}
 ATOM_METRICS = {"regression": ("mae", "rmse"), "binary": ("rocauc",)}
 # Bond-level metrics per ``dataset.bond_task_type``, over every labelled bond: the atoms' rule.
 BOND_METRICS = ATOM_METRICS
+
+
+@dataclass(frozen=True)
+class Level:
+    """A level of items a model predicts targets of beside (or instead of) the molecule's:
+    its atoms or its bonds. The one place that says how a level is named, labelled, masked,
+    standardised, trained and scored; code handling atoms and bonds iterates
+    :data:`ITEM_LEVELS` rather than repeating a block per level.
+
+    Attributes:
+        name: ``atom`` or ``bond``: the model's output key, the ``loss_weights`` key, the
+            prefix of its metrics (``atom_mae``), of its :class:`TaskInfo` fields
+            (``atom_tasks``, ``atom_task_type``) and of its default target names (``atom_0``).
+        label: the batch field of its labels (``[B, N, T]``, NaN = unlabelled or padding).
+        mask: the batch field marking its real items (``[B, N]``), never padding.
+        metrics: its metrics per task type (first: the one that selects checkpoints).
+        noun: what one item is called in messages and tables.
+    """
+
+    name: str
+    label: str
+    mask: str
+    metrics: dict[str, tuple[str, ...]] = field(hash=False, compare=False)
+    noun: str = ""
+
+    @property
+    def mean(self) -> str:
+        """The module buffer holding its targets' training mean (standardisation)."""
+        return f"{self.name}_mean"
+
+    @property
+    def std(self) -> str:
+        """The module buffer holding its targets' training standard deviation."""
+        return f"{self.name}_std"
+
+    def tasks(self, task: TaskInfo) -> int:
+        """Targets per item of ``task`` at this level (0: none)."""
+        return getattr(task, f"{self.name}_tasks")
+
+    def task_type(self, task: TaskInfo) -> str | None:
+        """``regression`` or ``binary`` (user wording); None without targets."""
+        return getattr(task, f"{self.name}_task_type")
+
+    def loss(self, task: TaskInfo) -> str:
+        """Its training loss: BCE for binary targets, MSE on standardised values otherwise."""
+        return "bce" if self.task_type(task) == "binary" else "mse"
+
+    def metric_names(self, task: TaskInfo) -> tuple[str, ...]:
+        """Logged names of its metrics (``atom_mae``, ``bond_rocauc``, ...); empty without
+        targets at this level."""
+        if not self.tasks(task):
+            return ()
+        return tuple(f"{self.name}_{m}" for m in self.metrics[self.task_type(task)])
+
+    def check_task_type(self, task_type: str | None, error: type[Exception], key: str) -> None:
+        """Raises ``error`` naming ``key`` when ``task_type`` is not one of this level's."""
+        if task_type not in self.metrics:
+            raise error(f"{key} must be one of {' | '.join(self.metrics)}, got {task_type!r}")
+
+
+ATOM = Level("atom", "y_atom", "node_mask", ATOM_METRICS, "atom")
+BOND = Level("bond", "y_bond", "bond_mask", BOND_METRICS, "bond")
+# The item levels, in the order their outputs, metrics and columns come (after molecules).
+ITEM_LEVELS = (ATOM, BOND)
 
 
 @dataclass(frozen=True)
@@ -125,20 +194,12 @@ class TaskInfo:
             raise ValueError(
                 f"num_classes is for multi-class tasks; {self.name} is {self.task_type}"
             )
-        if self.atom_tasks and self.atom_task_type not in ATOM_METRICS:
-            raise ValueError(
-                f"atom_task_type must be one of {' | '.join(ATOM_METRICS)}, got "
-                f"{self.atom_task_type!r}"
-            )
-        if not self.atom_tasks and self.atom_task_type is not None:
-            raise ValueError(f"atom_task_type is for atom targets; {self.name} has none")
-        if self.bond_tasks and self.bond_task_type not in BOND_METRICS:
-            raise ValueError(
-                f"bond_task_type must be one of {' | '.join(BOND_METRICS)}, got "
-                f"{self.bond_task_type!r}"
-            )
-        if not self.bond_tasks and self.bond_task_type is not None:
-            raise ValueError(f"bond_task_type is for bond targets; {self.name} has none")
+        for level in ITEM_LEVELS:
+            key = f"{level.name}_task_type"
+            if level.tasks(self):
+                level.check_task_type(level.task_type(self), ValueError, key)
+            elif level.task_type(self) is not None:
+                raise ValueError(f"{key} is for {level.noun} targets; {self.name} has none")
         if self.num_tasks == 0 and not self.atom_tasks and not self.bond_tasks:
             raise ValueError(f"{self.name} has no target: name molecule, atom or bond targets")
         if self.atom_auxiliary and not (self.atom_tasks and self.num_tasks):
@@ -181,24 +242,25 @@ class TaskInfo:
         """Logged names of the atom-level metrics (the first selects checkpoints when there is
         no molecule target): ``atom_mae``, ``atom_rmse`` or ``atom_rocauc``; empty without
         atom targets."""
-        if not self.atom_tasks:
-            return ()
-        return tuple(f"atom_{m}" for m in ATOM_METRICS[self.atom_task_type])
+        return ATOM.metric_names(self)
 
     @property
     def bond_metrics(self) -> tuple[str, ...]:
         """Logged names of the bond-level metrics: ``bond_mae``, ``bond_rmse`` or
         ``bond_rocauc``; empty without bond targets."""
-        if not self.bond_tasks:
-            return ()
-        return tuple(f"bond_{m}" for m in BOND_METRICS[self.bond_task_type])
+        return BOND.metric_names(self)
+
+    @property
+    def item_levels(self) -> tuple[Level, ...]:
+        """The item levels (atoms, bonds) this task has targets at."""
+        return tuple(level for level in ITEM_LEVELS if level.tasks(self))
 
     @property
     def level_metrics(self) -> tuple[str, ...]:
         """Every metric logged per evaluation split, molecule level first, then atoms, then
         bonds (``val/<name>``)."""
         molecule = (self.metric, *self.reported) if self.num_tasks else ()
-        return molecule + self.atom_metrics + self.bond_metrics
+        return molecule + tuple(m for level in ITEM_LEVELS for m in level.metric_names(self))
 
     def same_task(self, other: TaskInfo) -> bool:
         """Whether ``other`` is the same task, metrics reported beside the main one aside: a
@@ -225,10 +287,9 @@ class TaskInfo:
         values = asdict(self)
         if values["num_classes"] is None:  # as checkpoints before multi-class tasks stored it
             del values["num_classes"]
-        if not values["atom_tasks"]:  # as checkpoints before atom targets stored it
-            del values["atom_tasks"], values["atom_task_type"]
-        if not values["bond_tasks"]:  # as checkpoints before bond targets stored it
-            del values["bond_tasks"], values["bond_task_type"]
+        for level in ITEM_LEVELS:  # as checkpoints before atom (bond) targets stored it
+            if not values[f"{level.name}_tasks"]:
+                del values[f"{level.name}_tasks"], values[f"{level.name}_task_type"]
         if values["reported"]:
             values["reported"] = list(values["reported"])
         else:  # as checkpoints before reported metrics stored it
@@ -308,26 +369,36 @@ def score(
     return float(evaluator.eval({"y_true": y_true, "y_pred": y_pred})[task.metric])
 
 
+def score_level(
+    task: TaskInfo, level: Level, y_true: torch.Tensor, y_pred: torch.Tensor, split: str
+) -> dict[str, float]:
+    """``level``'s metrics (:meth:`Level.metric_names`) of predictions ``[n_items, T]`` against
+    labels (NaN = unlabelled), every item of the split counted once, by the same evaluators as
+    molecule targets (OGB's)."""
+    return _score_level(
+        task,
+        level.name,
+        level.tasks(task),
+        level.task_type(task),
+        level.metric_names(task),
+        y_true,
+        y_pred,
+        split,
+    )
+
+
 def score_atoms(
     task: TaskInfo, y_true: torch.Tensor, y_pred: torch.Tensor, split: str
 ) -> dict[str, float]:
-    """The atom-level metrics (:attr:`TaskInfo.atom_metrics`, names without ``atom_``) of
-    predictions ``[n_atoms, T_atom]`` against labels (NaN = unlabelled), every atom of the split
-    counted once, by the same evaluators as molecule targets (OGB's)."""
-    return _score_level(
-        task, "atom", task.atom_tasks, task.atom_task_type, task.atom_metrics, y_true, y_pred, split
-    )
+    """The atom-level metrics (:attr:`TaskInfo.atom_metrics`) of ``y_pred`` (:func:`score_level`)."""
+    return score_level(task, ATOM, y_true, y_pred, split)
 
 
 def score_bonds(
     task: TaskInfo, y_true: torch.Tensor, y_pred: torch.Tensor, split: str
 ) -> dict[str, float]:
-    """The bond-level metrics (:attr:`TaskInfo.bond_metrics`) of predictions
-    ``[n_bonds, T_bond]`` against labels (NaN = unlabelled), every bond of the split counted
-    once, by the same evaluators as molecule targets (OGB's)."""
-    return _score_level(
-        task, "bond", task.bond_tasks, task.bond_task_type, task.bond_metrics, y_true, y_pred, split
-    )
+    """The bond-level metrics (:attr:`TaskInfo.bond_metrics`) of ``y_pred`` (:func:`score_level`)."""
+    return score_level(task, BOND, y_true, y_pred, split)
 
 
 def _score_level(
@@ -462,16 +533,10 @@ def user_task(
             f"of {list(metrics[task_type])}"
         )
     classes = num_classes if task_type == "multiclass" else None
-    if atom_tasks and atom_task_type not in ATOM_METRICS:
-        raise ConfigError(
-            f"dataset.atom_task_type must be one of {' | '.join(ATOM_METRICS)}, got "
-            f"{atom_task_type!r}"
-        )
-    if bond_tasks and bond_task_type not in BOND_METRICS:
-        raise ConfigError(
-            f"dataset.bond_task_type must be one of {' | '.join(BOND_METRICS)}, got "
-            f"{bond_task_type!r}"
-        )
+    given = {ATOM: (atom_tasks, atom_task_type), BOND: (bond_tasks, bond_task_type)}
+    for level, (count, kind) in given.items():
+        if count:
+            level.check_task_type(kind, ConfigError, f"dataset.{level.name}_task_type")
     atom_type = atom_task_type if atom_tasks else None
     bond_type = bond_task_type if bond_tasks else None
     return TaskInfo(

@@ -16,7 +16,7 @@ from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
 from graphormer.console import report
 from graphormer.data.datamodule import GraphDataModule
-from graphormer.data.tasks import TaskInfo, score, score_atoms, score_bonds, score_reported
+from graphormer.data.tasks import ITEM_LEVELS, Level, TaskInfo, score, score_level, score_reported
 from graphormer.errors import DataError, UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.rng import (
@@ -274,29 +274,22 @@ class GraphormerModule(pl.LightningModule):
         self.loss_name = loss
         self.loss_weights = _loss_weights(loss_weights)
         levels = {"num_tasks": self.task.num_outputs}
-        if self.task.atom_tasks:
-            levels["atom_tasks"] = self.task.atom_tasks
-        if self.task.bond_tasks:
-            levels["bond_tasks"] = self.task.bond_tasks
+        for level in self.task.item_levels:
+            levels[f"{level.name}_tasks"] = level.tasks(self.task)
         self.config = GraphormerConfig.from_dict({**model, **levels})
         self.model = Graphormer(self.config)
         self.evaluator = self.task.evaluator()
         num_tasks = self.task.num_tasks
         self.register_buffer("target_mean", torch.zeros(num_tasks))
         self.register_buffer("target_std", torch.ones(num_tasks))
-        self.atom_loss_name = "bce" if self.task.atom_task_type == "binary" else "mse"
-        if self.task.atom_tasks:  # only then: existing checkpoints keep exactly their tensors
-            self.register_buffer("atom_mean", torch.zeros(self.task.atom_tasks))
-            self.register_buffer("atom_std", torch.ones(self.task.atom_tasks))
-        self.bond_loss_name = "bce" if self.task.bond_task_type == "binary" else "mse"
-        if self.task.bond_tasks:  # likewise
-            self.register_buffer("bond_mean", torch.zeros(self.task.bond_tasks))
-            self.register_buffer("bond_std", torch.ones(self.task.bond_tasks))
+        for level in self.task.item_levels:
+            # Only for a level with targets: existing checkpoints keep exactly their tensors.
+            self.register_buffer(level.mean, torch.zeros(level.tasks(self.task)))
+            self.register_buffer(level.std, torch.ones(level.tasks(self.task)))
         self._eval_outputs: list[tuple[Tensor, Tensor, Tensor]] = []
-        # Per evaluated batch: graph index and position of each real atom, predictions, labels.
-        self._atom_outputs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
-        # The same per real bond: graph index, position in the graph's bond list, values, labels.
-        self._bond_outputs: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        # Per item level and evaluated batch: the graph index and position of each real atom
+        # (bond: its position in the graph's bond list), predictions, labels.
+        self._item_outputs: dict[str, list[tuple[Tensor, Tensor, Tensor, Tensor]]] = {}
 
     @classmethod
     def from_checkpoint(
@@ -363,10 +356,9 @@ class GraphormerModule(pl.LightningModule):
             self._data_digest = datamodule.data_digest()
         self._standardise_inputs()
         self._fit_molecule_features()
-        if self.task.atom_tasks and self.atom_loss_name == "mse":
-            self._standardise_level_targets("y_atom", self.atom_mean, self.atom_std)
-        if self.task.bond_tasks and self.bond_loss_name == "mse":
-            self._standardise_level_targets("y_bond", self.bond_mean, self.bond_std)
+        for level in self.task.item_levels:
+            if level.loss(self.task) == "mse":
+                self._standardise_level_targets(level)
         classification = self.task.is_classification or self.task.is_multiclass
         if classification or not self.hparams.normalize_targets or not self.task.num_tasks:
             return
@@ -386,11 +378,13 @@ class GraphormerModule(pl.LightningModule):
         # value in validation into a loss of 1e12.
         self.target_std.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
 
-    def _standardise_level_targets(self, key: str, mean_buffer: Tensor, std_buffer: Tensor) -> None:
-        """Atom (bond) regression targets ``key`` are standardised with the training atoms'
-        (bonds') statistics, as molecule targets are (``normalize_targets``)."""
+    def _standardise_level_targets(self, level: Level) -> None:
+        """Atom (bond) regression targets are standardised with the training atoms' (bonds')
+        statistics, as molecule targets are (``normalize_targets``)."""
         if not self.hparams.normalize_targets:
             return
+        key = level.label
+        mean_buffer, std_buffer = getattr(self, level.mean), getattr(self, level.std)
         datamodule = self.trainer.datamodule
         rows = datamodule.train_rows(key) if isinstance(datamodule, GraphDataModule) else None
         if rows is None:
@@ -478,10 +472,9 @@ class GraphormerModule(pl.LightningModule):
         else:
             raw = self._raw_outputs(batch)
         out = {"molecule": self.to_units(raw["molecule"])}
-        if "atom" in raw:
-            out["atom"] = self._atom_units(raw["atom"])
-        if "bond" in raw:
-            out["bond"] = self._bond_units(raw["bond"])
+        for level in ITEM_LEVELS:
+            if level.name in raw:
+                out[level.name] = self.level_units(level, raw[level.name])
         return (out, attention) if return_attention else out
 
     def standardised_targets(self, target: Tensor) -> Tensor:
@@ -491,19 +484,20 @@ class GraphormerModule(pl.LightningModule):
     def _loss(self, raw: Tensor, target: Tensor) -> Tensor:
         return masked_loss(raw, self.standardised_targets(target), self.loss_name)
 
-    def _atom_units(self, raw: Tensor) -> Tensor:
-        """Atom outputs in the atom targets' units (logits for binary atom tasks)."""
-        return raw.float() * self.atom_std.float() + self.atom_mean.float()
+    def level_units(self, level: Level, raw: Tensor) -> Tensor:
+        """``level``'s raw outputs in its targets' units (logits for binary targets)."""
+        mean, std = getattr(self, level.mean), getattr(self, level.std)
+        return raw.float() * std.float() + mean.float()
 
-    def _bond_units(self, raw: Tensor) -> Tensor:
-        """Bond outputs in the bond targets' units (logits for binary bond tasks)."""
-        return raw.float() * self.bond_std.float() + self.bond_mean.float()
+    def level_standardised(self, level: Level, values: Tensor) -> Tensor:
+        """``level``'s values (targets or predictions in units) as its loss compares them."""
+        return (values - getattr(self, level.mean)) / getattr(self, level.std)
 
     def _raw_outputs(self, batch: GraphormerBatch, perturb: Tensor | None = None) -> dict:
         """Raw outputs per level: ``molecule`` ``[B, T]``, and ``atom`` ``[B, N, T_atom]`` for
         a model of atom targets, ``bond`` ``[B, M, T_bond]`` for one of bond targets. A
         molecule-only model runs its plain forward, as before."""
-        if not self.task.atom_tasks and not self.task.bond_tasks:
+        if not self.task.item_levels:
             return {"molecule": self.model(batch, perturb=perturb)}
         return self.model.forward_levels(batch, perturb=perturb)
 
@@ -512,19 +506,16 @@ class GraphormerModule(pl.LightningModule):
         losses = {}
         if self.task.num_tasks:
             losses["molecule"] = self._loss(raw["molecule"].float(), batch.y)
-        for level in ("atom", "bond"):
-            if not getattr(self.task, f"{level}_tasks"):
-                continue
-            labels = getattr(batch, f"y_{level}")
+        for level in self.task.item_levels:
+            labels = getattr(batch, level.label)
             if labels is None:
                 raise ValueError(
-                    f"the model predicts {level} targets but the batch carries none (y_{level})"
+                    f"the model predicts {level.noun} targets but the batch carries none "
+                    f"({level.label})"
                 )
-            mean, std = getattr(self, f"{level}_mean"), getattr(self, f"{level}_std")
-            target = (labels - mean) / std  # NaN at padding stays
-            pred = raw[level].float().flatten(0, 1)  # [B*N, T_atom] / [B*M, T_bond]
-            loss_name = getattr(self, f"{level}_loss_name")
-            losses[level] = masked_loss(pred, target.flatten(0, 1), loss_name)
+            target = self.level_standardised(level, labels)  # NaN at padding stays
+            pred = raw[level.name].float().flatten(0, 1)  # [B*N, T_atom] / [B*M, T_bond]
+            losses[level.name] = masked_loss(pred, target.flatten(0, 1), level.loss(self.task))
         return losses
 
     def _total_loss(self, raw: dict, batch: GraphormerBatch) -> Tensor:
@@ -667,18 +658,14 @@ class GraphormerModule(pl.LightningModule):
         raw = self._raw_outputs(batch)
         pred = self.to_units(raw["molecule"].float())
         self._eval_outputs.append((batch.index, pred.detach(), batch.y))
-        if self.task.atom_tasks:
-            mask = batch.node_mask  # [B, N]: real atoms only, never padding
+        for level in self.task.item_levels:
+            mask = getattr(batch, level.mask)  # [B, N]: real items only, never padding
             positions = torch.arange(mask.size(1), device=mask.device).expand_as(mask)
             graphs = batch.index.view(-1, 1).expand_as(mask)
-            atoms = self._atom_units(raw["atom"].float())[mask].detach()  # [n, T_atom]
-            self._atom_outputs.append((graphs[mask], positions[mask], atoms, batch.y_atom[mask]))
-        if self.task.bond_tasks:
-            mask = batch.bond_mask  # [B, M]: real bonds only, never padding
-            positions = torch.arange(mask.size(1), device=mask.device).expand_as(mask)
-            graphs = batch.index.view(-1, 1).expand_as(mask)
-            bonds = self._bond_units(raw["bond"].float())[mask].detach()  # [n, T_bond]
-            self._bond_outputs.append((graphs[mask], positions[mask], bonds, batch.y_bond[mask]))
+            values = self.level_units(level, raw[level.name].float())[mask].detach()  # [n, T]
+            labels = getattr(batch, level.label)[mask]
+            outputs = self._item_outputs.setdefault(level.name, [])
+            outputs.append((graphs[mask], positions[mask], values, labels))
 
     def validation_step(self, batch: GraphormerBatch, batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -691,10 +678,10 @@ class GraphormerModule(pl.LightningModule):
         return batch.index, self.to_units(self.model(batch).float())
 
     def on_validation_epoch_start(self) -> None:
-        self._eval_outputs, self._atom_outputs, self._bond_outputs = [], [], []
+        self._eval_outputs, self._item_outputs = [], {}
 
     def on_test_epoch_start(self) -> None:
-        self._eval_outputs, self._atom_outputs, self._bond_outputs = [], [], []
+        self._eval_outputs, self._item_outputs = [], {}
 
     def on_validation_epoch_end(self) -> None:
         self._log_metric("val", "valid")
@@ -704,9 +691,13 @@ class GraphormerModule(pl.LightningModule):
 
     def _log_metric(self, stage: str, split: str) -> None:
         index, pred, target = self._gather_outputs()
-        atoms = self._gather_items(self._atom_outputs, self.task.atom_tasks)
-        bonds = self._gather_items(self._bond_outputs, self.task.bond_tasks)
-        self._eval_outputs, self._atom_outputs, self._bond_outputs = [], [], []
+        items = {
+            level: self._gather_items(
+                self._item_outputs.get(level.name, []), level.tasks(self.task)
+            )
+            for level in self.task.item_levels
+        }
+        self._eval_outputs, self._item_outputs = [], {}
         if self.trainer.sanity_checking:
             return
         expected = _split_size(self.trainer, split)
@@ -725,7 +716,7 @@ class GraphormerModule(pl.LightningModule):
                     f"{split} graphs (trainer.limit_{stage}_batches={limit}): not comparable "
                     "with a score on the whole split"
                 )
-        if atoms is None and bonds is None:
+        if not items:
             value = score(self.task, self.evaluator, target, pred, split)
             raw = (pred - self.target_mean) / self.target_std
             loss = float(self._loss(raw, target.float()))
@@ -741,18 +732,11 @@ class GraphormerModule(pl.LightningModule):
             values.update(score_reported(self.task, target, pred))
             raw = (pred - self.target_mean) / self.target_std
             losses["molecule"] = self._loss(raw, target.float())
-        if atoms is not None:
-            atom_pred, atom_target = atoms
-            values.update(score_atoms(self.task, atom_target, atom_pred, split))
-            raw = (atom_pred - self.atom_mean) / self.atom_std
-            atom_target = (atom_target - self.atom_mean) / self.atom_std
-            losses["atom"] = masked_loss(raw, atom_target, self.atom_loss_name)
-        if bonds is not None:
-            bond_pred, bond_target = bonds
-            values.update(score_bonds(self.task, bond_target, bond_pred, split))
-            raw = (bond_pred - self.bond_mean) / self.bond_std
-            bond_target = (bond_target - self.bond_mean) / self.bond_std
-            losses["bond"] = masked_loss(raw, bond_target, self.bond_loss_name)
+        for level, (item_pred, item_target) in items.items():
+            values.update(score_level(self.task, level, item_target, item_pred, split))
+            raw = self.level_standardised(level, item_pred)
+            item_target = self.level_standardised(level, item_target)
+            losses[level.name] = masked_loss(raw, item_target, level.loss(self.task))
         loss = sum(self.loss_weights[level] * value for level, value in losses.items())
         self.log(f"{stage}/loss", float(loss), sync_dist=False)
         for name, value in values.items():

@@ -6,9 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from graphormer.data.sources import Source, build_source
+from graphormer.data.tasks import ATOM, BOND, Level
 from graphormer.errors import ConfigError
 
-__all__ = ["read_atom_task_names", "read_bond_task_names", "read_task_names", "stored_source"]
+__all__ = [
+    "level_task_names",
+    "read_atom_task_names",
+    "read_bond_task_names",
+    "read_task_names",
+    "stored_source",
+]
 
 
 def read_task_names(module: Any) -> list[str]:
@@ -25,22 +32,22 @@ def read_task_names(module: Any) -> list[str]:
 def read_atom_task_names(module: Any) -> list[str]:
     """The names of a checkpoint's atom targets (issue #18), its source's atom target columns;
     ``atom_i`` when it cannot tell."""
-    return _level_names(module, "atom")
+    return level_task_names(module, ATOM)
 
 
 def read_bond_task_names(module: Any) -> list[str]:
     """The names of a checkpoint's bond targets (issue #18), its source's bond target columns;
     ``bond_i`` when it cannot tell."""
-    return _level_names(module, "bond")
+    return level_task_names(module, BOND)
 
 
-def _level_names(module: Any, level: str) -> list[str]:
-    """``level``'s (``atom`` or ``bond``) target names from the stored source, or numbered."""
-    count = getattr(module.task, f"{level}_tasks")
+def level_task_names(module: Any, level: Level) -> list[str]:
+    """``level``'s target names from the stored source, or numbered (``atom_0``)."""
+    count = level.tasks(module.task)
     source = stored_source(module)
-    names = getattr(source, f"{level}_task_names")() if source is not None else []
+    names = getattr(source, f"{level.name}_task_names")() if source is not None else []
     if len(names) != count or len(set(names)) != count:
-        names = [f"{level}_{i}" for i in range(count)]
+        names = [f"{level.name}_{i}" for i in range(count)]
     return names
 
 

@@ -31,7 +31,15 @@ from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
 from graphormer.data.splits import column_split, file_split, group_split, random_split
 from graphormer.data.structure import StructuralFeatures, add_structural_features
-from graphormer.data.tasks import TaskInfo, check_class_labels, user_task, warn_absent_classes
+from graphormer.data.tasks import (
+    ATOM,
+    BOND,
+    Level,
+    TaskInfo,
+    check_class_labels,
+    user_task,
+    warn_absent_classes,
+)
 from graphormer.errors import ConfigError, DataError
 from graphormer.safe_io import PYG_DATA, allow, load_data
 
@@ -733,10 +741,10 @@ class SmilesCsvSource(Source):
             atom_descriptor_targets=self.atom_descriptor_targets,
         )
         task = self.task_info()
-        if task.atom_tasks and task.atom_task_type == "binary":
-            _check_binary_atoms(dataset, self.atom_targets, self.path)
-        if task.bond_tasks and task.bond_task_type == "binary":
-            _check_binary_atoms(dataset, self.bond_targets, self.path, "bond")
+        columns = {ATOM: self.atom_targets, BOND: self.bond_targets}
+        for level in task.item_levels:
+            if level.task_type(task) == "binary":
+                _check_binary_items(dataset, columns[level], self.path, level)
         if task.is_classification:
             _check_binary_labels(dataset, self.targets, self.path)
         if task.is_multiclass:
@@ -761,10 +769,9 @@ class SmilesCsvSource(Source):
                 split = file_split(self.split_file, len(table), rows)
         if self.targets:
             _check_labelled_splits(dataset, split, self.targets, self.path)
-        if self.atom_targets:
-            _check_labelled_atoms(dataset, split, self.atom_targets, self.path)
-        if self.bond_targets:
-            _check_labelled_atoms(dataset, split, self.bond_targets, self.path, "bond")
+        for level, columns in ((ATOM, self.atom_targets), (BOND, self.bond_targets)):
+            if columns:
+                _check_labelled_atoms(dataset, split, columns, self.path, level.name)
         if task.is_multiclass:
             y = dataset.y.view(len(dataset), -1)
             warn_absent_classes(y[torch.as_tensor(split["train"])], task.num_classes, self.name)
@@ -800,20 +807,20 @@ def _atom_rows(
     return getattr(dataset, key)[torch.arange(int(counts.sum())) + offsets]
 
 
-def _check_binary_atoms(
-    dataset: SmilesCsvDataset, targets: list[str], path: str, level: str = "atom"
+def _check_binary_items(
+    dataset: SmilesCsvDataset, targets: list[str], path: str, level: Level
 ) -> None:
-    y = getattr(dataset, f"y_{level}")
+    y = getattr(dataset, level.label)
     bad = ~(torch.isnan(y) | (y == 0) | (y == 1))
     if bad.any():
         column = int(bad.any(0).nonzero()[0])
         atom = int(bad[:, column].nonzero()[0])
-        graph = int(torch.searchsorted(dataset.slices[f"y_{level}"], atom, right=True)) - 1
+        graph = int(torch.searchsorted(dataset.slices[level.label], atom, right=True)) - 1
         raise DataError(
-            f"{level} target column {targets[column]!r} of {path} holds "
+            f"{level.name} target column {targets[column]!r} of {path} holds "
             f"{float(y[atom, column])} at row {int(dataset.row.view(-1)[graph])} (0-based, "
-            f"header excluded), but dataset.{level}_task_type=binary: use 0/1 labels (nan = "
-            f"unlabelled), or dataset.{level}_task_type=regression"
+            f"header excluded), but dataset.{level.name}_task_type=binary: use 0/1 labels (nan = "
+            f"unlabelled), or dataset.{level.name}_task_type=regression"
         )
 
 
