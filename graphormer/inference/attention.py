@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import pandas as pd
+import torch
 from rdkit import Chem
 
-__all__ = ["GRAPH_TOKEN", "AttentionMaps", "atom_labels", "attention_rollout"]
+from graphormer.errors import DataError
+from graphormer.inference.inputs import attach_molecule_features, featurize
+from graphormer.runner import item_arrays
+
+__all__ = ["GRAPH_TOKEN", "AttentionMaps", "atom_labels", "attention_maps", "attention_rollout"]
 
 # The label of Graphormer's graph token (row and column 0 of every map).
 GRAPH_TOKEN = "graph"
@@ -103,3 +110,84 @@ class AttentionMaps:
         token's share to itself is left out, so the values sum to at most 1."""
         row = self.rollout()[0] if layer is None else self.mean_over_heads()[layer, 0]
         return np.asarray(row[1:], dtype=np.float64)
+
+
+def attention_maps(predictor: Any, smiles: list[str]) -> list[AttentionMaps]:
+    """:meth:`attention` for several molecules, computed in one padded batch; each map is
+    cut to its own molecule (no padding). ``predictor``: the
+    :class:`~graphormer.inference.predictor.Predictor` whose model, featurisation and runner
+    give them."""
+    predictor._check_smiles_allowed()
+    featurized = featurize(smiles, predictor.max_atoms, bool(predictor.task.bond_tasks))
+    for i, error in enumerate(featurized.errors):
+        if error:
+            raise DataError(f"SMILES {smiles[i]!r} (item {i}): {error}")
+    attach_molecule_features(predictor.molecule_features, featurized, smiles, None)
+    batch = predictor.collator(featurized.graphs)
+    atoms = bonds = contributions = None
+    model = predictor.module.model
+    explains_atoms = (
+        model.config.readout == "token_sum"
+        and model.head is not None
+        and not predictor.task.is_multiclass
+    )
+    with predictor._inference():
+        on_device = batch.to(predictor.device)
+        h = None
+        if predictor.task.atom_tasks or predictor.task.bond_tasks:
+            levels, attention = predictor.module.forward_levels(on_device, return_attention=True)
+            out = levels["molecule"]
+            per_level = item_arrays(predictor.task, levels, batch)
+            atoms, bonds = per_level.get("atom"), per_level.get("bond")
+        elif explains_atoms:
+            # One pass: the prediction and the atoms' terms from the same final states.
+            h, attention = model.encode(on_device, return_attention=True)
+            out = predictor.module.to_units(model.molecule_output(h, on_device))
+        else:
+            out, attention = predictor.module(on_device, return_attention=True)
+        if explains_atoms:
+            if h is None:  # a model of atom or bond targets too: the same kernels again
+                h, _ = model.encode(on_device, return_attention=True)
+            # Each atom's additive term in the targets' units (logits for binary tasks):
+            # the target standardisation scales it; its mean is the graph token's part.
+            per_atom = model.atom_contributions(h, on_device).float()
+            contributions = (per_atom * predictor.module.target_std.float()).cpu().numpy()
+    values = predictor._outputs(out)
+    stacked = torch.stack([a.float() for a in attention], dim=1).cpu()  # [B, L, H, N+1, N+1]
+    node_mask = batch.node_mask
+    maps = []
+    for b, text in enumerate(smiles):
+        # The graph token (0) and this molecule's atoms, whose rows and columns the collator
+        # places first; everything after them is padding.
+        keep = torch.cat([torch.tensor([0]), node_mask[b].nonzero().squeeze(1) + 1])
+        weights = stacked[b][:, :, keep][:, :, :, keep]  # [L, H, n+1, n+1]
+        maps.append(
+            AttentionMaps(
+                smiles=text,
+                labels=atom_labels(text),
+                weights=weights.numpy(),
+                predictions={
+                    k: None if pd.isna(v[0]) else v[0].item()
+                    for k, v in predictor.outputs(values[b : b + 1]).items()
+                },
+                atom_predictions={
+                    name: atoms[b][:, t].tolist()
+                    for t, name in enumerate(predictor.atom_task_names)
+                }
+                if atoms is not None
+                else {},
+                bond_predictions={
+                    name: bonds[b][:, t].tolist()
+                    for t, name in enumerate(predictor.bond_task_names)
+                }
+                if bonds is not None
+                else {},
+                atom_contributions={
+                    name: contributions[b][node_mask[b].numpy()][:, t].tolist()
+                    for t, name in enumerate(predictor.task_names)
+                }
+                if contributions is not None
+                else {},
+            )
+        )
+    return maps

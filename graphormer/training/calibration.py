@@ -1,8 +1,8 @@
-"""Calibration of a trained run's outputs: its home is :mod:`graphormer.portable.calibration`
-(numpy only, so that the ONNX predictor reads a run's calibration without torch); this module
-keeps the names importable where they have always been."""
+"""Calibration of a trained run's outputs: its home is :mod:`graphormer.uncertainty.calibration`
+(on the numpy core of :mod:`graphormer.portable.calibration`); this module keeps the names
+importable where they have always been."""
 
-from graphormer.portable.calibration import (
+from graphormer.uncertainty.calibration import (
     CALIBRATION_FILE,
     CALIBRATIONS,
     Calibration,

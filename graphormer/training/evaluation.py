@@ -20,6 +20,7 @@ from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
 from graphormer.outputs import atomic_path
 from graphormer.portable.calibration import CALIBRATION_FILE, Calibration
+from graphormer.runner import ModelRunner, has_dropout, probabilities
 from graphormer.training.members import (
     Members,
     check_members,
@@ -36,6 +37,7 @@ from graphormer.training.run import (
     quiet_third_parties,
 )
 from graphormer.training.tasknames import read_task_names
+from graphormer.uncertainty.calibration import calibration_of
 
 __all__ = [
     "calibration_lines",
@@ -119,18 +121,13 @@ def member_outputs(
 ) -> np.ndarray:
     """``[M, n, T]`` predictions of every member (probabilities for binary tasks) for ``split``,
     in its order; with ``mc_passes`` K, each member contributes K passes with dropout on."""
-    outputs = []
-    for module in modules:
-        for k in range(max(1, mc_passes)):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed + k)
-                pred = predict_split(trainer, module, datamodule, split, dropout=mc_passes > 0)
-            if module.task.is_classification:
-                pred = torch.sigmoid(pred)
-            elif module.task.is_multiclass:
-                pred = torch.softmax(pred, dim=-1)
-            outputs.append(pred.float().numpy())
-    return np.stack(outputs)
+    runner = ModelRunner(modules, mc_passes, seed, device=trainer.strategy.root_device)
+
+    def run(module: Any) -> np.ndarray:
+        pred = predict_split(trainer, module, datamodule, split, dropout=mc_passes > 0)
+        return probabilities(module.task, pred).numpy()
+
+    return np.stack(list(runner.passes(run)))
 
 
 def _datamodule_of(
@@ -185,27 +182,6 @@ def _eval_trainer(accelerator: str, precision: str) -> pl.Trainer:
         enable_progress_bar=is_terminal(),
         use_distributed_sampler=False,
     )
-
-
-def has_dropout(config) -> bool:
-    """Whether a network's settings drop anything (what MC dropout needs)."""
-    rates = (config.dropout, config.attention_dropout, config.activation_dropout)
-    return any((r or 0) > 0 for r in (*rates, config.input_dropout))
-
-
-def calibration_of(folder: Path | None, records: list) -> Calibration | None:
-    """The run's ``calibration.json`` when it was fitted for exactly these weights."""
-    if folder is None or not (folder / CALIBRATION_FILE).is_file():
-        return None
-    found = Calibration.load(folder / CALIBRATION_FILE)
-    digests = [r.meta.get("weights_sha256") for r in records]
-    if not found.fits(digests):
-        report(
-            f"WARNING: {folder / CALIBRATION_FILE} was fitted for other weights (other or fewer "
-            "members): not used"
-        )
-        return None
-    return found
 
 
 def _calibration_report(calibration: Calibration, names: list[str]) -> dict[str, Any]:

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
 from graphormer.errors import ConfigError
 from graphormer.rundir import ENSEMBLE_FILE, run_dir_of
+
+# The report lives in graphormer.uncertainty; the names stay importable here.
+from graphormer.uncertainty.report import REPORTED_LEVELS, spearman, uncertainty_report
 
 __all__ = [
     "ENSEMBLE_FILE",
@@ -42,8 +43,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MEMBERS_DIR = "members"
-# Interval levels eval.py reports (coverage and mean width on the test split).
-REPORTED_LEVELS = (0.8, 0.9, 0.95)
 
 
 @dataclass
@@ -188,70 +187,3 @@ _INPUT_KEYS = (
     "edge_continuous_dim",
     "molecule_features_dim",
 )
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    import pandas as pd
-
-    ra = pd.Series(a).rank().to_numpy()
-    rb = pd.Series(b).rank().to_numpy()
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def uncertainty_report(
-    task: Any,
-    task_names: Sequence[str],
-    y: np.ndarray,
-    mean: np.ndarray,
-    std: np.ndarray | None,
-    calibration: Any | None,
-    spread: str | None,
-) -> dict[str, Any]:
-    """How sure the predictions of one split were: regression, each task's interval coverage and
-    mean width at :data:`REPORTED_LEVELS` (with a calibration) and Spearman's correlation of the
-    spread with the absolute error (with a spread); binary, each task's ECE before and after the
-    run's calibration."""
-    found: dict[str, Any] = {}
-    if task.is_multiclass:
-        return found  # no intervals or calibration for class probabilities
-    if task.is_classification:
-        after = calibration.calibrate(mean) if calibration is not None else None
-        found["calibration"] = calibration.method if calibration is not None else "none"
-        found["ece_before"] = {}
-        found["ece_after"] = {}
-        from graphormer.portable.calibration import expected_calibration_error
-
-        for t, name in enumerate(task_names):
-            found["ece_before"][name] = expected_calibration_error(mean[:, t], y[:, t])
-            if after is not None:
-                found["ece_after"][name] = expected_calibration_error(after[:, t], y[:, t])
-        if after is None:
-            del found["ece_after"]
-        return found
-    if std is not None:
-        found["std_error_spearman"] = {}
-        for t, name in enumerate(task_names):
-            keep = ~np.isnan(y[:, t])
-            error = np.abs(y[keep, t] - mean[keep, t])
-            found["std_error_spearman"][name] = spearman(std[keep, t], error)
-    if calibration is not None:
-        found["interval_scores"] = calibration.interval_kind(spread)
-        found["intervals"] = {}
-        for level in REPORTED_LEVELS:
-            try:
-                lower, upper = calibration.intervals(mean, std, level, spread)
-            except ConfigError:  # too few validation molecules for this level
-                continue
-            entry = {}
-            for t, name in enumerate(task_names):
-                keep = ~np.isnan(y[:, t])
-                inside = (y[keep, t] >= lower[keep, t]) & (y[keep, t] <= upper[keep, t])
-                entry[name] = {
-                    "coverage": float(inside.mean()) if keep.any() else float("nan"),
-                    "mean_width": float((upper[keep, t] - lower[keep, t]).mean()),
-                }
-            found["intervals"][str(level)] = entry
-    return found

@@ -1,0 +1,276 @@
+"""The tables of a prediction: one row per molecule (``layout=wide``: one column per task, and
+per atom or bond target a list column), or one row per atom and bond (``layout=long``)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rdkit import Chem
+
+from graphormer.data.tasks import ATOM, BOND, TaskInfo
+from graphormer.errors import ConfigError
+
+__all__ = ["LAYOUTS", "OutputNames", "Predictions", "format_atom_list"]
+
+# The layouts of predict.py's table (``layout=``).
+LAYOUTS = ("wide", "long")
+
+
+@dataclass
+class Predictions:
+    """One row per input molecule, in input order.
+
+    Attributes:
+        values: ``[n, T]`` float32: probabilities for binary tasks, the targets' units for
+            regression; ``[n, C]`` class probabilities for a multi-class task; NaN where the
+            molecule could not be featurised.
+        errors: ``""``, or why the molecule has no prediction.
+        embeddings: ``[n, hidden_dim]`` float32 graph-token final states (NaN rows where there is
+            no prediction), or None when not asked for.
+        std: ``[n, T]`` the spread of the values: over an ensemble's members or MC-dropout
+            passes (of probabilities for binary tasks); None for a single deterministic model.
+        lower, upper: ``[n, T]`` calibrated intervals (regression, ``interval=``), or None.
+        atoms: for a model of atom targets (issue #18), one ``[n_atoms, T_atom]`` float32
+            array per molecule in RDKit's atom order (probabilities for binary atom tasks;
+            None where there is no prediction); None otherwise.
+        bonds: for a model of bond targets, one ``[n_bonds, T_bond]`` float32 array per
+            molecule in RDKit's bond order (per listed edge for graphs); None otherwise.
+    """
+
+    values: np.ndarray
+    errors: list[str]
+    embeddings: np.ndarray | None = None
+    std: np.ndarray | None = None
+    lower: np.ndarray | None = None
+    upper: np.ndarray | None = None
+    atoms: list[np.ndarray | None] | None = None
+    bonds: list[np.ndarray | None] | None = None
+
+
+@dataclass(frozen=True)
+class OutputNames:
+    """What a model's outputs are called in its tables.
+
+    Attributes:
+        task: the task predicted (auxiliary atom targets left out).
+        task_names: one name per molecule task.
+        atom_task_names: one name per atom target (empty without).
+        bond_task_names: one name per bond target (empty without).
+    """
+
+    task: TaskInfo
+    task_names: list[str]
+    atom_task_names: list[str]
+    bond_task_names: list[str]
+
+    @classmethod
+    def of(
+        cls,
+        task: TaskInfo,
+        task_names: Sequence[str] | None = None,
+        atom_task_names: Sequence[str] | None = None,
+        bond_task_names: Sequence[str] | None = None,
+    ) -> OutputNames:
+        """The names of a model of ``task``'s outputs: the given ones, checked, or numbered
+        (``task_i``, ``atom_i``, ``bond_i``)."""
+        # Auxiliary atom targets (issue #22) are trained, never predicted.
+        predicted = task.without_auxiliary()
+        num_tasks = predicted.num_tasks
+        names = list(task_names) if task_names else [f"task_{i}" for i in range(num_tasks)]
+        if len(names) != num_tasks:
+            raise ValueError(f"{len(names)} task names for {num_tasks} tasks: {names}")
+        given = {ATOM: atom_task_names, BOND: bond_task_names}
+        if task.atom_auxiliary:
+            given[ATOM] = None  # the names of the auxiliary targets, if given, name no output
+        found = {}
+        for level, chosen in given.items():
+            count = level.tasks(predicted)
+            chosen = list(chosen or [f"{level.name}_{i}" for i in range(count)])
+            if len(chosen) != count:
+                raise ValueError(f"{len(chosen)} {level.noun} task names for {count}: {chosen}")
+            found[level] = chosen
+        return cls(predicted, names, found[ATOM], found[BOND])
+
+    def long_table(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
+        """The long layout (``layout=long``): one row per atom of every molecule (``row``, the
+        input's position; ``atom_index``, RDKit's; ``element``; one column per atom target;
+        ``error``) for a model of atom targets, one row per bond (``row``, ``bond_index``,
+        RDKit's; ``begin_atom``, ``end_atom``; ``bond_type``; one column per bond target;
+        ``error``) for a model of bond targets, and for a model of both, the two stacked with a
+        ``level`` column (``atom`` or ``bond``), each molecule's atoms then its bonds, the
+        other level's columns empty. A molecule without a prediction keeps one row, with empty
+        indices and the reason in ``error``."""
+        if result.atoms is None and result.bonds is None:
+            raise ConfigError(
+                "layout=long writes one row per atom or bond, and this model predicts no atom "
+                "or bond targets: use layout=wide"
+            )
+        if result.bonds is None:
+            return self._atom_rows(smiles, result)
+        bonds = self._bond_rows(smiles, result)
+        if result.atoms is None:
+            return bonds
+        atoms = self._atom_rows(smiles, result)
+        atoms.insert(1, "level", "atom")
+        bonds.insert(1, "level", "bond")
+        table = pd.concat([atoms, bonds], ignore_index=True)
+        table = table.sort_values(["row", "level"], kind="stable", ignore_index=True)
+        # A molecule without a prediction has one error row per level: keep one. A molecule
+        # without bonds keeps its atom rows, not the bond level's empty placeholder.
+        failed = table["error"].astype(str).ne("") & table.duplicated(["row"], keep="first")
+        placeholder = table["level"].eq("bond") & table["bond_index"].isna()
+        placeholder &= table["error"].astype(str).eq("")
+        table = table[~(failed | placeholder)].reset_index(drop=True)
+        columns = ["row", "level", "atom_index", "element", "bond_index", "begin_atom"]
+        columns += ["end_atom", "bond_type", *self.atom_task_names, *self.bond_task_names]
+        return table[[*columns, "error"]]
+
+    def _bond_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
+        """One row per bond of every molecule (see :meth:`atom_table`)."""
+        rows, indices, begins, ends, types, values, errors = [], [], [], [], [], [], []
+        width = len(self.bond_task_names)
+        for position, (text, bonds) in enumerate(zip(smiles, result.bonds, strict=True)):
+            # A molecule without a prediction, or without bonds (an ion, one atom), keeps a row.
+            if bonds is None or not len(bonds):
+                rows.append(position)
+                indices.append(pd.NA)
+                begins.append(pd.NA)
+                ends.append(pd.NA)
+                types.append(None)
+                values.append(np.full(width, np.nan, dtype=np.float32))
+                errors.append(result.errors[position])
+                continue
+            found = list(Chem.MolFromSmiles(text).GetBonds())
+            rows += [position] * len(bonds)
+            indices += range(len(bonds))
+            begins += [b.GetBeginAtomIdx() for b in found]
+            ends += [b.GetEndAtomIdx() for b in found]
+            types += [str(b.GetBondType()) for b in found]
+            values += list(bonds)
+            errors += [""] * len(bonds)
+        stacked = np.stack(values) if values else np.zeros((0, width))
+        table = pd.DataFrame(
+            {
+                "row": rows,
+                "bond_index": pd.array(indices, dtype="Int64"),
+                "begin_atom": pd.array(begins, dtype="Int64"),
+                "end_atom": pd.array(ends, dtype="Int64"),
+                "bond_type": pd.Series(types, dtype=object),
+            }
+        )
+        for t, name in enumerate(self.bond_task_names):
+            table[name] = stacked[:, t]
+        table["error"] = pd.Series(errors, dtype=object)
+        return table
+
+    def _atom_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
+        """One row per atom of every molecule (see :meth:`atom_table`)."""
+        rows, indices, elements, values, errors = [], [], [], [], []
+        for position, (text, atoms) in enumerate(zip(smiles, result.atoms, strict=True)):
+            if atoms is None:
+                rows.append(position)
+                indices.append(pd.NA)
+                elements.append(None)
+                values.append(np.full(len(self.atom_task_names), np.nan, dtype=np.float32))
+                errors.append(result.errors[position])
+                continue
+            symbols = [a.GetSymbol() for a in Chem.MolFromSmiles(text).GetAtoms()]
+            rows += [position] * len(atoms)
+            indices += range(len(atoms))
+            elements += symbols
+            values += list(atoms)
+            errors += [""] * len(atoms)
+        stacked = np.stack(values) if values else np.zeros((0, len(self.atom_task_names)))
+        table = pd.DataFrame(
+            {
+                "row": rows,
+                "atom_index": pd.array(indices, dtype="Int64"),
+                "element": pd.Series(elements, dtype=object),
+            }
+        )
+        for t, name in enumerate(self.atom_task_names):
+            table[name] = stacked[:, t]
+        table["error"] = pd.Series(errors, dtype=object)
+        return table
+
+    def table(self, inputs: pd.DataFrame, result: Predictions) -> pd.DataFrame:
+        """``inputs`` with one column per task and an ``error`` column appended. A name already
+        taken by an input column gets a ``_pred`` suffix (a CSV of training data holds the
+        targets' true values under the tasks' names)."""
+        if len(inputs) != len(result.errors):
+            raise ValueError(f"{len(inputs)} input rows but {len(result.errors)} results")
+        out = inputs
+        added = self.outputs(result.values)
+        names = (
+            [f"{self.task_names[0]}_prob_{k}" for k in range(self.task.num_classes)]
+            if self.task.is_multiclass
+            else self.task_names
+        )
+        for j, name in enumerate(names):
+            if result.std is not None:
+                added[f"{name}_std"] = result.std[:, j]
+            if result.lower is not None:
+                added[f"{name}_lower"] = result.lower[:, j]
+                added[f"{name}_upper"] = result.upper[:, j]
+        if result.atoms is not None:
+            # One list per molecule and atom target, written as the training CSV reads them.
+            for t, name in enumerate(self.atom_task_names):
+                added[name] = np.array(
+                    [None if a is None else format_atom_list(a[:, t]) for a in result.atoms],
+                    dtype=object,
+                )
+        if result.bonds is not None:
+            # Likewise per bond target, in RDKit's bond order.
+            for t, name in enumerate(self.bond_task_names):
+                added[name] = np.array(
+                    [None if a is None else format_atom_list(a[:, t]) for a in result.bonds],
+                    dtype=object,
+                )
+        added["error"] = np.array(result.errors, dtype=object)
+        taken = set(map(str, out.columns))
+        renamed = []
+        columns = {}
+        for name, column in added.items():
+            label = name
+            while label in taken:
+                label += "_pred"
+            if label != name:
+                renamed.append(f"{name} -> {label}")
+            columns[label] = column
+            taken.add(label)
+        # One concatenation: a column at a time fragments the frame (hundreds of descriptor
+        # targets of a descriptor pre-training checkpoint).
+        out = pd.concat([out, pd.DataFrame(columns, index=out.index)], axis=1)
+        if renamed:
+            warnings.warn(
+                f"the input already has column(s) named like outputs; outputs renamed: "
+                f"{', '.join(renamed)}",
+                stacklevel=2,
+            )
+        return out
+
+    def outputs(self, values: np.ndarray) -> dict[str, Any]:
+        """The output columns of predictions ``values``: one per task, named after it; for a
+        multi-class task ``<task>_prob_<k>`` (the probability of class ``k``, one per class) and
+        ``<task>``, the predicted class (empty where there is no prediction)."""
+        if not self.task.is_multiclass:
+            return {name: values[:, j] for j, name in enumerate(self.task_names)}
+        name = self.task_names[0]
+        columns: dict[str, Any] = {
+            f"{name}_prob_{k}": values[:, k] for k in range(self.task.num_classes)
+        }
+        predicted = pd.array([pd.NA] * len(values), dtype="Int64")
+        valid = ~np.isnan(values).any(-1)
+        predicted[valid] = values[valid].argmax(-1)
+        columns[name] = predicted
+        return columns
+
+
+def format_atom_list(values: np.ndarray) -> str:
+    """Per-atom values as one CSV cell, ``[0.123, -0.3]``: the format training reads."""
+    return "[" + ", ".join("nan" if v != v else f"{float(v):.6g}" for v in values) + "]"

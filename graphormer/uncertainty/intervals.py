@@ -1,0 +1,64 @@
+"""Intervals and calibrated values of a prediction, from the run's calibration (conformal
+radii of regression residuals, scaled by the spread of an ensemble, MC dropout or a
+mean-variance / evidential head where the calibration was fitted with one)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from graphormer.errors import ConfigError
+from graphormer.portable.calibration import Calibration, conformal_radius
+
+__all__ = ["calibrated", "check_interval"]
+
+
+def check_interval(
+    task: Any, calibration: Calibration | None, interval: Any, mc_dropout: int = 0
+) -> None:
+    """Raises :class:`ConfigError` naming ``interval`` (and the fix) when a model of ``task``
+    with ``calibration`` cannot give intervals at that level."""
+    if task.is_classification or task.is_multiclass:
+        raise ConfigError(
+            f"interval={interval} is for regression models; this one predicts "
+            "probabilities (calibrated with the run's calibration, if it has one)"
+        )
+    if calibration is None or calibration.residual is None:
+        raise ConfigError(
+            f"interval={interval} needs the run's calibration (calibration.json beside "
+            "checkpoints/, written at the end of training, for these very weights): give "
+            "ckpt= the run folder or a checkpoint inside its checkpoints/ folder"
+        )
+    if isinstance(interval, bool) or not isinstance(interval, int | float):
+        raise ConfigError(f"interval={interval!r} is not allowed: a level in (0, 1), e.g. 0.9")
+    passes = calibration.mc_passes
+    if mc_dropout and passes is not None and mc_dropout != passes:
+        # The spread of K passes is another estimator for each K: the intervals' coverage
+        # holds for the number of passes they were calibrated with.
+        raise ConfigError(
+            f"interval={interval} with mc_dropout={mc_dropout}: the run's intervals "
+            f"were calibrated with {passes} MC-dropout passes; give mc_dropout={passes}, or "
+            "drop mc_dropout for intervals from the plain residuals"
+        )
+    # Too few validation molecules for this level: said before anything is computed.
+    conformal_radius(np.asarray(calibration.residual[0]), float(interval))
+
+
+def calibrated(
+    values: np.ndarray,
+    std: np.ndarray | None,
+    calibration: Calibration | None,
+    interval: float | None,
+    spread: str | None,
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """``values`` with the run's calibration applied (binary probabilities), and the intervals
+    ``(lower, upper)`` at level ``interval`` (regression; None when not asked for), float32."""
+    if interval is not None:
+        lower, upper = calibration.intervals(values, std, interval, spread)
+        bounds = (lower.astype(np.float32), upper.astype(np.float32))
+    else:
+        bounds = None
+    if calibration is not None and calibration.calibrates_probabilities:
+        values = calibration.calibrate(values).astype(np.float32)
+    return values, bounds
