@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -217,3 +218,28 @@ class ModelRunner:
                     continue
                 with dropout_pass(member, self.seed + k, self.device):
                     yield run(member)
+
+    def predict(self, batch: Any, task: TaskInfo) -> tuple[np.ndarray, np.ndarray | None]:
+        """The mean molecule prediction ``[B, T]`` over members x passes (of probabilities for
+        classification) and its spread: the passes' standard deviation, and with a head that
+        predicts its own variance (``loss=mve|evidential``) the mixture's (the heads' mean
+        variance plus the variance of their means); None for one deterministic pass of a
+        model without such a head."""
+
+        def one(member: Any) -> tuple[np.ndarray, np.ndarray | None]:
+            if getattr(member, "predicts_std", False):
+                mean, std = member.forward_distribution(batch)
+                return probabilities(task, mean).cpu().numpy(), std.float().cpu().numpy() ** 2
+            return probabilities(task, member(batch)).cpu().numpy(), None
+
+        found = list(self.passes(one))
+        means = np.stack([mean for mean, _ in found])  # [members x passes, B, T]
+        if len(found) > 1:
+            spread = means.std(0)
+            heads = [variance for _, variance in found if variance is not None]
+            if heads:
+                spread = np.sqrt(means.var(0) + np.mean(heads, 0))
+        else:
+            variance = found[0][1]
+            spread = None if variance is None else np.sqrt(variance)
+        return means.mean(0), spread

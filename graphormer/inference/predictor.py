@@ -306,10 +306,13 @@ class Predictor:
 
     @property
     def spread(self) -> str | None:
-        """Where ``std`` comes from: ``ensemble``, ``mc`` (MC dropout) or None."""
+        """Where ``std`` comes from: ``ensemble``, ``mc`` (MC dropout), the model's own head
+        (``mve``, ``evidential``) or None."""
         if len(self.modules) > 1:
             return "ensemble"
-        return "mc" if self.mc_dropout else None
+        if self.mc_dropout:
+            return "mc"
+        return self.module.loss_name if self.module.predicts_std else None
 
     def run(
         self,
@@ -469,17 +472,17 @@ class Predictor:
             hook = self.module.model.head_transform.register_forward_pre_hook(
                 lambda _, args: captured.append(args[0])
             )
-        outputs = []
+        std = None
         try:
             with self._inference():
                 batch = batch.to(self.device, non_blocking=True)
                 if self.task.item_levels:
                     # One model (checked when built): every level at once.
                     levels = self.module.forward_levels(batch)
-                    outputs.append(self._outputs(levels["molecule"]))
+                    mean = self._outputs(levels["molecule"])
                     per_level = item_arrays(self.task, levels, batch)
                 else:
-                    outputs += self._runner.passes(lambda member: self._outputs(member(batch)))
+                    mean, std = self._runner.predict(batch, self.task)
                 states = captured[0].float().cpu().numpy() if embeddings else None
         finally:
             if hook is not None:
@@ -487,9 +490,7 @@ class Predictor:
         end = time.perf_counter()
         self.timings["featurize_s"] += middle - begin
         self.timings["model_s"] += end - middle
-        stacked = np.stack(outputs)  # [members x passes, B, T]
-        std = stacked.std(0) if len(outputs) > 1 else None
-        return stacked.mean(0), std, states, per_level
+        return mean, std, states, per_level
 
     def _outputs(self, out: Tensor) -> np.ndarray:
         return probabilities(self.task, out).cpu().numpy()

@@ -36,7 +36,13 @@ PROBED_KEY = checkpoints.PROBED_KEY
 # The parameter-group key of the rate that pulls copied tensors to their pre-trained values.
 _ANCHOR_DECAY = "pretrained_decay"
 
-_LOSSES = ("bce", "ce", "l1", "mse")
+_LOSSES = ("bce", "ce", "l1", "mse", "mve", "evidential")
+# Losses of a head that predicts a distribution per task, and its outputs per task: mean-
+# variance estimation (mean, variance) and deep evidential regression (gamma, nu, alpha, beta).
+DISTRIBUTION_WIDTHS = {"mve": 2, "evidential": 4}
+# Weight of the evidential regulariser |y - gamma| * (2 nu + alpha) (chemprop v2's default).
+EVIDENTIAL_LAMBDA = 0.2
+_EPS = 1e-6
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
 LEVELS = ("molecule", "atom", "bond")
 _NONFINITE = ("stop", "skip")
@@ -86,8 +92,17 @@ def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
         count = labelled.sum().clamp(min=1).to(each.dtype)
         return torch.where(labelled, each, torch.zeros_like(each)).sum() / count
     labelled = ~torch.isnan(target)
-    pred = torch.where(labelled, pred, torch.zeros_like(pred))
     target = torch.where(labelled, target, torch.zeros_like(target))
+    if loss in DISTRIBUTION_WIDTHS:
+        # pred [B, T * k]: each task's k parameters; a NaN output of an unlabelled entry is
+        # replaced like a plain prediction.
+        width = DISTRIBUTION_WIDTHS[loss]
+        spread_mask = labelled.repeat_interleave(width, dim=-1)
+        pred = torch.where(spread_mask, pred, torch.ones_like(pred))
+        each = _distribution_nll(pred, target, loss)
+        count = labelled.sum().clamp(min=1).to(each.dtype)
+        return torch.where(labelled, each, torch.zeros_like(each)).sum() / count
+    pred = torch.where(labelled, pred, torch.zeros_like(pred))
     if loss == "bce":
         each = F.binary_cross_entropy_with_logits(pred, target, reduction="none")
     elif loss == "l1":
@@ -96,6 +111,48 @@ def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
         each = F.mse_loss(pred, target, reduction="none")
     count = labelled.sum().clamp(min=1).to(each.dtype)
     return torch.where(labelled, each, torch.zeros_like(each)).sum() / count
+
+
+def distribution_parameters(raw: Tensor, loss: str) -> list[Tensor]:
+    """A distribution head's raw outputs ``[B, T * k]`` as its ``k`` parameters ``[B, T]``
+    each, constrained: MVE's (mean, variance > 0), evidential's (gamma, nu > 0, alpha > 1,
+    beta > 0); softplus keeps them positive, as chemprop v2 does."""
+    width = DISTRIBUTION_WIDTHS[loss]
+    parts = raw.float().unflatten(-1, (-1, width)).unbind(-1)  # k x [B, T]
+    if loss == "mve":
+        return [parts[0], F.softplus(parts[1]) + _EPS]
+    gamma, nu, alpha, beta = parts
+    return [gamma, F.softplus(nu) + _EPS, F.softplus(alpha) + 1 + _EPS, F.softplus(beta) + _EPS]
+
+
+def distribution_variance(parameters: list[Tensor], loss: str) -> Tensor:
+    """The predictive variance ``[B, T]`` (standardised units) of a distribution head: MVE's
+    variance; evidential's aleatoric plus epistemic variance ``beta (1 + 1/nu) / (alpha - 1)``
+    (Amini et al., NeurIPS 2020)."""
+    if loss == "mve":
+        return parameters[1]
+    _, nu, alpha, beta = parameters
+    return beta * (1 + 1 / nu) / (alpha - 1)
+
+
+def _distribution_nll(pred: Tensor, target: Tensor, loss: str) -> Tensor:
+    """Per-entry negative log-likelihood (plus the evidential regulariser) of ``target``
+    ``[B, T]`` under the head's distribution ``pred`` ``[B, T * k]``."""
+    parameters = distribution_parameters(pred, loss)
+    if loss == "mve":
+        mean, var = parameters
+        return 0.5 * (torch.log(2 * math.pi * var) + (target - mean) ** 2 / var)
+    gamma, nu, alpha, beta = parameters
+    omega = 2 * beta * (1 + nu)
+    error = target - gamma
+    nll = (
+        0.5 * torch.log(math.pi / nu)
+        - alpha * torch.log(omega)
+        + (alpha + 0.5) * torch.log(nu * error**2 + omega)
+        + torch.lgamma(alpha)
+        - torch.lgamma(alpha + 0.5)
+    )
+    return nll + EVIDENTIAL_LAMBDA * error.abs() * (2 * nu + alpha)
 
 
 def build_adamw(
@@ -266,6 +323,13 @@ class GraphormerModule(pl.LightningModule):
                 f"loss=bce needs a binary classification task; {self.task.name} is "
                 f"{self.task.task_type}"
             )
+        if loss in DISTRIBUTION_WIDTHS and (
+            self.task.is_classification or self.task.is_multiclass or not self.task.num_tasks
+        ):
+            raise ValueError(
+                f"loss={loss} predicts a distribution of regression targets; {self.task.name} "
+                f"is {self.task.task_type}{'' if self.task.num_tasks else ' of no molecule target'}"
+            )
         if (loss == "ce") != self.task.is_multiclass:
             raise ValueError(
                 f"loss={loss} does not fit {self.task.name} ({self.task.task_type}): loss=ce is "
@@ -273,7 +337,9 @@ class GraphormerModule(pl.LightningModule):
             )
         self.loss_name = loss
         self.loss_weights = _loss_weights(loss_weights)
-        levels = {"num_tasks": self.task.num_outputs}
+        # A distribution head predicts k parameters per task (mean first).
+        self.head_width = DISTRIBUTION_WIDTHS.get(loss, 1)
+        levels = {"num_tasks": self.task.num_outputs * self.head_width}
         for level in self.task.item_levels:
             levels[f"{level.name}_tasks"] = level.tasks(self.task)
         self.config = GraphormerConfig.from_dict({**model, **levels})
@@ -449,9 +515,25 @@ class GraphormerModule(pl.LightningModule):
 
     def to_units(self, raw: Tensor) -> Tensor:
         """The model's raw molecule outputs in the targets' units (the stored standardisation
-        undone; logits stay logits)."""
+        undone; logits stay logits); of a distribution head, its mean."""
+        if self.head_width > 1 and raw.size(-1) == self.task.num_outputs * self.head_width:
+            raw = distribution_parameters(raw, self.loss_name)[0]
         # float32 whatever the trainer's precision (bf16-true keeps these buffers in bf16).
         return raw.float() * self.target_std.float() + self.target_mean.float()
+
+    @property
+    def predicts_std(self) -> bool:
+        """Whether the model predicts its own spread (``loss=mve`` or ``evidential``)."""
+        return self.head_width > 1
+
+    def forward_distribution(self, batch: GraphormerBatch) -> tuple[Tensor, Tensor]:
+        """A distribution head's mean and standard deviation ``[B, T]``, both in the targets'
+        units (``loss=mve`` or ``evidential``)."""
+        raw = self.model(batch)
+        parameters = distribution_parameters(raw, self.loss_name)
+        variance = distribution_variance(parameters, self.loss_name)
+        std = variance.sqrt() * self.target_std.float()
+        return self.to_units(parameters[0]), std
 
     def forward(self, batch: GraphormerBatch, return_attention: bool = False):
         """Predictions in the targets' units (logits for classification)."""
@@ -482,7 +564,12 @@ class GraphormerModule(pl.LightningModule):
         return (target - self.target_mean) / self.target_std
 
     def _loss(self, raw: Tensor, target: Tensor) -> Tensor:
-        return masked_loss(raw, self.standardised_targets(target), self.loss_name)
+        loss = self.loss_name
+        if self.head_width > 1 and raw.size(-1) == self.task.num_outputs:
+            # Means alone (an evaluation epoch keeps the predictions in units): their squared
+            # error is the logged loss.
+            loss = "mse"
+        return masked_loss(raw, self.standardised_targets(target), loss)
 
     def level_units(self, level: Level, raw: Tensor) -> Tensor:
         """``level``'s raw outputs in its targets' units (logits for binary targets)."""

@@ -491,7 +491,7 @@ def _fraction_or_count(key: str, value: Any) -> None:
         raise _bad(key, value, "an integer >= 0 (batches) or a fraction in [0, 1]")
 
 
-_LOSSES = ("auto", "bce", "ce", "l1", "mse")
+_LOSSES = ("auto", "bce", "ce", "l1", "mse", "mve", "evidential")
 # How binary probabilities are calibrated on the validation split at the end of training.
 # How a fine-tuning's new molecule output layer starts (graphormer.training.pretrained).
 PRETRAINED_HEADS = ("random", "probe")
@@ -564,7 +564,9 @@ class RunSettings:
         model: :class:`~graphormer.models.GraphormerConfig` fields (checked when it is built).
         output_dir: the run folder (checkpoints, ``metrics.json``).
         datamodule, trainer, optim, flag: the groups above.
-        loss: ``auto`` (follows the metric), ``bce``, ``ce`` (multi-class), ``l1`` or ``mse``.
+        loss: ``auto`` (follows the metric), ``bce``, ``ce`` (multi-class), ``l1``, ``mse``, or
+            a head that predicts its own spread: ``mve`` (mean-variance estimation, Gaussian
+            NLL) or ``evidential`` (deep evidential regression), for regression tasks.
         normalize_targets: regression trains on standardised targets.
         seed: the seed of every random stream of the run.
         ckpt_path: resume from this checkpoint of an interrupted run.
