@@ -115,6 +115,25 @@ def run_command(
     application()
 
 
+def console_command(
+    config: str, run: Callable[[DictConfig], Any], smiles_keys: Sequence[str] = ()
+) -> Callable[[], None]:
+    """The ``main`` of a console command (``graphormer-<config>``): Hydra's application over
+    ``configs/<config>.yaml`` calling ``run(cfg)`` (a user's error is one ``error:`` line,
+    :func:`run_reporting_errors`), its command line checked first (:func:`run_command`)."""
+    import hydra
+
+    @hydra.main(config_path="../configs", config_name=config, version_base="1.3")
+    def application(cfg: DictConfig) -> None:
+        run_reporting_errors(run, cfg)
+
+    def main() -> None:
+        run_command(application, config, smiles_keys=smiles_keys)
+
+    main.__doc__ = "The console command: Hydra's application, its command line checked first."
+    return main
+
+
 def plain(cfg: DictConfig) -> dict[str, Any]:
     """The composed config as plain values, every ``???`` refused first (OmegaConf's ``get``
     would read it as None and carry on)."""

@@ -12,7 +12,7 @@ import hydra
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from graphormer.cli.common import plain, run_command, run_reporting_errors
+from graphormer.cli.common import console_command, plain
 from graphormer.console import command as program
 from graphormer.console import report
 from graphormer.outputs import check_outputs
@@ -67,14 +67,7 @@ def run(cfg: DictConfig) -> None:
     report(f"fine-tune with: {program('train')} {command} dataset=...")
 
 
-@hydra.main(config_path="../configs", config_name="convert", version_base="1.3")
-def _application(cfg: DictConfig) -> None:
-    run_reporting_errors(run, cfg)
-
-
-def main() -> None:
-    """The console command: Hydra's application, its command line checked first."""
-    run_command(_application, "convert")
+main = console_command("convert", run)
 
 
 if __name__ == "__main__":

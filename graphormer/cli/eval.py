@@ -8,10 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import checkpoint_inputs, plain, run_command, run_reporting_errors
+from graphormer.cli.common import (
+    checkpoint_inputs,
+    console_command,
+    plain,
+)
 from graphormer.outputs import check_outputs
 
 __all__ = ["main", "run"]
@@ -43,14 +46,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     )
 
 
-@hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
-def _application(cfg: DictConfig) -> None:
-    run_reporting_errors(run, cfg)
-
-
-def main() -> None:
-    """The console command: Hydra's application, its command line checked first."""
-    run_command(_application, "eval")
+main = console_command("eval", run)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import checkpoint_inputs, plain, run_command, run_reporting_errors
+from graphormer.cli.common import (
+    checkpoint_inputs,
+    console_command,
+    plain,
+)
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import check_outputs
@@ -94,14 +97,7 @@ def _smiles_list(value: object) -> list[str]:
     )
 
 
-@hydra.main(config_path="../configs", config_name="explain", version_base="1.3")
-def _application(cfg: DictConfig) -> None:
-    run_reporting_errors(run, cfg)
-
-
-def main() -> None:
-    """The console command: Hydra's application, its command line checked first."""
-    run_command(_application, "explain", smiles_keys=("smiles",))
+main = console_command("explain", run, smiles_keys=("smiles",))
 
 
 if __name__ == "__main__":

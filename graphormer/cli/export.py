@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import checkpoint_inputs, plain, run_command, run_reporting_errors
+from graphormer.cli.common import (
+    checkpoint_inputs,
+    console_command,
+    plain,
+)
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import check_outputs
@@ -82,14 +85,7 @@ def run(cfg: DictConfig) -> list[Path]:
     return written
 
 
-@hydra.main(config_path="../configs", config_name="export", version_base="1.3")
-def _application(cfg: DictConfig) -> None:
-    run_reporting_errors(run, cfg)
-
-
-def main() -> None:
-    """The console command: Hydra's application, its command line checked first."""
-    run_command(_application, "export")
+main = console_command("export", run)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import hydra
 import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from graphormer.cli.common import checkpoint_inputs, plain, run_command, run_reporting_errors
+from graphormer.cli.common import (
+    checkpoint_inputs,
+    console_command,
+    plain,
+)
 from graphormer.console import report
 from graphormer.errors import ConfigError, DataError
 from graphormer.outputs import atomic_path, check_outputs
@@ -240,14 +243,7 @@ def _report(
     report("\n".join(lines), stream=sys.stdout if output is not None else sys.stderr)
 
 
-@hydra.main(config_path="../configs", config_name="predict", version_base="1.3")
-def _application(cfg: DictConfig) -> None:
-    run_reporting_errors(run, cfg)
-
-
-def main() -> None:
-    """The console command: Hydra's application, its command line checked first."""
-    run_command(_application, "predict", smiles_keys=("smiles",))
+main = console_command("predict", run, smiles_keys=("smiles",))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,9 @@ graphormer-prepare dataset=ogbg-molpcba [dataset.root=DIR] [datamodule.max_hops=
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import plain, run_command, run_reporting_errors
+from graphormer.cli.common import console_command, plain
 from graphormer.console import report
 
 __all__ = ["main", "run"]
@@ -29,14 +28,7 @@ def run(cfg: DictConfig) -> None:
     )
 
 
-@hydra.main(config_path="../configs", config_name="prepare", version_base="1.3")
-def _application(cfg: DictConfig) -> None:
-    run_reporting_errors(run, cfg)
-
-
-def main() -> None:
-    """The console command: Hydra's application, its command line checked first."""
-    run_command(_application, "prepare")
+main = console_command("prepare", run)
 
 
 if __name__ == "__main__":

@@ -7,10 +7,9 @@ See :mod:`graphormer.serving.app` for the routes.
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
-from graphormer.cli.common import plain, run_command, run_reporting_errors
+from graphormer.cli.common import console_command, plain
 from graphormer.console import report
 from graphormer.errors import ConfigError
 
@@ -54,14 +53,7 @@ def run(cfg: DictConfig) -> None:
     server.run(host=str(values["host"]), port=int(values["port"]), generate_client_file=False)
 
 
-@hydra.main(config_path="../configs", config_name="serve", version_base="1.3")
-def _application(cfg: DictConfig) -> None:
-    run_reporting_errors(run, cfg)
-
-
-def main() -> None:
-    """The console command: Hydra's application, its command line checked first."""
-    run_command(_application, "serve")
+main = console_command("serve", run)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from graphormer.data.featurize import (
 )
 from graphormer.data.sampling import pack_by_tokens
 from graphormer.data.sources.pyg_file import read_graphs
-from graphormer.data.tasks import ITEM_LEVELS
 from graphormer.errors import DataError
 
 __all__ = [
@@ -127,18 +126,6 @@ def size_batches(featurized: FeaturizedMolecules, batch_size: int) -> Iterator[T
     pairs = ((featurized.num_atoms[order] + 1) ** 2).tolist()
     counts = pack_by_tokens(pairs, batch_size, batch_size * PAIRS_PER_MOLECULE)
     yield from order.split(counts)
-
-
-def place(per_item: dict[str, list], per_level: dict[str, list], rows: list[int]) -> None:
-    """Puts a batch's per-graph atom (bond) arrays at their input rows."""
-    for name, found in per_item.items():
-        for i, array in zip(rows, per_level[name], strict=True):
-            found[i] = array
-
-
-def item_fields(per_item: dict[str, list]) -> dict[str, list | None]:
-    """``Predictions``' ``atoms`` and ``bonds`` (None for a level the model lacks)."""
-    return {f"{level.name}s": per_item.get(level.name) for level in ITEM_LEVELS}
 
 
 def stored_molecule_features(

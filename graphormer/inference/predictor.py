@@ -27,9 +27,7 @@ from graphormer.inference.inputs import (
     attach_molecule_features,
     featurize,
     graph_input,
-    item_fields,
     molecule_features_problem,
-    place,
     progress_bar,
     size_batches,
     smiles_list,
@@ -332,11 +330,8 @@ class Predictor:
         if interval is not None:
             self._check_interval(interval)
         n = len(smiles)
-        values = np.full((n, self.task.num_outputs), np.nan, dtype=np.float32)
-        spread = np.full_like(values, np.nan) if self.spread else None
-        vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
-        errors = [""] * n
-        per_item = {level.name: [None] * n for level in self.task.item_levels}
+        result = self._empty(n, embeddings)
+        errors = result.errors
         bar = progress_bar(n, progress)
         try:
             for start in range(0, n, _CHUNK):
@@ -353,15 +348,8 @@ class Predictor:
                 bar.update(len(featurized.errors) - len(featurized.valid))
                 for rows in size_batches(featurized, self.batch_size):
                     graphs = [featurized.graphs[i] for i in rows]
-                    out, std, graph_states, per_level = self._predict_batch(
-                        graphs, vectors is not None
-                    )
-                    values[start + rows.numpy()] = out
-                    place(per_item, per_level, (start + rows).tolist())
-                    if spread is not None:
-                        spread[start + rows.numpy()] = std
-                    if vectors is not None:
-                        vectors[start + rows.numpy()] = graph_states
+                    found = self._predict_batch(graphs, embeddings)
+                    result.fill((start + rows).numpy(), *found)
                     bar.update(len(rows))
         finally:
             bar.close()
@@ -374,7 +362,6 @@ class Predictor:
                 UnpredictableMoleculeWarning,
                 stacklevel=2,
             )
-        result = Predictions(values, errors, vectors, spread, **item_fields(per_item))
         return self._finish(result, interval)
 
     def _finish(self, result: Predictions, interval: float | None) -> Predictions:
@@ -409,11 +396,8 @@ class Predictor:
             self._check_interval(interval)
         graphs = list(graphs)
         n = len(graphs)
-        values = np.full((n, self.task.num_outputs), np.nan, dtype=np.float32)
-        spread = np.full_like(values, np.nan) if self.spread else None
-        vectors = np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None
-        errors = [""] * n
-        per_item = {level.name: [None] * n for level in self.task.item_levels}
+        result = self._empty(n, embeddings)
+        errors = result.errors
         inputs: dict[int, Data] = {}
         bond = bool(self.task.bond_tasks)
         for i, graph in enumerate(graphs):
@@ -432,15 +416,20 @@ class Predictor:
         for count in counts:
             rows = np.array(order[start : start + count])
             start += count
-            out, std, states, per_level = self._predict_batch([inputs[i] for i in rows], embeddings)
-            values[rows] = out
-            place(per_item, per_level, rows.tolist())
-            if spread is not None:
-                spread[rows] = std
-            if vectors is not None:
-                vectors[rows] = states
-        result = Predictions(values, errors, vectors, spread, **item_fields(per_item))
+            found = self._predict_batch([inputs[i] for i in rows], embeddings)
+            result.fill(rows, *found)
         return self._finish(result, interval)
+
+    def _empty(self, n: int, embeddings: bool) -> Predictions:
+        """``n`` rows without a prediction (NaN values, no error yet), filled batch by batch."""
+        values = np.full((n, self.task.num_outputs), np.nan, dtype=np.float32)
+        return Predictions(
+            values,
+            [""] * n,
+            np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None,
+            np.full_like(values, np.nan) if self.spread else None,
+            **{f"{level.name}s": [None] * n for level in self.task.item_levels},
+        )
 
     def _check_smiles_allowed(self) -> None:
         if self.smiles_refusal is not None:

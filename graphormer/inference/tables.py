@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from rdkit import Chem
 
-from graphormer.data.tasks import ATOM, BOND, TaskInfo
+from graphormer.data.tasks import ATOM, BOND, Level, TaskInfo
 from graphormer.errors import ConfigError
 
 __all__ = ["LAYOUTS", "OutputNames", "Predictions", "format_atom_list"]
@@ -50,6 +50,18 @@ class Predictions:
     upper: np.ndarray | None = None
     atoms: list[np.ndarray | None] | None = None
     bonds: list[np.ndarray | None] | None = None
+
+    def fill(self, rows: np.ndarray, out, std, states, per_level: dict[str, list]) -> None:
+        """Puts a batch's predictions at its input ``rows``."""
+        self.values[rows] = out
+        for name, arrays in per_level.items():
+            found = getattr(self, f"{name}s")  # None: a level the predictions leave out
+            for i, array in zip(rows.tolist(), arrays if found is not None else (), strict=False):
+                found[i] = array
+        if self.std is not None:
+            self.std[rows] = std
+        if self.embeddings is not None:
+            self.embeddings[rows] = states
 
 
 @dataclass(frozen=True)
@@ -131,69 +143,48 @@ class OutputNames:
         return table[[*columns, "error"]]
 
     def _bond_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
-        """One row per bond of every molecule (see :meth:`atom_table`)."""
-        rows, indices, begins, ends, types, values, errors = [], [], [], [], [], [], []
-        width = len(self.bond_task_names)
-        for position, (text, bonds) in enumerate(zip(smiles, result.bonds, strict=True)):
-            # A molecule without a prediction, or without bonds (an ion, one atom), keeps a row.
-            if bonds is None or not len(bonds):
-                rows.append(position)
-                indices.append(pd.NA)
-                begins.append(pd.NA)
-                ends.append(pd.NA)
-                types.append(None)
-                values.append(np.full(width, np.nan, dtype=np.float32))
-                errors.append(result.errors[position])
-                continue
-            found = list(Chem.MolFromSmiles(text).GetBonds())
-            rows += [position] * len(bonds)
-            indices += range(len(bonds))
-            begins += [b.GetBeginAtomIdx() for b in found]
-            ends += [b.GetEndAtomIdx() for b in found]
-            types += [str(b.GetBondType()) for b in found]
-            values += list(bonds)
-            errors += [""] * len(bonds)
-        stacked = np.stack(values) if values else np.zeros((0, width))
-        table = pd.DataFrame(
-            {
-                "row": rows,
-                "bond_index": pd.array(indices, dtype="Int64"),
-                "begin_atom": pd.array(begins, dtype="Int64"),
-                "end_atom": pd.array(ends, dtype="Int64"),
-                "bond_type": pd.Series(types, dtype=object),
-            }
-        )
-        for t, name in enumerate(self.bond_task_names):
-            table[name] = stacked[:, t]
-        table["error"] = pd.Series(errors, dtype=object)
-        return table
+        """One row per bond of every molecule (see :meth:`long_table`)."""
+        return self._item_rows(BOND, smiles, result)
 
     def _atom_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
-        """One row per atom of every molecule (see :meth:`atom_table`)."""
-        rows, indices, elements, values, errors = [], [], [], [], []
-        for position, (text, atoms) in enumerate(zip(smiles, result.atoms, strict=True)):
-            if atoms is None:
+        """One row per atom of every molecule (see :meth:`long_table`)."""
+        return self._item_rows(ATOM, smiles, result)
+
+    def _item_rows(self, level: Level, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
+        """One row per item (atom, bond) of ``level`` of every molecule: ``row``, its index,
+        what it is (:data:`_ITEM_COLUMNS`), one column per target, ``error``."""
+        arrays = getattr(result, f"{level.name}s")
+        names = self.atom_task_names if level is ATOM else self.bond_task_names
+        spec = _ITEM_COLUMNS[level.name]
+        rows, indices, values, errors = [], [], [], []
+        described: dict[str, list] = {column: [] for column, _ in spec}
+        for position, (text, items) in enumerate(zip(smiles, arrays, strict=True)):
+            # A molecule without a prediction, or without bonds (an ion, one atom), keeps a row.
+            if items is None or not len(items):
                 rows.append(position)
                 indices.append(pd.NA)
-                elements.append(None)
-                values.append(np.full(len(self.atom_task_names), np.nan, dtype=np.float32))
+                for column, kind in spec:
+                    described[column].append(pd.NA if kind == "Int64" else None)
+                values.append(np.full(len(names), np.nan, dtype=np.float32))
                 errors.append(result.errors[position])
                 continue
-            symbols = [a.GetSymbol() for a in Chem.MolFromSmiles(text).GetAtoms()]
-            rows += [position] * len(atoms)
-            indices += range(len(atoms))
-            elements += symbols
-            values += list(atoms)
-            errors += [""] * len(atoms)
-        stacked = np.stack(values) if values else np.zeros((0, len(self.atom_task_names)))
-        table = pd.DataFrame(
-            {
-                "row": rows,
-                "atom_index": pd.array(indices, dtype="Int64"),
-                "element": pd.Series(elements, dtype=object),
-            }
-        )
-        for t, name in enumerate(self.atom_task_names):
+            found = _describe(level, Chem.MolFromSmiles(text))
+            rows += [position] * len(items)
+            indices += range(len(items))
+            for column, _ in spec:
+                described[column] += found[column]
+            values += list(items)
+            errors += [""] * len(items)
+        stacked = np.stack(values) if values else np.zeros((0, len(names)))
+        columns = {"row": rows, f"{level.name}_index": pd.array(indices, dtype="Int64")}
+        for column, kind in spec:
+            columns[column] = (
+                pd.array(described[column], dtype="Int64")
+                if kind == "Int64"
+                else pd.Series(described[column], dtype=object)
+            )
+        table = pd.DataFrame(columns)
+        for t, name in enumerate(names):
             table[name] = stacked[:, t]
         table["error"] = pd.Series(errors, dtype=object)
         return table
@@ -269,6 +260,25 @@ class OutputNames:
         predicted[valid] = values[valid].argmax(-1)
         columns[name] = predicted
         return columns
+
+
+# What the long layout says of each item beside its index: column and dtype.
+_ITEM_COLUMNS = {
+    "atom": (("element", "object"),),
+    "bond": (("begin_atom", "Int64"), ("end_atom", "Int64"), ("bond_type", "object")),
+}
+
+
+def _describe(level: Level, mol: Chem.Mol) -> dict[str, list]:
+    """The :data:`_ITEM_COLUMNS` of every atom (bond) of ``mol``, in RDKit's order."""
+    if level is ATOM:
+        return {"element": [a.GetSymbol() for a in mol.GetAtoms()]}
+    bonds = list(mol.GetBonds())
+    return {
+        "begin_atom": [b.GetBeginAtomIdx() for b in bonds],
+        "end_atom": [b.GetEndAtomIdx() for b in bonds],
+        "bond_type": [str(b.GetBondType()) for b in bonds],
+    }
 
 
 def format_atom_list(values: np.ndarray) -> str:

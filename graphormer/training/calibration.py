@@ -2,22 +2,5 @@
 (on the numpy core of :mod:`graphormer.portable.calibration`); this module keeps the names
 importable where they have always been."""
 
-from graphormer.uncertainty.calibration import (
-    CALIBRATION_FILE,
-    CALIBRATIONS,
-    Calibration,
-    conformal_radius,
-    expected_calibration_error,
-    fit_isotonic,
-    fit_temperature,
-)
-
-__all__ = [
-    "CALIBRATIONS",
-    "CALIBRATION_FILE",
-    "Calibration",
-    "conformal_radius",
-    "expected_calibration_error",
-    "fit_isotonic",
-    "fit_temperature",
-]
+from graphormer.uncertainty.calibration import *  # noqa: F403 (the names, re-exported)
+from graphormer.uncertainty.calibration import __all__  # noqa: F401

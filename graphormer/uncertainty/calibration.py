@@ -8,26 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from graphormer.console import report
-from graphormer.portable.calibration import (
-    CALIBRATION_FILE,
-    CALIBRATIONS,
-    Calibration,
-    conformal_radius,
-    expected_calibration_error,
-    fit_isotonic,
-    fit_temperature,
-)
+from graphormer.portable import calibration as _core
+from graphormer.portable.calibration import *  # noqa: F403 (the numpy core's names)
+from graphormer.portable.calibration import CALIBRATION_FILE, Calibration
 
-__all__ = [
-    "CALIBRATIONS",
-    "CALIBRATION_FILE",
-    "Calibration",
-    "calibration_of",
-    "conformal_radius",
-    "expected_calibration_error",
-    "fit_isotonic",
-    "fit_temperature",
-]
+__all__ = [*_core.__all__, "calibration_of"]
 
 
 def calibration_of(folder: Path | None, records: list) -> Calibration | None:
