@@ -24,7 +24,7 @@ from graphormer.training.rng import (
     restore_rng_state_of_rank,
 )
 from graphormer.training.schedule import warmup_linear_decay
-from graphormer.training.settings import FlagSettings
+from graphormer.training.settings import NONFINITE, FlagSettings, auto_loss, resolve_loss
 
 __all__ = ["LEVELS", "GraphormerModule", "NonFiniteError", "auto_loss", "masked_loss"]
 
@@ -36,7 +36,6 @@ PROBED_KEY = checkpoints.PROBED_KEY
 # The parameter-group key of the rate that pulls copied tensors to their pre-trained values.
 _ANCHOR_DECAY = "pretrained_decay"
 
-_LOSSES = ("bce", "ce", "l1", "mse", "mve", "evidential")
 # Losses of a head that predicts a distribution per task, and its outputs per task: mean-
 # variance estimation (mean, variance) and deep evidential regression (gamma, nu, alpha, beta).
 DISTRIBUTION_WIDTHS = {"mve": 2, "evidential": 4}
@@ -45,7 +44,6 @@ EVIDENTIAL_LAMBDA = 0.2
 _EPS = 1e-6
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
 LEVELS = ("molecule", "atom", "bond")
-_NONFINITE = ("stop", "skip")
 # The model settings that set tensors' shapes (named when a checkpoint's settings do not fit).
 _SIZE_SETTINGS = (
     "hidden_dim",
@@ -191,17 +189,6 @@ def build_adamw(
     )
 
 
-def auto_loss(task: TaskInfo) -> str:
-    """The loss that optimises what the task is scored by: BCE for binary classification,
-    cross-entropy for multi-class, L1 for MAE, MSE for RMSE (and L1 for any other regression
-    metric)."""
-    if task.is_multiclass:
-        return "ce"
-    if task.is_classification:
-        return "bce"
-    return "mse" if task.metric == "rmse" else "l1"
-
-
 class GraphormerModule(pl.LightningModule):
     """Trains and evaluates :class:`~graphormer.models.Graphormer` on a graph-property task.
 
@@ -298,7 +285,7 @@ class GraphormerModule(pl.LightningModule):
         # pretrained_head=probe fitted the output layer (train() sets it; a resume reads it from
         # its checkpoint): the learning rate then warms up over the first epoch at least.
         self.probed_head = False
-        if nonfinite not in _NONFINITE:
+        if nonfinite not in NONFINITE:  # a checkpoint's own (a run's settings checked it)
             raise ValueError(f"nonfinite must be 'stop' or 'skip', got {nonfinite!r}")
         self.nonfinite = nonfinite
         self._skipped_steps = 0
@@ -314,27 +301,7 @@ class GraphormerModule(pl.LightningModule):
         self.gradient_clip_val: float | None = None
         self.gradient_clip_algorithm = "norm"
         self.task = TaskInfo(**task)
-        if loss == "auto":
-            loss = auto_loss(self.task)
-        if loss not in _LOSSES:
-            raise ValueError(f"loss must be one of auto, {', '.join(_LOSSES)}; got {loss!r}")
-        if loss == "bce" and not self.task.is_classification:
-            raise ValueError(
-                f"loss=bce needs a binary classification task; {self.task.name} is "
-                f"{self.task.task_type}"
-            )
-        if loss in DISTRIBUTION_WIDTHS and (
-            self.task.is_classification or self.task.is_multiclass or not self.task.num_tasks
-        ):
-            raise ValueError(
-                f"loss={loss} predicts a distribution of regression targets; {self.task.name} "
-                f"is {self.task.task_type}{'' if self.task.num_tasks else ' of no molecule target'}"
-            )
-        if (loss == "ce") != self.task.is_multiclass:
-            raise ValueError(
-                f"loss={loss} does not fit {self.task.name} ({self.task.task_type}): loss=ce is "
-                "the loss of multi-class tasks, and theirs alone"
-            )
+        loss = resolve_loss(loss, self.task)
         self.loss_name = loss
         self.loss_weights = _loss_weights(loss_weights)
         # A distribution head predicts k parameters per task (mean first).

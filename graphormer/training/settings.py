@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from graphormer.data.structure import max_useful_hops
+from graphormer.devices import PRECISIONS
 from graphormer.errors import ConfigError
 from graphormer.models.graphormer import GraphormerConfig
 from graphormer.portable.calibration import CALIBRATIONS
@@ -302,20 +303,9 @@ class DataModuleSettings:
         return asdict(self)
 
 
-_PRECISIONS = (
-    "auto",
-    "32-true",
-    "32",
-    "16-mixed",
-    "16",
-    "bf16-mixed",
-    "bf16",
-    "16-true",
-    "bf16-true",
-    "64-true",
-    "64",
-    "transformer-engine",
-)
+# Lightning's precision names: the ones graphormer runs a model in (graphormer.devices owns
+# them), Lightning's auto choice, and its Transformer Engine plugin.
+_PRECISIONS = ("auto", *PRECISIONS, "transformer-engine")
 
 
 def _trainer_arguments() -> set[str]:
@@ -491,7 +481,55 @@ def _fraction_or_count(key: str, value: Any) -> None:
         raise _bad(key, value, "an integer >= 0 (batches) or a fraction in [0, 1]")
 
 
-_LOSSES = ("auto", "bce", "ce", "l1", "mse", "mve", "evidential")
+# The training losses (``loss=``): ``auto`` follows the task's metric; ``mve`` and
+# ``evidential`` heads predict a distribution per regression target.
+LOSSES = ("auto", "bce", "ce", "l1", "mse", "mve", "evidential")
+_LOSSES = LOSSES
+# What a NaN or infinite loss or gradient does (``nonfinite=``).
+NONFINITE = ("stop", "skip")
+
+
+def auto_loss(task: Any) -> str:
+    """The loss that optimises what the task is scored by: BCE for binary classification,
+    cross-entropy for multi-class, L1 for MAE, MSE for RMSE (and L1 for any other regression
+    metric)."""
+    if task.is_multiclass:
+        return "ce"
+    if task.is_classification:
+        return "bce"
+    return "mse" if task.metric == "rmse" else "l1"
+
+
+def resolve_loss(loss: str, task: Any) -> str:
+    """``loss=`` for ``task`` (a :class:`~graphormer.data.tasks.TaskInfo`): ``auto`` resolved,
+    and a loss that does not fit the task refused. The one check of ``loss`` against the task:
+    a training run's settings and a checkpoint's module both ask it.
+
+    Raises:
+        ConfigError: naming ``loss`` and the fix.
+    """
+    if loss == "auto":
+        loss = auto_loss(task)
+    if loss not in LOSSES:
+        raise ConfigError(f"loss must be one of {', '.join(LOSSES)}; got {loss!r}")
+    if loss == "bce" and not task.is_classification:
+        raise ConfigError(
+            f"loss=bce needs a binary classification task; {task.name} is {task.task_type}"
+        )
+    regression = not (task.is_classification or task.is_multiclass)
+    if loss in ("mve", "evidential") and not (regression and task.num_tasks):
+        raise ConfigError(
+            f"loss={loss} predicts a distribution of regression targets; {task.name} is "
+            f"{task.task_type}{'' if task.num_tasks else ' of no molecule target'}"
+        )
+    if (loss == "ce") != task.is_multiclass:
+        raise ConfigError(
+            f"loss={loss} does not fit {task.name} ({task.task_type}): loss=ce is "
+            "the loss of multi-class tasks, and theirs alone"
+        )
+    return loss
+
+
 # How binary probabilities are calibrated on the validation split at the end of training.
 # How a fine-tuning's new molecule output layer starts (graphormer.training.pretrained).
 PRETRAINED_HEADS = ("random", "probe")
@@ -633,7 +671,7 @@ class RunSettings:
             GraphormerConfig.from_dict({**self.model, "num_tasks": 1})
         except (TypeError, ValueError) as error:
             raise ConfigError(str(error)) from error
-        _choice("nonfinite", self.nonfinite, ("stop", "skip"))
+        _choice("nonfinite", self.nonfinite, NONFINITE)
         _boolean("resume_strict", self.resume_strict)
         _choice("calibration", self.calibration, CALIBRATIONS)
         if self.monitor is not None and not isinstance(self.monitor, str):
