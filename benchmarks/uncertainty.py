@@ -1,7 +1,7 @@
 """How sure is the model? Ensembles, conformal intervals and calibrated probabilities, offline.
 
     python benchmarks/uncertainty.py --work /tmp/uncertainty [--molecules 2000] [--members 5]
-        [--epochs 8] [--plot docs/images/uncertainty_tpsa.png] [--heads]
+        [--epochs 8] [--plot docs/images/uncertainty_tpsa.png] [--heads | --only-heads]
 
 Real molecules (rdkit's NCI set) with the topological polar surface area rdkit computes (the
 offline demo's target), a seeded random split 60/20/20 (split-conformal intervals assume
@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--plot", type=Path, default=None)
     parser.add_argument("--heads", action="store_true", help="also the mve and evidential heads")
+    parser.add_argument("--only-heads", action="store_true", help="the heads alone")
     args = parser.parse_args()
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -160,6 +161,9 @@ def main() -> None:
     table["polar"] = (table.tpsa > table.tpsa.median()).astype(float)
     csv = work / "tpsa.csv"
     table.to_csv(csv, index=False)
+    if args.only_heads:
+        heads(work, csv, args.epochs)
+        return
 
     ensemble = train(
         work,

@@ -36,10 +36,13 @@ from graphormer.training.run import train
 __all__ = ["score_ensemble", "train_calibrated", "train_ensemble"]
 
 
-def train_calibrated(settings: Any, loggers: list[Any] | None = None) -> dict[str, Any]:
+def train_calibrated(
+    settings: Any, loggers: list[Any] | None = None, source: Any | None = None
+) -> dict[str, Any]:
     """One run (:func:`~graphormer.training.train`), then its calibration fitted on the
-    validation split with the best checkpoint: ``calibration.json`` beside ``checkpoints/``."""
-    results = train(settings, loggers=loggers)
+    validation split with the best checkpoint: ``calibration.json`` beside ``checkpoints/``.
+    ``source``: the dataset's source, when the caller built it already."""
+    results = train(settings, loggers=loggers, source=source)
     if not is_first_process():  # the other ranks of a launch: the first one calibrates
         return results
     with quietly():  # the data again: the run's results stay its last lines
@@ -121,6 +124,7 @@ def train_ensemble(
     settings: Any,
     loggers_for: Callable[[Path], list[Any]] | None = None,
     resume: bool = False,
+    source: Any | None = None,
 ) -> dict[str, Any]:
     """Trains ``settings.ensemble.size`` members (seeds ``seed``, ``seed + 1``, ...) into
     ``output_dir/members/<i>``, one after another (or at once, one GPU each, with
@@ -130,7 +134,8 @@ def train_ensemble(
     A member that fails is reported and recorded in ``ensemble.json``; the others still train,
     and the ensemble is scored without it only with ``ensemble.allow_missing``. With ``resume``
     (``train.py ckpt_path=RUN``), finished members are kept, interrupted ones continue from
-    their newest checkpoint (exactly, as any resume) and the others train.
+    their newest checkpoint (exactly, as any resume) and the others train. ``source``: the
+    dataset's source (the members share it), when the caller built it already.
     """
     output_dir = Path(settings.output_dir)
     size = settings.ensemble.size
@@ -169,7 +174,7 @@ def train_ensemble(
                     member = dataclasses.replace(member, ckpt_path=str(last))
             try:
                 loggers = loggers_for(member.output_dir) if loggers_for else None
-                results[i] = train_calibrated(member, loggers=loggers)
+                results[i] = train_calibrated(member, loggers=loggers, source=source)
             except (UserFacingError, RuntimeError) as error:
                 first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
                 state["failed"][str(i)] = first

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from graphormer.data.sources import build_source
+from graphormer.data.tasks import TaskInfo
 from graphormer.errors import ConfigError
 from graphormer.training.crossval import cross_validate
 from graphormer.training.ensemble import train_calibrated, train_ensemble
@@ -20,9 +21,13 @@ def fit(
     settings: RunSettings, loggers_for: Callable[[Path], list[Any]] | None = None
 ) -> dict[str, Any]:
     """Trains as ``settings`` say; returns what the top ``metrics.json`` (or
-    ``cv_metrics.json``) holds. ``loggers_for(folder)`` builds the loggers of a run folder."""
+    ``cv_metrics.json``) holds. ``loggers_for(folder)`` builds the loggers of a run folder.
+
+    The dataset's source is built once here and passed down to the run (or the ensemble's
+    members); a cross-validation's folds each have a split of their own, and so a source."""
+    source = build_source(settings.dataset)
     if settings.calibration != "none":
-        task = build_source(settings.dataset).task_info()
+        task = source.task_info()
         if not task.is_classification:
             raise ConfigError(
                 f"calibration={settings.calibration} calibrates binary probabilities, but "
@@ -30,23 +35,20 @@ def fit(
                 "always store their conformal intervals' calibration)"
             )
     if settings.cv.enabled or settings.ensemble.size > 1:
-        _refuse_atom_targets(settings)
+        _refuse_atom_targets(source.task_info())
     if settings.cv.enabled:
         return cross_validate(settings, lambda one: fit(one, loggers_for))
     if settings.ensemble.size > 1:
-        return train_ensemble(settings, loggers_for)
+        return train_ensemble(settings, loggers_for, source=source)
     loggers = loggers_for(Path(settings.output_dir)) if loggers_for else None
-    return train_calibrated(settings, loggers)
+    return train_calibrated(settings, loggers, source=source)
 
 
-def _refuse_atom_targets(settings: RunSettings) -> None:
+def _refuse_atom_targets(task: TaskInfo) -> None:
     """Ensembles and resampling score molecule predictions (#19); atom and bond targets (#18)
     are trained one model at a time, so far."""
-    from graphormer.data.sources import build_source
-    from graphormer.errors import ConfigError
-
     # Auxiliary atom targets (issue #22) serve the molecule targets: every member trains them.
-    task = build_source(settings.dataset).task_info().without_auxiliary()
+    task = task.without_auxiliary()
     if task.atom_tasks or task.bond_tasks:
         level = "atom" if task.atom_tasks else "bond"
         raise ConfigError(

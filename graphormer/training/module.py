@@ -25,8 +25,24 @@ from graphormer.training.rng import (
 )
 from graphormer.training.schedule import warmup_linear_decay
 from graphormer.training.settings import NONFINITE, FlagSettings, auto_loss, resolve_loss
+from graphormer.uncertainty.heads import (
+    DISTRIBUTION_WIDTHS,
+    EVIDENTIAL_LAMBDA,
+    distribution_nll,
+    distribution_parameters,
+    distribution_variance,
+)
 
-__all__ = ["LEVELS", "GraphormerModule", "NonFiniteError", "auto_loss", "masked_loss"]
+__all__ = [
+    "EVIDENTIAL_LAMBDA",
+    "LEVELS",
+    "GraphormerModule",
+    "NonFiniteError",
+    "auto_loss",
+    "distribution_parameters",
+    "distribution_variance",
+    "masked_loss",
+]
 
 # The checkpoint entries of a fine-tuning run (written and read by graphormer.checkpoint alone;
 # named here for the callers that imported them from this module).
@@ -36,12 +52,6 @@ PROBED_KEY = checkpoints.PROBED_KEY
 # The parameter-group key of the rate that pulls copied tensors to their pre-trained values.
 _ANCHOR_DECAY = "pretrained_decay"
 
-# Losses of a head that predicts a distribution per task, and its outputs per task: mean-
-# variance estimation (mean, variance) and deep evidential regression (gamma, nu, alpha, beta).
-DISTRIBUTION_WIDTHS = {"mve": 2, "evidential": 4}
-# Weight of the evidential regulariser |y - gamma| * (2 nu + alpha) (chemprop v2's default).
-EVIDENTIAL_LAMBDA = 0.2
-_EPS = 1e-6
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
 LEVELS = ("molecule", "atom", "bond")
 # The model settings that set tensors' shapes (named when a checkpoint's settings do not fit).
@@ -97,7 +107,7 @@ def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
         width = DISTRIBUTION_WIDTHS[loss]
         spread_mask = labelled.repeat_interleave(width, dim=-1)
         pred = torch.where(spread_mask, pred, torch.ones_like(pred))
-        each = _distribution_nll(pred, target, loss)
+        each = distribution_nll(pred, target, loss)
         count = labelled.sum().clamp(min=1).to(each.dtype)
         return torch.where(labelled, each, torch.zeros_like(each)).sum() / count
     pred = torch.where(labelled, pred, torch.zeros_like(pred))
@@ -109,48 +119,6 @@ def masked_loss(pred: Tensor, target: Tensor, loss: str) -> Tensor:
         each = F.mse_loss(pred, target, reduction="none")
     count = labelled.sum().clamp(min=1).to(each.dtype)
     return torch.where(labelled, each, torch.zeros_like(each)).sum() / count
-
-
-def distribution_parameters(raw: Tensor, loss: str) -> list[Tensor]:
-    """A distribution head's raw outputs ``[B, T * k]`` as its ``k`` parameters ``[B, T]``
-    each, constrained: MVE's (mean, variance > 0), evidential's (gamma, nu > 0, alpha > 1,
-    beta > 0); softplus keeps them positive, as chemprop v2 does."""
-    width = DISTRIBUTION_WIDTHS[loss]
-    parts = raw.float().unflatten(-1, (-1, width)).unbind(-1)  # k x [B, T]
-    if loss == "mve":
-        return [parts[0], F.softplus(parts[1]) + _EPS]
-    gamma, nu, alpha, beta = parts
-    return [gamma, F.softplus(nu) + _EPS, F.softplus(alpha) + 1 + _EPS, F.softplus(beta) + _EPS]
-
-
-def distribution_variance(parameters: list[Tensor], loss: str) -> Tensor:
-    """The predictive variance ``[B, T]`` (standardised units) of a distribution head: MVE's
-    variance; evidential's aleatoric plus epistemic variance ``beta (1 + 1/nu) / (alpha - 1)``
-    (Amini et al., NeurIPS 2020)."""
-    if loss == "mve":
-        return parameters[1]
-    _, nu, alpha, beta = parameters
-    return beta * (1 + 1 / nu) / (alpha - 1)
-
-
-def _distribution_nll(pred: Tensor, target: Tensor, loss: str) -> Tensor:
-    """Per-entry negative log-likelihood (plus the evidential regulariser) of ``target``
-    ``[B, T]`` under the head's distribution ``pred`` ``[B, T * k]``."""
-    parameters = distribution_parameters(pred, loss)
-    if loss == "mve":
-        mean, var = parameters
-        return 0.5 * (torch.log(2 * math.pi * var) + (target - mean) ** 2 / var)
-    gamma, nu, alpha, beta = parameters
-    omega = 2 * beta * (1 + nu)
-    error = target - gamma
-    nll = (
-        0.5 * torch.log(math.pi / nu)
-        - alpha * torch.log(omega)
-        + (alpha + 0.5) * torch.log(nu * error**2 + omega)
-        + torch.lgamma(alpha)
-        - torch.lgamma(alpha + 0.5)
-    )
-    return nll + EVIDENTIAL_LAMBDA * error.abs() * (2 * nu + alpha)
 
 
 def build_adamw(

@@ -20,7 +20,7 @@ from lightning.pytorch.loggers import Logger
 from graphormer import checkpoint as checkpoints
 from graphormer.console import command, report
 from graphormer.data.datamodule import GraphDataModule
-from graphormer.data.sources import build_source
+from graphormer.data.sources import Source, build_source
 from graphormer.devices import on_gpu, resolve_pad_to_multiple, resolve_precision
 from graphormer.errors import ConfigError
 from graphormer.models.molecule_features import MOLECULE_FEATURE_RULE
@@ -49,14 +49,16 @@ def build_datamodule(
     datamodule: DataModuleSettings | dict[str, Any],
     seed: int = 0,
     gpu: bool | None = None,
+    source: Source | None = None,
 ) -> GraphDataModule:
     """The datamodule from plain dataset settings and the datamodule settings (checked by
     :class:`DataModuleSettings`, whether from the command line or read from a checkpoint). The
     dataset source is chosen by name from graphormer's own table
     (:func:`~graphormer.data.build_source`): settings read from a checkpoint are data, and never
     name code to run. ``pad_to_multiple: null`` is resolved for ``gpu`` (default: whether a GPU
-    is visible)."""
-    source = build_source(dataset)
+    is visible). ``source``: the source of ``dataset`` when the caller built it already (a fit
+    builds it once)."""
+    source = source if source is not None else build_source(dataset)
     if not isinstance(datamodule, DataModuleSettings):
         datamodule = DataModuleSettings.from_dict(datamodule)
     values = datamodule.to_dict()
@@ -250,6 +252,7 @@ def train(
     settings: RunSettings,
     callbacks: list[pl.Callback] | None = None,
     loggers: list[Logger] | None = None,
+    source: Source | None = None,
 ) -> dict[str, Any]:
     """Trains a Graphormer as ``settings`` say; returns what it writes to ``metrics.json``.
 
@@ -260,6 +263,8 @@ def train(
         loggers (list[Logger] | None, optional): Lightning loggers (the command line builds
             them from ``logger=``); with any, the learning rate is logged too.
             (default: :obj:`None`)
+        source (Source | None, optional): the source of ``settings.dataset``, when the caller
+            built it already; None builds it. (default: :obj:`None`)
     """
     quiet_third_parties()
     if not settings.pretrained and not settings.ckpt_path:
@@ -278,7 +283,9 @@ def train(
     output_dir = Path(settings.output_dir)
     _check_writable(output_dir / "checkpoints")
     gpu = on_gpu(trainer_settings.accelerator)
-    datamodule = build_datamodule(settings.dataset, settings.datamodule, settings.seed, gpu)
+    datamodule = build_datamodule(
+        settings.dataset, settings.datamodule, settings.seed, gpu, source=source
+    )
     task = datamodule.task
     module = build_module(settings, datamodule)
     if settings.pretrained and not settings.ckpt_path:  # a resume's weights are its checkpoint's
