@@ -355,25 +355,55 @@ def test_predict_script_writes_atom_columns(charge_run, tmp_path):
     assert len(rows) == len(truth) and rows.charge.to_numpy() == pytest.approx(predicted, abs=1e-5)
 
 
-def test_ensembles_and_cross_validation_refuse_atom_targets(tmp_path):
+def test_ensembles_refuse_atom_targets(tmp_path):
     from graphormer.cli.train import settings_from
     from graphormer.training.experiment import fit
 
     path = _write(tmp_path, _rows())
-    for extra in ("ensemble.size=2", "cv.folds=3"):
-        cfg = compose_train(
-            [
-                "dataset=smiles_csv",
-                f"dataset.path={path}",
-                "dataset.targets=[]",
-                "dataset.atom_targets=[charge]",
-                f"output_dir={tmp_path / 'run'}",
-                extra,
-                *TINY,
-            ]
-        )
-        with pytest.raises(ConfigError, match="atom targets"):
-            fit(settings_from(cfg))
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={path}",
+            "dataset.targets=[]",
+            "dataset.atom_targets=[charge]",
+            f"output_dir={tmp_path / 'run'}",
+            "ensemble.size=2",
+            *TINY,
+        ]
+    )
+    with pytest.raises(ConfigError, match="atom targets"):
+        fit(settings_from(cfg))
+
+
+def test_cross_validation_of_an_atom_model_scores_each_fold_by_its_atoms(tmp_path):
+    from graphormer.cli.train import settings_from
+    from graphormer.training.experiment import fit
+
+    csv = tmp_path / "charges.csv"
+    charge_table(90).to_csv(csv, index=False)
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={csv}",
+            "dataset.targets=[]",
+            "dataset.atom_targets=[charge]",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "cv.folds=3",
+            "trainer.max_epochs=1",
+            "~logger",
+            *TINY,
+        ]
+    )
+    summary = fit(settings_from(cfg))
+    assert summary["metric"] == "atom_mae" and summary["test"]["n"] == 3
+    folds = [
+        json.loads((tmp_path / "run" / r["folder"] / "metrics.json").read_text())
+        for r in summary["folds"]
+    ]
+    maes = [f["test"]["atom_mae"] for f in folds]
+    assert summary["test"]["mean"] == pytest.approx(np.mean(maes))
+    assert "atom_rmse" in summary["reported"]
 
 
 def test_explain_colours_atoms_by_their_predicted_values(charge_run, tmp_path):

@@ -436,12 +436,12 @@ def test_predict_script_writes_bond_columns(bond_run, tmp_path):
     assert rows.rotatable.to_numpy() == pytest.approx(predicted, abs=1e-5)
 
 
-def test_ensembles_and_cross_validation_refuse_bond_targets(tmp_path):
+def test_ensembles_refuse_bond_targets(tmp_path):
     from graphormer.cli.train import settings_from
     from graphormer.training.experiment import fit
 
     path = _write(tmp_path, _rows())
-    for extra in ("ensemble.size=2", "cv.folds=3"):
+    for extra in ("ensemble.size=2",):
         cfg = compose_train(
             [
                 "dataset=smiles_csv",

@@ -225,8 +225,11 @@ def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[
                 "test": found["test"],
             }
         )
-    task = build_source(settings.dataset).task_info()
-    metric = task.metric
+    # Every level's metrics: the first (the molecule metric, or an atom or bond model's first
+    # level metric) heads the table, the others are reported beside it. Auxiliary atom targets
+    # (issue #22) are trained, never a result.
+    task = build_source(settings.dataset).task_info().without_auxiliary()
+    metric, *beside = task.level_metrics
     summary: dict[str, Any] = {"kind": kind, "metric": metric, "folds": rows}
     for split in ("valid", "test"):
         found = _mean_std([r[split].get(metric) for r in rows if r.get(split)])
@@ -234,7 +237,7 @@ def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[
             summary[split] = found
     # Metrics reported beside the main one (accuracy of a binary TU task, issue #17).
     reported = {}
-    for name in task.reported:
+    for name in beside:
         splits = {}
         for split in ("valid", "test"):
             found = _mean_std([r[split].get(name) for r in rows if r.get(split)])

@@ -34,7 +34,7 @@ def fit(
                 f"{task.name} is a {task.task_type} task: drop calibration= (regression runs "
                 "always store their conformal intervals' calibration)"
             )
-    if settings.cv.enabled or settings.ensemble.size > 1:
+    if settings.ensemble.size > 1:
         _refuse_atom_targets(source.task_info())
     if settings.cv.enabled:
         return cross_validate(settings, lambda one: fit(one, loggers_for))
@@ -45,14 +45,14 @@ def fit(
 
 
 def _refuse_atom_targets(task: TaskInfo) -> None:
-    """Ensembles and resampling score molecule predictions (#19); atom and bond targets (#18)
-    are trained one model at a time, so far."""
+    """Ensembles score molecule predictions (#19); atom and bond targets (#18) are trained one
+    model at a time, so far (a cross-validation's folds are single models: it takes them)."""
     # Auxiliary atom targets (issue #22) serve the molecule targets: every member trains them.
     task = task.without_auxiliary()
     if task.atom_tasks or task.bond_tasks:
         level = "atom" if task.atom_tasks else "bond"
         raise ConfigError(
-            f"ensemble.size > 1 and cv.* train molecule targets only: a model of {level} targets "
-            f"(dataset.{level}_targets) is trained one at a time; set ensemble.size=1 and leave "
-            "cv unset"
+            f"ensemble.size > 1 trains molecule targets only: a model of {level} targets "
+            f"(dataset.{level}_targets) is trained one at a time; set ensemble.size=1 (cv.* "
+            "resamples such a model)"
         )
