@@ -23,6 +23,7 @@ from graphormer.inference.predictor import Predictor
 from graphormer.portable.dense import INPUT_NAMES, dense_inputs
 from graphormer.portable.molecules import blocked_rdkit_logs, featurize_one
 from graphormer.portable.onnx_predictor import FORMAT_VERSION, METADATA_KEY, member_paths
+from graphormer.runner import probabilities
 
 __all__ = ["OnnxNetwork", "export_onnx", "max_difference", "member_paths", "run_metrics"]
 
@@ -57,12 +58,8 @@ class OnnxNetwork(nn.Module):
             edge_attr=edge_attr,
             node_mask=node_mask,
         )
-        out = self.module(batch).float()  # the targets' units; logits for classification
-        if self.task.is_classification:
-            return torch.sigmoid(out)
-        if self.task.is_multiclass:
-            return torch.softmax(out, dim=-1)
-        return out
+        # The targets' units; probabilities for classification (the runner's one rule).
+        return probabilities(self.task, self.module(batch))
 
 
 def export_onnx(
