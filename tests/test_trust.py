@@ -546,10 +546,10 @@ def test_one_failed_member_is_refused_unless_allow_missing(nci_csv, tmp_path, mo
 
     real = ensemble.train
 
-    def second_member_fails(settings, loggers=None):
+    def second_member_fails(settings, loggers=None, **kwargs):
         if settings.seed == 43:
             raise NonFiniteError("train/loss is NaN at step 3")
-        return real(settings, loggers=loggers)
+        return real(settings, loggers=loggers, **kwargs)
 
     monkeypatch.setattr(ensemble, "train", second_member_fails)
     overrides = [
