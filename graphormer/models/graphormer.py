@@ -104,10 +104,11 @@ class GraphormerConfig:
             each atom's final state: an additive term that grows with the molecule, as
             group-contribution models of extensive properties do).
         channels: what the network reads: ``"2d"`` (the bond graph: degrees, spatial and edge
-            encodings; positions are ignored), ``"3d"`` (atom positions through Graphormer-3D's
-            Gaussian distance encoding; no bond structure) or ``"both"`` (Transformer-M: each
-            training batch draws 2D only, 3D only or both with ``channel_probs``; a batch
-            without positions runs in 2D, so the model predicts from a SMILES alone).
+            encodings; positions are ignored), ``"3d"`` (the atoms' own features and their
+            positions through Graphormer-3D's Gaussian distance encoding; no degrees, hop
+            distances or bond paths) or ``"both"`` (Transformer-M: each training batch draws 2D
+            only, 3D only or both with ``channel_probs``; a batch without positions runs in 2D,
+            so the model predicts from a SMILES alone).
         channel_probs: with ``channels="both"``, the probabilities of a training batch running
             ``[2d, 3d, both]`` (Transformer-M's 0.2 / 0.6 / 0.2); they sum to 1.
         num_kernels: Gaussian kernels of the distance encoding (``K``, 128 as Graphormer-3D).
