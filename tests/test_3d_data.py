@@ -117,3 +117,20 @@ def test_train_a_3d_model_from_smiles_with_rdkit_conformers(tmp_path):
     )
     result = train_config(cfg)
     assert np.isfinite(result["test"]["rmse"])
+
+
+def test_a_3d_model_without_positions_is_one_error_naming_the_fix(tmp_path):
+    path, _ = _csv(tmp_path, 20)
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={path}",
+            "dataset.targets=[tpsa]",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "model.channels=3d",
+            *TINY,
+        ]
+    )
+    with pytest.raises(ConfigError, match=r"model.channels=3d: .*dataset.conformers=rdkit"):
+        train_config(cfg)

@@ -255,6 +255,9 @@ class AseSource(Source):
     ) -> tuple[list[int], list[int]]:
         return [0], [0]
 
+    def has_positions(self) -> bool:
+        return True
+
     def smiles_refusal(self) -> str:
         return (
             f"was trained on structures from a file ({self.path}), which carry positions, not "

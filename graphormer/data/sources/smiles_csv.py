@@ -777,6 +777,9 @@ class SmilesCsvSource(Source):
         """The molecule-level input features (issue #22), or None."""
         return self.features if self.features.enabled else None
 
+    def has_positions(self) -> bool:
+        return self.conformers is not None
+
     def split_groups(self, dataset: SmilesCsvDataset) -> list[str]:
         """Bemis-Murcko scaffolds: a scaffold's molecules stay in one fold."""
         return list(dataset.scaffolds)
