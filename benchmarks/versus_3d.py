@@ -16,7 +16,7 @@ schedule and loss: L1 of the standardised energy plus L1 of the forces in the sa
 ``mean`` (no training: the training conformers' mean energy; and the per-molecule mean, the mean
 of each test molecule's own conformers: an oracle, and the best any model blind to positions can
 do in the mean), ``graphormer_2d`` (bonds only), ``graphormer_3d`` (``model.channels=3d`` with
-the vector head for forces), ``schnet`` and ``dimenet++`` (``torch_geometric.nn.models``; forces
+the vector head for forces), ``graphormer_both`` (bonds and positions in every batch), ``schnet`` and ``dimenet++`` (``torch_geometric.nn.models``; forces
 as the negative gradient of the energy). PyG's radius graph and DimeNet's triplets need
 torch-cluster and torch-sparse, which are not dependencies here: this script gives both models
 pairs within the cutoff and triplets computed with plain torch (for DimeNet++ by replacing the two
@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROWS = ("mean", "graphormer_2d", "graphormer_3d", "schnet", "dimenet++")
+ROWS = ("mean", "graphormer_2d", "graphormer_3d", "graphormer_both", "schnet", "dimenet++")
 CONFORMERS = 5
 SEED = 0x3D
 CUTOFF = 5.0  # Angstrom, SchNet's and DimeNet++'s neighbour radius
@@ -230,6 +230,7 @@ def graphormer(channels: str) -> torch.nn.Module:
         activation_dropout=0.0,
         readout="token_sum",
         channels=channels,
+        channel_probs=[0.0, 0.0, 1.0],  # with "both": bonds and positions in every batch
         atom_vector_tasks=1 if channels != "2d" else 0,
     )
     return Graphormer(config)
@@ -303,7 +304,7 @@ def train_row(row: str, data: dict, epochs: int, batch_size: int, lr: float) -> 
     torch.manual_seed(0)
     dense = row.startswith("graphormer")
     if dense:
-        model = graphormer("2d" if row == "graphormer_2d" else "3d")
+        model = graphormer(row.removeprefix("graphormer_"))
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet")
     train_items, test_items = samples(data, "train"), samples(data, "test")
