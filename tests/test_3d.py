@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from graphormer.data.collate import GraphormerCollator
+from graphormer.errors import DataError
 from graphormer.inference.predictor import featurize_smiles
 from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig
 
@@ -187,7 +188,7 @@ def test_channels_both_predicts_from_bonds_alone_and_3d_needs_positions():
     assert model.channels(batch) == (True, False)
     assert model.channels(_collate(_graphs())) == (True, True)  # evaluation reads both
     three = _model(channels="3d")
-    with pytest.raises(ValueError, match="model.channels=3d reads atom positions"):
+    with pytest.raises(DataError, match="model.channels=3d reads atom positions"):
         three(batch)
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphormer.batch import GraphormerBatch
+from graphormer.errors import DataError
 from graphormer.models.dropout import Dropout
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder, touch
 from graphormer.models.geometry import GaussianDistanceEncoding, VectorHead
@@ -529,10 +530,13 @@ class Graphormer(nn.Module):
             return True, False
         if batch.pos is None:
             if mode == "3d":
-                raise ValueError(
-                    "model.channels=3d reads atom positions but the batch carries none: give "
-                    "the dataset conformers (dataset.conformers=rdkit) or positions, or train "
-                    "with model.channels=both to predict from bonds alone"
+                # A user's error (predicting a 3D model from SMILES): one error line, not a
+                # traceback.
+                raise DataError(
+                    "model.channels=3d reads atom positions and these graphs carry none (a 3D "
+                    "model cannot predict from SMILES alone yet): give them positions "
+                    "(dataset.conformers=rdkit, dataset=ase), or train with "
+                    "model.channels=both to predict from bonds alone"
                 )
             return True, False
         if not self.training:
