@@ -188,6 +188,10 @@ def test_channels_both_predicts_from_bonds_alone_and_3d_needs_positions():
     assert model.channels(batch) == (True, False)
     assert model.channels(_collate(_graphs())) == (True, True)  # evaluation reads both
     three = _model(channels="3d")
+    positions = _collate(_graphs())
+    assert three.channels(positions) == (False, True)
+    assert three.train().channels(positions) == (False, True)  # never draws: 3D only
+    three.eval()
     with pytest.raises(DataError, match="model.channels=3d reads atom positions"):
         three(batch)
 

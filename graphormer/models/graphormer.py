@@ -539,6 +539,8 @@ class Graphormer(nn.Module):
                     "model.channels=both to predict from bonds alone"
                 )
             return True, False
+        if mode == "3d":
+            return False, True
         if not self.training:
             return True, True
         # torch's generator: seeded runs draw the same channels.
