@@ -14,10 +14,10 @@ no conformer in training.
 Rows, all trained by one loop here (the same split, epochs, batch size, optimiser, learning-rate
 schedule and loss: L1 of the standardised energy plus L1 of the forces in the same units):
 ``mean`` (no training: the training conformers' mean energy; and the per-molecule mean, the mean
-of each test molecule's own conformers: an oracle, and the best any model blind to positions can
-do in the mean), ``graphormer_2d`` (bonds only), ``graphormer_3d`` (``model.channels=3d`` with
-the vector head for forces), ``graphormer_both`` (bonds and positions in every batch), ``schnet`` and ``dimenet++`` (``torch_geometric.nn.models``; forces
-as the negative gradient of the energy). PyG's radius graph and DimeNet's triplets need
+of each test molecule's own conformers: an oracle, about the best a model blind to positions can
+do), ``graphormer_2d`` (bonds only), ``graphormer_3d`` (``model.channels=3d`` with the vector
+head for forces), ``graphormer_both`` (bonds and positions in every batch), ``schnet`` and
+``dimenet++`` (``torch_geometric.nn.models``; forces as the negative gradient of the energy). PyG's radius graph and DimeNet's triplets need
 torch-cluster and torch-sparse, which are not dependencies here: this script gives both models
 pairs within the cutoff and triplets computed with plain torch (for DimeNet++ by replacing the two
 functions its module calls). Each row trains in a subprocess of its own, one at a time, with one
