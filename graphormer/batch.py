@@ -38,6 +38,10 @@ class GraphormerBatch:
             None (a prediction batch of a bond model carries the bonds without labels).
         molecule_features: ``[B, D]`` float raw molecule-level features (RDKit descriptors,
             a file's columns; NaN where missing), or None (issue #22).
+        pos: ``[B, N, 3]`` float atom positions in Angstrom (0 at padding), or None for graphs
+            without them.
+        y_atom_vector: ``[B, N, T_vec, 3]`` float per-atom vector targets (forces), NaN where
+            missing and at padding, or None.
     """
 
     x: Tensor
@@ -57,6 +61,8 @@ class GraphormerBatch:
     bond_mask: Tensor | None = None
     y_bond: Tensor | None = None
     molecule_features: Tensor | None = None
+    pos: Tensor | None = None
+    y_atom_vector: Tensor | None = None
 
     @property
     def num_graphs(self) -> int:

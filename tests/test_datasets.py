@@ -224,6 +224,7 @@ def test_every_source_answers_the_contract(ogb_root, tmp_path):
         "tu": {"name": "NCI_TU", "root": str(tmp_path)},
         "ogbg_ppa": {"root": str(tmp_path)},
         "lrgb": {"name": "Peptides-func", "root": str(tmp_path)},
+        "ase": {"path": "x.extxyz"},
     }
     assert set(settings) == set(SOURCES)
     sources = {kind: build_source({"source": kind, **s}) for kind, s in settings.items()}
@@ -232,7 +233,7 @@ def test_every_source_answers_the_contract(ogb_root, tmp_path):
         assert source.name and source.root, kind
         assert source.task_info().num_tasks >= 1, kind
     # Sources with vocabularies of their own (not OGB's molecule featurisation) refuse SMILES.
-    own = ["zinc", "pyg_file", "tu", "ogbg_ppa"]
+    own = ["zinc", "pyg_file", "tu", "ogbg_ppa", "ase"]
     assert [k for k, s in sources.items() if s.feature_dims() is not None] == own
     assert [k for k, s in sources.items() if s.smiles_refusal() is not None] == own
     assert sources["smiles_csv"].task_names() == ["a", "b"]

@@ -137,6 +137,16 @@ class GraphormerCollator:
             )
             y_atom = y_atom.index_copy_(0, node_dest, labels).view(batch_size, n_max, -1)
         bonds = _bonds(stores, num_edges, batch_size)
+        pos = _continuous(stores, "pos")
+        if pos is not None:
+            pos = pos.new_zeros(batch_size * n_max, 3).index_copy_(0, node_dest, pos)
+            pos = pos.view(batch_size, n_max, 3)
+        y_atom_vector = None
+        if all(s.get("y_atom_vector") is not None for s in stores):
+            vectors = torch.cat([s["y_atom_vector"] for s in stores]).float()  # [nodes, T, 3]
+            y_atom_vector = vectors.new_full((batch_size * n_max, *vectors.shape[1:]), float("nan"))
+            y_atom_vector = y_atom_vector.index_copy_(0, node_dest, vectors)
+            y_atom_vector = y_atom_vector.view(batch_size, n_max, *vectors.shape[1:])
         return GraphormerBatch(
             x=x_pad.view(batch_size, n_max, x.size(-1)),
             in_degree=in_degree.view(batch_size, n_max),
@@ -152,6 +162,8 @@ class GraphormerCollator:
             y_atom=y_atom,
             **bonds,
             molecule_features=_continuous(stores, "molecule_features"),
+            pos=pos,
+            y_atom_vector=y_atom_vector,
         )
 
     def _structure(

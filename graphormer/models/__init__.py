@@ -1,5 +1,6 @@
 from graphormer.models.attention import BiasedMultiheadAttention
 from graphormer.models.encoders import CategoricalEmbedding, GraphAttentionBias, NodeEncoder
+from graphormer.models.geometry import GaussianDistanceEncoding, VectorHead
 from graphormer.models.graphormer import (
     Graphormer,
     GraphormerConfig,
@@ -12,12 +13,14 @@ from graphormer.models.molecule_features import MoleculeFeatureInput
 __all__ = [
     "BiasedMultiheadAttention",
     "CategoricalEmbedding",
+    "GaussianDistanceEncoding",
     "GraphAttentionBias",
     "Graphormer",
     "GraphormerConfig",
     "GraphormerLayer",
     "MoleculeFeatureInput",
     "NodeEncoder",
+    "VectorHead",
     "ogb_atom_feature_dims",
     "ogb_bond_feature_dims",
 ]

@@ -8,7 +8,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["CategoricalEmbedding", "ContinuousProjection", "GraphAttentionBias", "NodeEncoder"]
+__all__ = [
+    "CategoricalEmbedding",
+    "ContinuousProjection",
+    "GraphAttentionBias",
+    "NodeEncoder",
+    "touch",
+]
+
+
+def touch(value: Tensor, *modules: nn.Module) -> Tensor:
+    """``value`` plus zero times every parameter of ``modules``: a pass that skips them (a
+    channel left out of a training step) still gives them a zero gradient, so that distributed
+    training without ``find_unused_parameters`` does not stall waiting for theirs."""
+    zero = sum(p.sum() for m in modules for p in m.parameters()) * 0
+    return value + zero.to(value.dtype)
 
 
 class CategoricalEmbedding(nn.Module):
@@ -173,16 +187,21 @@ class NodeEncoder(nn.Module):
         out_degree: Tensor,
         node_mask: Tensor,
         x_continuous: Tensor | None = None,
+        structure: bool = True,
     ) -> Tensor:
+        """``structure=False`` leaves out the degrees (a pass without the 2D channel)."""
         _input_width("node", x_continuous, self.continuous_dim)
         h = self.in_degree(in_degree.clamp(max=self.max_degree))
+        if not structure:
+            h = touch(torch.zeros_like(h), self.in_degree, self.out_degree)
         if self.atom is not None:
             h = self.atom(x) + h
         if self.continuous is not None:
             h = h + self.continuous(x_continuous).to(h.dtype)
         if self.node_embedding is not None:
             h = h + self.node_embedding.to(h.dtype)
-        h = h + self.out_degree(out_degree.clamp(max=self.max_degree))
+        if structure:
+            h = h + self.out_degree(out_degree.clamp(max=self.max_degree))
         # Zero the padding so that padded positions carry no information at all.
         return h * node_mask.unsqueeze(-1).to(h.dtype)
 
@@ -367,11 +386,18 @@ class GraphAttentionBias(nn.Module):
         edge_path: Tensor,
         edge_attr: Tensor,
         edge_attr_continuous: Tensor | None = None,
+        structure: bool = True,
     ) -> Tensor:
-        node_bias = self.spatial(self.spatial_index(spatial_pos))  # [B, N, N, H]
-        edge = self.edge_bias(spatial_pos, edge_path, edge_attr, edge_attr_continuous)
-        node_bias = node_bias + edge
-        node_bias = node_bias.permute(0, 3, 1, 2)  # [B, H, N, N]
+        """``structure=False`` keeps only the graph token's bias (a pass without the 2D
+        channel: no spatial or edge encoding)."""
+        if structure:
+            node_bias = self.spatial(self.spatial_index(spatial_pos))  # [B, N, N, H]
+            edge = self.edge_bias(spatial_pos, edge_path, edge_attr, edge_attr_continuous)
+            node_bias = (node_bias + edge).permute(0, 3, 1, 2)  # [B, H, N, N]
+        else:
+            b, n = spatial_pos.shape[:2]
+            zeros = self.graph_token_distance.new_zeros(b, self.num_heads, n, n)
+            node_bias = touch(zeros, self)  # [B, H, N, N]
         bias = F.pad(node_bias, (1, 0, 1, 0))  # [B, H, N+1, N+1], zero row/col for the token
         n1 = bias.size(-1)
         token = torch.zeros(n1, n1, dtype=bias.dtype, device=bias.device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -13,13 +13,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphormer.batch import GraphormerBatch
+from graphormer.errors import DataError
 from graphormer.models.dropout import Dropout
-from graphormer.models.encoders import GraphAttentionBias, NodeEncoder
+from graphormer.models.encoders import GraphAttentionBias, NodeEncoder, touch
+from graphormer.models.geometry import GaussianDistanceEncoding, VectorHead
 from graphormer.models.heads import BondHead, NodeHead
 from graphormer.models.layers import GraphormerLayer
 from graphormer.models.molecule_features import MoleculeFeatureInput
 
 __all__ = [
+    "CHANNELS",
     "READOUTS",
     "Graphormer",
     "GraphormerConfig",
@@ -29,6 +32,8 @@ __all__ = [
 
 # What the molecule head can read (GraphormerConfig.readout).
 READOUTS = ("token", "token_mean", "token_sum")
+# What the network reads (GraphormerConfig.channels): bonds, positions or both (Transformer-M).
+CHANNELS = ("2d", "3d", "both")
 
 
 def ogb_atom_feature_dims() -> list[int]:
@@ -99,6 +104,20 @@ class GraphormerConfig:
             (the graph token's head plus a sum over atoms of a learned linear contribution of
             each atom's final state: an additive term that grows with the molecule, as
             group-contribution models of extensive properties do).
+        channels: what the network reads: ``"2d"`` (the bond graph: degrees, spatial and edge
+            encodings; positions are ignored), ``"3d"`` (the atoms' own features and their
+            positions through Graphormer-3D's Gaussian distance encoding; no degrees, hop
+            distances or bond paths) or ``"both"`` (Transformer-M: each training batch draws 2D
+            only, 3D only or both with ``channel_probs``; a batch without positions runs in 2D,
+            so the model predicts from a SMILES alone).
+        channel_probs: with ``channels="both"``, the probabilities of a training batch running
+            ``[2d, 3d, both]`` (Transformer-M's 0.2 / 0.6 / 0.2); they sum to 1.
+        num_kernels: Gaussian kernels of the distance encoding (``K``, 128 as Graphormer-3D).
+        cutoff: None, or atom pairs farther apart than this (Angstrom) neither attend to each
+            other nor enter the 3D centrality (for large structures).
+        atom_vector_tasks: 3-vectors per atom (forces, position changes) of Graphormer-3D's
+            vector head (:class:`~graphormer.models.geometry.VectorHead`); needs positions
+            (``channels`` 3d or both); 0 (the default) builds none.
     """
 
     num_layers: int = 12
@@ -130,13 +149,21 @@ class GraphormerConfig:
     molecule_features_dim: int = 0
     molecule_features_at: str = "head"
     readout: str = "token"
+    channels: str = "2d"
+    channel_probs: list[float] = field(default_factory=lambda: [0.2, 0.6, 0.2])
+    num_kernels: int = 128
+    cutoff: float | None = None
+    atom_vector_tasks: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
             _integer(name, getattr(self, name), 1)
         _integer("atom_tasks", self.atom_tasks, 0)
         _integer("bond_tasks", self.bond_tasks, 0)
-        _integer("num_tasks", self.num_tasks, 0 if self.atom_tasks or self.bond_tasks else 1)
+        _integer("atom_vector_tasks", self.atom_vector_tasks, 0)
+        other_levels = self.atom_tasks or self.bond_tasks or self.atom_vector_tasks
+        _integer("num_tasks", self.num_tasks, 0 if other_levels else 1)
+        _integer("num_kernels", self.num_kernels, 1)
         for name in (
             "max_degree",
             "max_distance",
@@ -189,6 +216,7 @@ class GraphormerConfig:
             )
         if self.atom_feature_dims is None:
             self.atom_feature_dims = ogb_atom_feature_dims()
+        self._check_channels()
         if self.bond_feature_dims is None:
             self.bond_feature_dims = ogb_bond_feature_dims()
         for name in ("atom_feature_dims", "bond_feature_dims"):
@@ -202,6 +230,48 @@ class GraphormerConfig:
                 )
             setattr(self, name, [int(d) for d in dims])
         self._check_size()
+
+    def _check_channels(self) -> None:
+        if self.channels not in CHANNELS:
+            raise ValueError(
+                f"model.channels must be one of {', '.join(CHANNELS)}, got {self.channels!r}"
+            )
+        probs = self.channel_probs
+        if (
+            not isinstance(probs, list | tuple)
+            or len(probs) != 3
+            or not all(isinstance(p, int | float) and not isinstance(p, bool) for p in probs)
+            or min(probs) < 0
+            or abs(sum(probs) - 1) > 1e-6
+        ):
+            raise ValueError(
+                f"model.channel_probs={probs!r} is not allowed: three probabilities for "
+                "[2d, 3d, both] that sum to 1, e.g. [0.2, 0.6, 0.2]"
+            )
+        self.channel_probs = [float(p) for p in probs]
+        cutoff = self.cutoff
+        if cutoff is not None and (
+            isinstance(cutoff, bool) or not isinstance(cutoff, int | float) or cutoff <= 0
+        ):
+            raise ValueError(
+                f"model.cutoff={cutoff!r} is not allowed: a distance > 0 in Angstrom, or null"
+            )
+        if self.channels == "2d" and self.atom_vector_tasks:
+            raise ValueError(
+                f"model.atom_vector_tasks={self.atom_vector_tasks} needs atom positions: set "
+                "model.channels=3d or both"
+            )
+        if self.channels != "2d" and not self.atom_feature_dims:
+            raise ValueError(
+                f"model.channels={self.channels} reads each atom's element from the first "
+                "categorical atom feature, and model.atom_feature_dims is empty: give the "
+                "atoms a categorical element column, or use model.channels=2d"
+            )
+
+    @property
+    def uses_positions(self) -> bool:
+        """Whether the network has the 3D encoding (``channels`` 3d or both)."""
+        return self.channels != "2d"
 
     def estimated_parameters(self) -> int:
         """About the parameter count of the network these settings build (within a fraction of
@@ -225,6 +295,11 @@ class GraphormerConfig:
         readout = {"token": 0, "token_mean": h * h, "token_sum": h * self.num_tasks}
         molecule += readout[self.readout] if self.num_tasks else 0
         heads = (h + 1) * self.num_tasks + atom_head + bond_head + molecule
+        if self.uses_positions:
+            k, types = self.num_kernels, self.atom_feature_dims[0] + 1
+            tables += 2 * types * types + 2 * k + (k + 1) * (k + self.num_heads) + (k + 1) * h
+        if self.atom_vector_tasks:
+            heads += 3 * (h * h + h) + h * self.atom_vector_tasks
         return layers * per_layer + tables + 4 * h + h * h + heads
 
     def _check_size(self) -> None:
@@ -347,6 +422,15 @@ class Graphormer(nn.Module):
             c.unreachable_as_far,
             c.edge_continuous_dim,
         )
+        # The 3D channel (Graphormer-3D's encoding) only when asked for: 2D models and their
+        # checkpoints keep exactly their tensors. Atom types are the first atom feature + 1.
+        self.geometry = (
+            GaussianDistanceEncoding(
+                c.num_heads, c.hidden_dim, c.atom_feature_dims[0] + 1, c.num_kernels, c.cutoff
+            )
+            if c.uses_positions
+            else None
+        )
         self.graph_token = nn.Parameter(torch.empty(1, 1, c.hidden_dim))
         # Microsoft's encoder_normalize_before: one LayerNorm over the summed input embeddings.
         self.input_norm = (
@@ -380,6 +464,11 @@ class Graphormer(nn.Module):
             self.register_parameter("head_bias", None)
         # Only when asked for: existing models and checkpoints keep exactly their tensors.
         self.atom_head = NodeHead(c.hidden_dim, c.atom_tasks) if c.atom_tasks else None
+        self.vector_head = (
+            VectorHead(c.hidden_dim, c.num_heads, c.atom_vector_tasks)
+            if c.atom_vector_tasks
+            else None
+        )
         self.bond_head = (
             BondHead(c.hidden_dim, c.bond_tasks, c.bond_feature_dims, c.feature_stride)
             if c.bond_tasks
@@ -411,6 +500,8 @@ class Graphormer(nn.Module):
                 module.reset_parameters()
         self.node_encoder.reset_parameters()
         self.attn_bias.reset_parameters()
+        if self.geometry is not None:
+            self.geometry.reset_parameters()
         nn.init.normal_(self.graph_token, std=0.02)
         if self.head_bias is not None:
             nn.init.zeros_(self.head_bias)
@@ -427,10 +518,54 @@ class Graphormer(nn.Module):
         ``perturb`` ``[B, N, d]`` is added to the node input embeddings (FLAG's adversarial
         perturbation; Kong et al., 2020), at real nodes only; the graph token is never perturbed.
         """
+        h, attentions, _ = self._encode(batch, return_attention, perturb)
+        return h, attentions
+
+    def channels(self, batch: GraphormerBatch) -> tuple[bool, bool]:
+        """Whether this pass reads the bond graph (2D) and the positions (3D): ``channels``
+        decides, and with ``both`` a training pass draws one of 2D, 3D and both with
+        ``channel_probs`` (Transformer-M); a batch without positions runs in 2D."""
+        mode = self.config.channels
+        if mode == "2d":
+            return True, False
+        if batch.pos is None:
+            if mode == "3d":
+                # A user's error (predicting a 3D model from SMILES): one error line, not a
+                # traceback.
+                raise DataError(
+                    "model.channels=3d reads atom positions and these graphs carry none (a 3D "
+                    "model cannot predict from SMILES alone yet): give them positions "
+                    "(dataset.conformers=rdkit, dataset=ase), or train with "
+                    "model.channels=both to predict from bonds alone"
+                )
+            return True, False
+        if mode == "3d":
+            return False, True
+        if not self.training:
+            return True, True
+        # torch's generator: seeded runs draw the same channels.
+        draw = int(torch.multinomial(torch.tensor(self.config.channel_probs), 1))
+        return ((True, False), (False, True), (True, True))[draw]
+
+    def _encode(
+        self,
+        batch: GraphormerBatch,
+        return_attention: bool = False,
+        perturb: Tensor | None = None,
+    ) -> tuple[Tensor, list[Tensor], Tensor]:
+        """:meth:`encode`'s states and maps, and the masked attention bias the layers read."""
         node_mask = batch.node_mask
+        use_2d, use_3d = self.channels(batch)
         h = self.node_encoder(
-            batch.x, batch.in_degree, batch.out_degree, node_mask, batch.x_continuous
+            batch.x, batch.in_degree, batch.out_degree, node_mask, batch.x_continuous, use_2d
         )  # [B, N, d]
+        geometry = None
+        if use_3d:
+            atom_type = (batch.x[..., 0] + 1) * node_mask  # [B, N], 0 at padding
+            geometry = self.geometry(batch.pos, atom_type, node_mask)
+            h = h + geometry[1].to(h.dtype)  # the 3D centrality
+        elif self.geometry is not None:
+            h = touch(h, self.geometry)
         if perturb is not None:
             h = h + perturb.to(h.dtype) * node_mask.unsqueeze(-1).to(h.dtype)
         token = self.graph_token.expand(h.size(0), -1, -1).to(h.dtype)  # [B, 1, d]
@@ -443,8 +578,15 @@ class Graphormer(nn.Module):
         # is folded into it once too. Keys at padding get the most negative value; the graph
         # token (column 0) is never masked, so no query row is empty.
         attn_bias = self.attn_bias(
-            batch.spatial_pos, batch.edge_path, batch.edge_attr, batch.edge_attr_continuous
+            batch.spatial_pos,
+            batch.edge_path,
+            batch.edge_attr,
+            batch.edge_attr_continuous,
+            structure=use_2d,
         )
+        if geometry is not None:
+            # The distance bias beside the spatial and edge ones; none to or from the graph token.
+            attn_bias = attn_bias + F.pad(geometry[0], (1, 0, 1, 0)).to(attn_bias.dtype)
         # Cast once to the dtype attention computes in (bf16 under autocast), not once per layer,
         # and mask with that dtype's own most negative value (float32's would overflow to -inf).
         dtype = attn_bias.dtype
@@ -452,8 +594,11 @@ class Graphormer(nn.Module):
             dtype = torch.get_autocast_dtype(h.device.type)
         key_padding_mask = F.pad(~node_mask, (1, 0), value=False)  # [B, N+1]
         masked = key_padding_mask[:, None, :]  # [B, 1, N+1]
+        if geometry is not None:
+            # Pairs beyond model.cutoff do not attend (the diagonal never is: no empty row).
+            masked = masked | F.pad(geometry[2], (1, 0, 1, 0), value=False)
         limit = self.config.attention_max_distance
-        if limit is not None:
+        if limit is not None and use_2d:
             # Pairs too far apart (or unreachable) do not attend; never the graph token.
             spatial_pos = batch.spatial_pos.long()
             too_far = (spatial_pos > limit) | (spatial_pos < 0)  # [B, N, N]
@@ -481,9 +626,9 @@ class Graphormer(nn.Module):
                 attentions.append(weights)
         h = self.final_norm(h)
         if packed is None:
-            return h * real.unsqueeze(-1).to(h.dtype), attentions
+            return h * real.unsqueeze(-1).to(h.dtype), attentions, attn_bias
         h = h.new_zeros(batch * length, width).index_copy(0, packed[0], h)
-        return h.view(batch, length, width), attentions
+        return h.view(batch, length, width), attentions, attn_bias
 
     def forward(
         self,
@@ -566,12 +711,21 @@ class Graphormer(nn.Module):
         """Outputs of every level the model predicts, from one pass of the encoder:
         ``molecule`` ``[B, num_tasks]`` (what :meth:`forward` returns) and, with ``atom_tasks``,
         ``atom`` ``[B, N, atom_tasks]`` (values at padding are meaningless; mask them with
-        ``batch.node_mask``) and, with ``bond_tasks``, ``bond`` ``[B, M, bond_tasks]`` for the
-        batch's ``bond_atoms`` (mask with ``batch.bond_mask``)."""
-        h, attentions = self.encode(batch, return_attention, perturb)
+        ``batch.node_mask``), with ``bond_tasks``, ``bond`` ``[B, M, bond_tasks]`` for the
+        batch's ``bond_atoms`` (mask with ``batch.bond_mask``) and, with ``atom_vector_tasks``,
+        ``atom_vector`` ``[B, N, atom_vector_tasks, 3]`` (zeros at padding)."""
+        h, attentions, attn_bias = self._encode(batch, return_attention, perturb)
         out = {"molecule": self.molecule_output(h, batch)}
         if self.atom_head is not None:
             out["atom"] = self.atom_head(h[:, 1:])  # [B, N, T_atom], graph token dropped
+        if self.vector_head is not None:
+            if batch.pos is None:
+                raise ValueError(
+                    "the model predicts per-atom vectors (model.atom_vector_tasks) from atom "
+                    "positions, and the batch carries none"
+                )
+            vectors = self.vector_head(h[:, 1:], batch.pos, attn_bias[:, :, 1:, 1:])
+            out["atom_vector"] = vectors * batch.node_mask[..., None, None].to(vectors.dtype)
         if self.bond_head is not None:
             if batch.bond_atoms is None:
                 raise ValueError(

@@ -109,6 +109,9 @@ def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule
     types), where the config leaves them null; the filled values are saved with the checkpoint's
     model settings, so eval.py and fine-tuning rebuild the same tables. Sources featurised like
     OGB (``feature_dims()`` is None) keep the model's default, OGB's featurisation."""
+    missing = positions_mismatch(model_cfg.get("channels", "2d"), datamodule.source)
+    if missing:
+        raise ConfigError(f"model.channels={model_cfg.get('channels')}: {missing}")
     features = datamodule.source.molecule_features()
     widths = (*datamodule.source.continuous_dims(), len(features.names()) if features else 0)
     keys = ("node_continuous_dim", "edge_continuous_dim", "molecule_features_dim")
@@ -141,12 +144,27 @@ def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule
             )
 
 
+def positions_mismatch(channels: str, source: Any) -> str | None:
+    """Why a model of ``channels`` cannot read ``source``'s graphs (a 3D-only model and graphs
+    without atom positions), or None when it can."""
+    if channels != "3d" or source.has_positions():
+        return None
+    return (
+        f"the model reads atom positions and the graphs of {source.name} carry none: give them "
+        "conformers (dataset.conformers=rdkit for a SMILES CSV) or read a structure file "
+        "(dataset=ase), or use model.channels=both (positions when there are, bonds always)"
+    )
+
+
 def feature_mismatch(config: Any, source: Any) -> str | None:
     """Why the data of ``source`` cannot be read by a model of ``config`` (a
     :class:`~graphormer.models.GraphormerConfig`, e.g. a checkpoint's), or None when it can: the
     same continuous widths, the same categorical columns, vocabularies no larger than the
     model's tables. Evaluation and fine-tuning ask here, so that a mismatch is one clear error
     rather than an index error deep in the model."""
+    missing = positions_mismatch(config.channels, source)
+    if missing:
+        return missing
     widths = source.continuous_dims()
     model_widths = (config.node_continuous_dim, config.edge_continuous_dim)
     for kind, width, model_width in zip(("node", "edge"), widths, model_widths, strict=True):

@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from graphormer.data.sources.ase import AseSource
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import DatasetCacheError, DatasetNotFoundError
 from graphormer.data.sources.lrgb import LRGBSource
@@ -26,6 +27,7 @@ from graphormer.errors import ConfigError
 
 __all__ = [
     "SOURCES",
+    "AseSource",
     "DatasetCacheError",
     "DatasetNotFoundError",
     "LRGBSource",
@@ -51,6 +53,7 @@ SOURCES: dict[str, type[Source]] = {
     "tu": TUSource,
     "ogbg_ppa": PPASource,
     "lrgb": LRGBSource,
+    "ase": AseSource,
 }
 
 # Class paths that checkpoints of graphormer 0.1 stored as ``_target_``: read as the names above.

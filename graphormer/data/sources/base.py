@@ -130,6 +130,11 @@ class Source(ABC):
         ``[1, D]`` (a :class:`~graphormer.data.descriptors.MoleculeFeatures`), or None."""
         return None
 
+    def has_positions(self) -> bool:
+        """Whether its graphs carry atom positions ``pos`` ``[num_nodes, 3]`` (what models with
+        ``model.channels=3d`` read)."""
+        return False
+
     def smiles_refusal(self) -> str | None:
         """Why a model trained on this source cannot predict from SMILES (the text follows
         "checkpoint <path> "), or None when it can: its graphs are featurised as SMILES are."""

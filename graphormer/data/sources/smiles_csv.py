@@ -18,6 +18,12 @@ import torch
 from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import InMemoryDataset
 
+from graphormer.data.conformers import (
+    CONFORMER_METHODS,
+    RandomConformer,
+    embed_many,
+    unembedded_message,
+)
 from graphormer.data.descriptors import (
     ATOM_DESCRIPTORS,
     MoleculeFeatures,
@@ -80,6 +86,12 @@ class SmilesCsvDataset(InMemoryDataset):
         atom_descriptor_targets (bool): the atom targets are RDKit's per-atom descriptors
             (:data:`~graphormer.data.descriptors.ATOM_DESCRIPTORS`, descriptor pre-training);
             ``atom_targets`` names them.
+        conformers (str | None): ``"rdkit"``: atom positions from RDKit (ETKDGv3 + MMFF94,
+            :mod:`graphormer.data.conformers`), stored as ``pos`` ``[num_nodes, 3]`` and, with
+            several, ``conformers`` ``[num_nodes, C, 3]``; molecules RDKit cannot embed are
+            left out with one warning. None: no positions.
+        num_conformers (int): conformers kept per molecule (a random one each time a graph
+            is read).
     """
 
     def __init__(
@@ -96,6 +108,8 @@ class SmilesCsvDataset(InMemoryDataset):
         molecule_features: MoleculeFeatures | None = None,
         descriptor_targets: bool = False,
         atom_descriptor_targets: bool = False,
+        conformers: str | None = None,
+        num_conformers: int = 1,
     ) -> None:
         path = resolve_path(path)
         if not osp.isfile(path):
@@ -117,6 +131,8 @@ class SmilesCsvDataset(InMemoryDataset):
         self.molecule_features = molecule_features
         self.descriptor_targets = descriptor_targets
         self.atom_descriptor_targets = atom_descriptor_targets
+        self.conformers = conformers
+        self.num_conformers = num_conformers
         self.cache_key = pre_transform.cache_key if pre_transform is not None else "plain"
         # The cache is keyed by the file's content and the columns read, never by its name alone.
         with open(self.csv_path, "rb") as f:
@@ -132,12 +148,16 @@ class SmilesCsvDataset(InMemoryDataset):
             read.append("descriptor_targets")
         if atom_descriptor_targets:
             read.append("atom_descriptor_targets")
+        if conformers is not None:  # cached beside the graphs, keyed by how they were made
+            read.append({"conformers": conformers, "num_conformers": num_conformers, "v": 1})
         digest.update(json.dumps(read).encode())
         stem = osp.splitext(osp.basename(path))[0]
         folder = osp.join(root, "smiles_csv", f"{stem}_{digest.hexdigest()[:12]}")
         allow(PYG_DATA)
         check_pyg_markers(osp.join(folder, "processed", self.cache_key))
-        super().__init__(folder, pre_transform=pre_transform, log=False)
+        # Several conformers: a random one each time a graph is read (each epoch).
+        transform = RandomConformer() if conformers is not None and num_conformers > 1 else None
+        super().__init__(folder, transform=transform, pre_transform=pre_transform, log=False)
         # Not PyG's load(): when the safe load fails it unpickles the file in full, and a
         # dataset file is data, never code. `data` is InMemoryDataset's public setter.
         self.data, self.slices = load_cache(self.processed_paths[0])
@@ -152,6 +172,11 @@ class SmilesCsvDataset(InMemoryDataset):
         self.scaffolds: list[str] = meta["scaffolds"]
         if self.skipped_rows:
             warnings.warn(_skipped_message(self.csv_path, self.skipped_rows), stacklevel=2)
+        unembedded = meta.get("unembedded", [])
+        if unembedded:
+            rows = [row for row, _ in unembedded]
+            smiles = [smiles for _, smiles in unembedded]
+            warnings.warn(unembedded_message(self.csv_path, rows, smiles), stacklevel=2)
 
     @property
     def raw_file_names(self) -> list[str]:
@@ -293,11 +318,24 @@ class SmilesCsvDataset(InMemoryDataset):
 
         column = table[self.smiles_column].tolist()
         molecules = featurize_smiles(column)
+        positions, unembedded = None, []
+        if self.conformers is not None:
+            parsed = [row for row, g in enumerate(molecules.graphs) if g is not None]
+            embedded = embed_many([column[row] for row in parsed], self.num_conformers)
+            positions = dict(zip(parsed, embedded, strict=True))
         graphs, skipped, scaffolds = [], [], []
         for row, graph in enumerate(molecules.graphs):
             if graph is None:
                 skipped.append(row)
                 continue
+            if positions is not None:
+                pos = positions[row]
+                if pos is None or pos.shape[1] != graph.num_nodes:
+                    unembedded.append([row, str(column[row])])
+                    continue
+                graph.pos = torch.from_numpy(pos[0])  # [N, 3]
+                if self.num_conformers > 1:
+                    graph.conformers = torch.from_numpy(pos).transpose(0, 1).contiguous()
             graph.y = torch.from_numpy(labels[row]).view(1, -1)
             graph.row = torch.tensor([row])
             if features is not None:
@@ -332,7 +370,10 @@ class SmilesCsvDataset(InMemoryDataset):
             add_structural_features(data, slices, self.pre_transform)
         torch.save((data, slices), self.processed_paths[0])
         with open(self.processed_paths[1], "w") as f:
-            json.dump({"skipped_rows": skipped, "scaffolds": scaffolds}, f)
+            meta = {"skipped_rows": skipped, "scaffolds": scaffolds}
+            if self.conformers is not None:
+                meta["unembedded"] = unembedded
+            json.dump(meta, f)
 
 
 def read_csv_table(
@@ -517,6 +558,12 @@ class SmilesCsvSource(Source):
             atom, bond or descriptor targets; ``True`` asks for it (an error where it cannot
             apply); ``False`` leaves it off. (default: :obj:`False`, as checkpoints made before
             it)
+        conformers (str | None, optional): ``"rdkit"`` gives each molecule atom positions
+            (RDKit ETKDGv3 with a fixed seed, then MMFF94), computed once in a process pool and
+            cached with the graphs, for models with ``model.channels=3d`` or ``both``; a
+            molecule RDKit cannot embed is named in one warning and left out. (default: None)
+        num_conformers (int, optional): conformers kept per molecule; training reads a random
+            one each epoch. (default: :obj:`1`)
     """
 
     SPLITS = ("scaffold", "random", "column", "file")
@@ -548,7 +595,24 @@ class SmilesCsvSource(Source):
         descriptor_targets: bool = False,
         atom_descriptor_targets: bool = False,
         auxiliary_atom_descriptors: bool | str = False,
+        conformers: str | None = None,
+        num_conformers: int = 1,
     ) -> None:
+        if conformers is not None and conformers not in CONFORMER_METHODS:
+            raise ConfigError(
+                f"dataset.conformers={conformers!r} is not allowed: "
+                f"{' or '.join(CONFORMER_METHODS)} (positions from RDKit), or null for none"
+            )
+        if (
+            isinstance(num_conformers, bool)
+            or not isinstance(num_conformers, int)
+            or (num_conformers < 1)
+        ):
+            raise ConfigError(
+                f"dataset.num_conformers={num_conformers!r} is not allowed: an integer >= 1"
+            )
+        self.conformers = conformers
+        self.num_conformers = num_conformers
         self.features = MoleculeFeatures(molecule_features, list(feature_columns or ()))
         self.descriptor_targets = bool(descriptor_targets)
         if self.descriptor_targets:
@@ -721,6 +785,9 @@ class SmilesCsvSource(Source):
         """The molecule-level input features (issue #22), or None."""
         return self.features if self.features.enabled else None
 
+    def has_positions(self) -> bool:
+        return self.conformers is not None
+
     def split_groups(self, dataset: SmilesCsvDataset) -> list[str]:
         """Bemis-Murcko scaffolds: a scaffold's molecules stay in one fold."""
         return list(dataset.scaffolds)
@@ -739,6 +806,8 @@ class SmilesCsvSource(Source):
             molecule_features=self.molecule_features(),
             descriptor_targets=self.descriptor_targets,
             atom_descriptor_targets=self.atom_descriptor_targets,
+            conformers=self.conformers,
+            num_conformers=self.num_conformers,
         )
         task = self.task_info()
         columns = {ATOM: self.atom_targets, BOND: self.bond_targets}

@@ -1,0 +1,448 @@
+"""Graphormer with atom positions against a 2D Graphormer, PyG's SchNet and DimeNet++, on
+conformer energies and forces built offline from rdkit's NCI molecules.
+
+    python benchmarks/versus_3d.py --work /tmp/v3d [--quick] [--molecules 2000] [--epochs 30] \
+        [--rows mean graphormer_2d graphormer_3d schnet dimenet++]
+
+Data (made once and cached under ``--work``): small molecules of rdkit's
+``RDConfig.RDDataDir/NCI/first_5K.smi`` (at most 20 heavy atoms, all with MMFF94 parameters),
+hydrogens explicit, five ETKDGv3 conformers each (fixed seed, not minimised). Each conformer's
+target is its MMFF94 energy minus the lowest of its molecule's five (kcal/mol), and its MMFF94
+forces (kcal/mol/A, every atom). The split is by molecule (80/10/10, seeded): a test molecule has
+no conformer in training.
+
+Rows, all trained by one loop here (the same split, epochs, batch size, optimiser, learning-rate
+schedule and loss: L1 of the standardised energy plus L1 of the forces in the same units):
+``mean`` (no training: the training conformers' mean energy; and the per-molecule mean, the mean
+of each test molecule's own conformers: an oracle, about the best a model blind to positions can
+do), ``graphormer_2d`` (bonds only), ``graphormer_3d`` (``model.channels=3d`` with the vector
+head for forces), ``graphormer_both`` (bonds and positions in every batch), ``schnet`` and
+``dimenet++`` (``torch_geometric.nn.models``; forces as the negative gradient of the energy). PyG's radius graph and DimeNet's triplets need
+torch-cluster and torch-sparse, which are not dependencies here: this script gives both models
+pairs within the cutoff and triplets computed with plain torch (for DimeNet++ by replacing the two
+functions its module calls). Each row trains in a subprocess of its own, one at a time, with one
+thread; its peak memory is that process's peak resident set. Test energy MAE and force MAE
+(kcal/mol, kcal/mol/A), wall seconds of training and evaluation, and peak memory are printed side
+by side. ``--quick`` is a small smoke run (120 molecules, 2 epochs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROWS = ("mean", "graphormer_2d", "graphormer_3d", "graphormer_both", "schnet", "dimenet++")
+CONFORMERS = 5
+SEED = 0x3D
+CUTOFF = 5.0  # Angstrom, SchNet's and DimeNet++'s neighbour radius
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+def _molecule(smiles: str, max_heavy: int) -> dict | None:
+    """Five unminimised ETKDG conformers of ``smiles`` with explicit hydrogens, their MMFF94
+    energies and forces, and the OGB features of the molecule with hydrogens; None when it is
+    too large, MMFF94 lacks parameters or RDKit cannot embed it."""
+    from ogb.utils.features import atom_to_feature_vector, bond_to_feature_vector
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem import AllChem
+
+    RDLogger.DisableLog("rdApp.*")
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None or not 2 <= mol.GetNumAtoms() <= max_heavy or len(Chem.GetMolFrags(mol)) > 1:
+        return None
+    mol = Chem.AddHs(mol)
+    props = AllChem.MMFFGetMoleculeProperties(mol)
+    if props is None:
+        return None
+    params = AllChem.ETKDGv3()
+    params.randomSeed = SEED
+    ids = list(AllChem.EmbedMultipleConfs(mol, numConfs=CONFORMERS, params=params))
+    if len(ids) < CONFORMERS:
+        return None
+    positions, energies, forces = [], [], []
+    for conf in ids:
+        field = AllChem.MMFFGetMoleculeForceField(mol, props, confId=conf)
+        positions.append(mol.GetConformer(conf).GetPositions())
+        energies.append(field.CalcEnergy())
+        forces.append(-np.asarray(field.CalcGrad()).reshape(-1, 3))
+    x = np.array([atom_to_feature_vector(a) for a in mol.GetAtoms()], dtype=np.int64)
+    edges, attrs = [], []
+    for bond in mol.GetBonds():
+        i, j = bond.GetBeginAtomIdx(), bond.GetEndAtomIdx()
+        feature = bond_to_feature_vector(bond)
+        edges += [(i, j), (j, i)]
+        attrs += [feature, feature]
+    energies = np.array(energies)
+    return {
+        "smiles": smiles,
+        "z": np.array([a.GetAtomicNum() for a in mol.GetAtoms()], dtype=np.int64),
+        "x": x,
+        "edge_index": np.array(edges, dtype=np.int64).reshape(-1, 2).T,
+        "edge_attr": np.array(attrs, dtype=np.int64).reshape(-1, 3),
+        "pos": np.stack(positions).astype(np.float32),  # [C, n, 3]
+        "energy": (energies - energies.min()).astype(np.float32),  # [C]
+        "forces": np.stack(forces).astype(np.float32),  # [C, n, 3]
+    }
+
+
+def build_data(work: Path, molecules: int, max_heavy: int = 20) -> dict:
+    """The molecules (cached as ``work/data_<molecules>.pt``, plain tensors and lists)."""
+    path = work / f"data_{molecules}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    from concurrent.futures import ProcessPoolExecutor
+
+    from graphormer.testing import nci_smiles
+
+    smiles = list(nci_smiles())
+    kept: list[dict] = []
+    start = time.perf_counter()
+    workers = max(1, min(2, os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers) as pool:
+        block = 64  # a block at a time: stop as soon as there are enough
+        for first in range(0, len(smiles), block):
+            chosen = smiles[first : first + block]
+            kept += [m for m in pool.map(_molecule, chosen, [max_heavy] * len(chosen)) if m]
+            if len(kept) >= molecules:
+                break
+    kept = kept[:molecules]
+    print(
+        f"data: {len(kept)} molecules x {CONFORMERS} conformers in "
+        f"{time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
+    data = {
+        "smiles": [m["smiles"] for m in kept],
+        **{
+            key: [torch.from_numpy(m[key]) for m in kept]
+            for key in ("z", "x", "edge_index", "edge_attr", "pos", "energy", "forces")
+        },
+    }
+    order = torch.randperm(len(kept), generator=torch.Generator().manual_seed(0))
+    a, b = int(0.8 * len(kept)), int(0.9 * len(kept))
+    data["split"] = {"train": order[:a], "valid": order[a:b], "test": order[b:]}
+    work.mkdir(parents=True, exist_ok=True)
+    torch.save(data, path)
+    return data
+
+
+def samples(data: dict, split: str) -> list[tuple[int, int]]:
+    """(molecule, conformer) pairs of a split."""
+    return [(int(m), c) for m in data["split"][split] for c in range(CONFORMERS)]
+
+
+# -- models ----------------------------------------------------------------------------------
+
+
+def pairs_within(pos: torch.Tensor, batch: torch.Tensor, cutoff: float):
+    """``edge_index`` ``[2, E]`` (source, target) of atom pairs of one molecule closer than
+    ``cutoff``, and their distances (what torch-cluster's radius graph gives)."""
+    same = batch.unsqueeze(0) == batch.unsqueeze(1)
+    dist = torch.cdist(pos, pos)
+    keep = same & (dist < cutoff) & ~torch.eye(len(pos), dtype=torch.bool)
+    target, source = keep.nonzero(as_tuple=True)
+    edge_index = torch.stack([source, target])
+    return edge_index, (pos[source] - pos[target]).norm(dim=-1)
+
+
+def triplets(edge_index: torch.Tensor, num_nodes: int):
+    """DimeNet's triplets k -> j -> i (k != i) without torch-sparse: for each edge j -> i, every
+    edge k -> j; the same tuple as ``torch_geometric.nn.models.dimenet.triplets``."""
+    row, col = edge_index  # j -> i
+    order = torch.argsort(col, stable=True)  # edges grouped by their target
+    incoming = torch.bincount(col, minlength=num_nodes)
+    start = torch.cumsum(incoming, 0) - incoming
+    count = incoming[row]  # for edge j -> i: the edges into j
+    idx_ji = torch.arange(len(row)).repeat_interleave(count)
+    offset = torch.arange(int(count.sum())) - (torch.cumsum(count, 0) - count).repeat_interleave(
+        count
+    )
+    idx_kj = order[start[row].repeat_interleave(count) + offset]
+    idx_i, idx_j, idx_k = col[idx_ji], row[idx_ji], row[idx_kj]
+    mask = idx_i != idx_k
+    return col, row, idx_i[mask], idx_j[mask], idx_k[mask], idx_kj[mask], idx_ji[mask]
+
+
+class PygModel(torch.nn.Module):
+    """SchNet or DimeNet++ on (z, pos, batch); forces as the energy's negative gradient."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        from torch_geometric.nn.models import DimeNetPlusPlus, SchNet
+
+        if kind == "schnet":
+            self.net = SchNet(
+                hidden_channels=64,
+                num_filters=64,
+                num_interactions=4,
+                cutoff=CUTOFF,
+                interaction_graph=lambda pos, batch: pairs_within(pos, batch, CUTOFF),
+            )
+        else:
+            from torch_geometric.nn.models import dimenet
+
+            # torch-cluster and torch-sparse are absent: the module's two helpers, in torch.
+            dimenet.radius_graph = lambda pos, r, batch, max_num_neighbors: pairs_within(
+                pos, batch, r
+            )[0]
+            dimenet.triplets = triplets
+            self.net = DimeNetPlusPlus(
+                hidden_channels=64,
+                out_channels=1,
+                num_blocks=3,
+                int_emb_size=32,
+                basis_emb_size=8,
+                out_emb_channels=64,
+                num_spherical=7,
+                num_radial=6,
+                cutoff=CUTOFF,
+            )
+
+    def forward(self, z, pos, batch):
+        pos = pos.requires_grad_(True)
+        energy = self.net(z, pos, batch).view(-1)
+        (grad,) = torch.autograd.grad(energy.sum(), pos, create_graph=self.training)
+        return energy, -grad
+
+
+def graphormer(channels: str) -> torch.nn.Module:
+    from graphormer.models import Graphormer, GraphormerConfig
+
+    config = GraphormerConfig(
+        num_layers=4,
+        hidden_dim=64,
+        ffn_dim=64,
+        num_heads=8,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        readout="token_sum",
+        channels=channels,
+        channel_probs=[0.0, 0.0, 1.0],  # with "both": bonds and positions in every batch
+        atom_vector_tasks=1 if channels != "2d" else 0,
+    )
+    return Graphormer(config)
+
+
+# -- training --------------------------------------------------------------------------------
+
+
+class Batches:
+    """The batches of one split for one row: Graphormer's dense batches or PyG's flat ones."""
+
+    def __init__(self, data: dict, items: list[tuple[int, int]], dense: bool) -> None:
+        self.data, self.items, self.dense = data, items, dense
+        self.graphs = {}
+        if dense:
+            from torch_geometric.data import Data
+
+            from graphormer.data.structure import StructuralFeatures
+
+            transform = StructuralFeatures(max_hops=5)
+            for m in {m for m, _ in items}:
+                graph = Data(
+                    x=data["x"][m],
+                    edge_index=data["edge_index"][m],
+                    edge_attr=data["edge_attr"][m],
+                    num_nodes=len(data["z"][m]),
+                )
+                self.graphs[m] = transform(graph)
+
+    def __call__(self, order: list[int], size: int):
+        for first in range(0, len(order), size):
+            chosen = [self.items[i] for i in order[first : first + size]]
+            yield self._dense(chosen) if self.dense else self._flat(chosen)
+
+    def _dense(self, chosen):
+        from graphormer.data.collate import GraphormerCollator
+
+        graphs = []
+        for m, c in chosen:
+            g = self.graphs[m].clone()
+            g.pos = self.data["pos"][m][c]
+            g.y = self.data["energy"][m][c].view(1, 1)
+            g.y_atom_vector = self.data["forces"][m][c].unsqueeze(1)  # [n, 1, 3]
+            graphs.append(g)
+        batch = GraphormerCollator(max_hops=5)(graphs)
+        forces = batch.y_atom_vector[:, :, 0][batch.node_mask]  # [atoms, 3]
+        return batch, batch.y.view(-1), forces
+
+    def _flat(self, chosen):
+        z = torch.cat([self.data["z"][m] for m, _ in chosen])
+        pos = torch.cat([self.data["pos"][m][c] for m, c in chosen])
+        sizes = torch.tensor([len(self.data["z"][m]) for m, _ in chosen])
+        batch = torch.arange(len(chosen)).repeat_interleave(sizes)
+        energy = torch.stack([self.data["energy"][m][c] for m, c in chosen])
+        forces = torch.cat([self.data["forces"][m][c] for m, c in chosen])
+        return (z, pos, batch), energy, forces
+
+
+def predict(model, inputs, dense: bool):
+    """Energies ``[B]`` and forces ``[atoms, 3]`` (None for a model without them)."""
+    if not dense:
+        return model(*inputs)
+    out = model.forward_levels(inputs)
+    energy = out["molecule"].view(-1)
+    vectors = out.get("atom_vector")
+    forces = None if vectors is None else vectors[:, :, 0][inputs.node_mask]
+    return energy, forces
+
+
+def train_row(row: str, data: dict, epochs: int, batch_size: int, lr: float) -> dict:
+    torch.manual_seed(0)
+    dense = row.startswith("graphormer")
+    if dense:
+        model = graphormer(row.removeprefix("graphormer_"))
+    else:
+        model = PygModel("schnet" if row == "schnet" else "dimenet")
+    train_items, test_items = samples(data, "train"), samples(data, "test")
+    energies = torch.stack([data["energy"][m][c] for m, c in train_items])
+    mean, std = float(energies.mean()), float(energies.std())
+    train_batches = Batches(data, train_items, dense)
+    test_batches = Batches(data, test_items, dense)
+    steps = epochs * math.ceil(len(train_items) / batch_size)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, lr, total_steps=steps, pct_start=0.1)
+    generator = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        model.train()
+        order = torch.randperm(len(train_items), generator=generator).tolist()
+        total, count = 0.0, 0
+        for inputs, energy, forces in train_batches(order, batch_size):
+            pred_energy, pred_forces = predict(model, inputs, dense)
+            # Standardised energies; forces in the same units (F = -dE/dx).
+            loss = (pred_energy - (energy - mean) / std).abs().mean()
+            if pred_forces is not None:
+                loss = loss + (pred_forces - forces / std).abs().mean()
+            optimiser.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            optimiser.step()
+            schedule.step()
+            total, count = total + float(loss), count + 1
+        print(f"  {row} epoch {epoch + 1}/{epochs} train loss {total / count:.4f}", flush=True)
+    model.eval()
+    energy_error, force_error, atoms = 0.0, 0.0, 0
+    has_forces = True
+    for inputs, energy, forces in test_batches(list(range(len(test_items))), 64):
+        with torch.set_grad_enabled(not dense):
+            pred_energy, pred_forces = predict(model, inputs, dense)
+        energy_error += float((pred_energy.detach() * std + mean - energy).abs().sum())
+        if pred_forces is None:
+            has_forces = False
+            continue
+        force_error += float((pred_forces.detach() * std - forces).abs().sum())
+        atoms += forces.numel()
+    return {
+        "row": row,
+        "energy_mae": energy_error / len(test_items),
+        "force_mae": force_error / atoms if has_forces else None,
+        "wall_s": time.perf_counter() - start,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def mean_rows(data: dict) -> list[dict]:
+    train_items, test_items = samples(data, "train"), samples(data, "test")
+    start = time.perf_counter()
+    mean = float(torch.stack([data["energy"][m][c] for m, c in train_items]).mean())
+    test = [(m, float(data["energy"][m][c])) for m, c in test_items]
+    per_molecule = {m: float(data["energy"][m].mean()) for m, _ in test}
+    forces = torch.cat([data["forces"][m][c].reshape(-1) for m, c in test_items])
+    return [
+        {
+            "row": "training mean",
+            "energy_mae": float(np.mean([abs(e - mean) for _, e in test])),
+            "force_mae": float(forces.abs().mean()),  # predicting zero forces
+            "wall_s": time.perf_counter() - start,
+        },
+        {
+            "row": "per-molecule mean (oracle)",
+            "energy_mae": float(np.mean([abs(e - per_molecule[m]) for m, e in test])),
+            "force_mae": None,
+            "wall_s": time.perf_counter() - start,
+        },
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--molecules", type=int, default=2000)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # a child process: one row
+    args = parser.parse_args()
+    if args.quick:
+        args.molecules, args.epochs = 120, 2
+    torch.set_num_threads(1)
+    data = build_data(args.work, args.molecules)
+    if args.only:
+        result = train_row(args.only, data, args.epochs, args.batch_size, args.lr)
+        result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    split = {k: len(v) for k, v in data["split"].items()}
+    print(
+        f"molecules: {split} (x {CONFORMERS} conformers); epochs {args.epochs}, batch "
+        f"{args.batch_size}, lr {args.lr}",
+        flush=True,
+    )
+    results = mean_rows(data) if "mean" in args.rows else []
+    for row in [r for r in args.rows if r != "mean"]:
+        command = [
+            sys.executable,
+            __file__,
+            "--work",
+            str(args.work),
+            "--only",
+            row,
+            "--molecules",
+            str(args.molecules),
+            "--epochs",
+            str(args.epochs),
+            "--batch-size",
+            str(args.batch_size),
+            "--lr",
+            str(args.lr),
+        ]
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        process = subprocess.run(command, capture_output=True, text=True, env=env)
+        lines = process.stdout.splitlines()
+        print("\n".join(line for line in lines if not line.startswith("RESULT")), flush=True)
+        found = [json.loads(line[7:]) for line in lines if line.startswith("RESULT ")]
+        if process.returncode or not found:
+            raise SystemExit(f"{row} failed:\n{process.stderr[-3000:]}")
+        results.append(found[0])
+    print(
+        "\n| model | test energy MAE (kcal/mol) | test force MAE (kcal/mol/A) | wall (s) | "
+        "peak memory (MiB) |"
+    )
+    print("|---|---|---|---|---|")
+    for r in results:
+        force = "-" if r["force_mae"] is None else f"{r['force_mae']:.2f}"
+        peak = f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-"
+        print(f"| {r['row']} | {r['energy_mae']:.3f} | {force} | {r['wall_s']:.0f} | {peak} |")
+    (args.work / f"results_{args.molecules}_{args.epochs}.json").write_text(
+        json.dumps(results, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Atom positions for molecules given as SMILES: RDKit's ETKDGv3 conformers with a fixed seed,
+optimised with MMFF94, computed once in a process pool and cached with the graphs
+(``dataset.conformers=rdkit``, ``dataset.num_conformers``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import torch
+from torch_geometric.data import Data
+
+__all__ = [
+    "CONFORMER_METHODS",
+    "CONFORMER_SEED",
+    "RandomConformer",
+    "embed_conformers",
+    "embed_many",
+    "unembedded_message",
+]
+
+# What ``dataset.conformers`` may name (None: no positions).
+CONFORMER_METHODS = ("rdkit",)
+# ETKDG's random seed: the same SMILES always gets the same conformers.
+CONFORMER_SEED = 0x3D
+
+
+def embed_conformers(
+    smiles: str, num_conformers: int = 1, optimise: bool = True, seed: int = CONFORMER_SEED
+) -> np.ndarray | None:
+    """``[C, N, 3]`` float32 positions (Angstrom) of the heavy atoms of ``smiles`` in RDKit's
+    atom order (the order of ``smiles2graph``'s nodes), or None when RDKit cannot parse it or
+    embed ``num_conformers`` conformers.
+
+    Hydrogens are added for the embedding and the force field, then dropped: the graphs hold
+    heavy atoms only. A molecule MMFF94 has no parameters for keeps its ETKDG geometry.
+
+    Args:
+        smiles (str): the molecule.
+        num_conformers (int, optional): conformers ``C``. (default: :obj:`1`)
+        optimise (bool, optional): MMFF94-optimise each conformer. (default: :obj:`True`)
+        seed (int, optional): ETKDG's random seed. (default: :data:`CONFORMER_SEED`)
+    """
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem import AllChem
+
+    RDLogger.DisableLog("rdApp.*")
+    mol = Chem.MolFromSmiles(smiles) if isinstance(smiles, str) else None
+    if mol is None or mol.GetNumAtoms() == 0:
+        return None
+    heavy = mol.GetNumAtoms()
+    mol = Chem.AddHs(mol)
+    params = AllChem.ETKDGv3()
+    params.randomSeed = seed
+    params.numThreads = 1  # the pool runs one molecule per process
+    ids = list(AllChem.EmbedMultipleConfs(mol, numConfs=num_conformers, params=params))
+    if len(ids) < num_conformers:
+        params.useRandomCoords = True  # RDKit's advice for molecules that fail from a matrix
+        ids = list(AllChem.EmbedMultipleConfs(mol, numConfs=num_conformers, params=params))
+    if len(ids) < num_conformers:
+        return None
+    if optimise and AllChem.MMFFHasAllMoleculeParams(mol):
+        AllChem.MMFFOptimizeMoleculeConfs(mol, numThreads=1, maxIters=1000)
+    positions = np.stack([mol.GetConformer(i).GetPositions()[:heavy] for i in ids])
+    if not np.isfinite(positions).all():
+        return None
+    return positions.astype(np.float32)
+
+
+def _embed(args: tuple[str, int, bool]) -> np.ndarray | None:
+    return embed_conformers(*args)
+
+
+def embed_many(
+    smiles: Sequence[str],
+    num_conformers: int = 1,
+    optimise: bool = True,
+    workers: int | None = None,
+) -> list[np.ndarray | None]:
+    """:func:`embed_conformers` of each SMILES, in a process pool of ``workers`` processes
+    (default: the CPUs this process may use, at most 16; one for a few molecules)."""
+    jobs = [(s, num_conformers, optimise) for s in smiles]
+    if workers is None:
+        workers = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1, 16)
+    if workers <= 1 or len(jobs) < 8:
+        return [_embed(job) for job in jobs]
+    chunk = max(1, len(jobs) // (workers * 8))
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(_embed, jobs, chunksize=chunk))
+
+
+def unembedded_message(path: str, rows: Sequence[int], smiles: Sequence[str]) -> str:
+    """The one warning that names the molecules RDKit could not embed, left out of the data."""
+    shown = ", ".join(f"row {r} ({s!r})" for r, s in zip(rows[:5], smiles[:5], strict=False))
+    more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+    return (
+        f"{len(rows)} molecule(s) of {path} could not be given conformers by RDKit and are left "
+        f"out (never given zero positions): {shown}{more}"
+    )
+
+
+class RandomConformer:
+    """A dataset transform: each read of a graph takes one of its ``conformers`` ``[N, C, 3]``
+    at random as ``pos`` (a different conformer of the molecule each epoch)."""
+
+    def __call__(self, data: Data) -> Data:
+        conformers = data.get("conformers")
+        if conformers is None:
+            return data
+        data = data.clone()
+        pick = int(torch.randint(conformers.size(1), ()))
+        data.pos = conformers[:, pick]
+        return data
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

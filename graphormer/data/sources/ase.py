@@ -1,0 +1,319 @@
+"""Structures any ASE reader takes: extended XYZ, ASE's ``.db``, ``.traj``
+(``dataset=ase dataset.path=FILE``), for models that read atom positions (``model.channels=3d``).
+
+Each frame becomes one graph without bonds: ``x`` ``[N, 1]`` the element (atomic number - 1, the
+first column of OGB's atom features, so that the distance encoding's atom types agree with
+molecules from SMILES), ``pos`` ``[N, 3]`` in Angstrom, ``y`` ``[1, T]`` from the frames'
+``info`` keys or their stored calculator results (``energy``), NaN where a frame lacks one, and
+per-atom vectors (``forces``, or any ``arrays`` key) as ``y_atom_vector`` ``[N, T_vec, 3]``.
+ASE is an optional dependency (``pip install 'graphormer[3d]'``).
+"""
+
+from __future__ import annotations
+
+import os.path as osp
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch_geometric.data import Data, InMemoryDataset
+
+from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.sources.graph_cache import GraphCache, input_digest
+from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
+from graphormer.data.splits import column_split, file_split, file_split_setting, random_split
+from graphormer.data.structure import StructuralFeatures
+from graphormer.data.tasks import TaskInfo, user_task
+from graphormer.errors import ConfigError, DataError
+
+__all__ = ["ELEMENTS", "AseSource", "read_structures", "structures_to_graphs"]
+
+# Atom types: atomic numbers 1-118 as OGB's first atom feature (Z - 1) holds them, plus its
+# "misc" entry; the model's element table has these rows.
+ELEMENTS = 119
+
+SPLITS = ("random", "column", "file")
+
+
+def read_structures(path: str) -> list:
+    """Every frame of ``path`` as ASE ``Atoms`` (``ase.io.read(path, index=":")``; an ASE
+    database's rows with their key-value pairs in ``info``).
+
+    Raises:
+        ConfigError: ASE is not installed.
+        DataError: the file is missing or ASE cannot read it.
+    """
+    read_structures_exists(path)
+    import ase.io
+
+    try:
+        if path.endswith(".db"):
+            frames = _read_database(path)
+        else:
+            frames = ase.io.read(path, index=":")
+    except Exception as error:  # ASE raises many kinds for a file it cannot parse
+        raise DataError(
+            f"dataset.path={path}: ASE cannot read it ({type(error).__name__}: {error}); give "
+            "an extended XYZ, ASE .db or .traj file"
+        ) from error
+    if not isinstance(frames, list):
+        frames = [frames]
+    if not frames:
+        raise DataError(f"dataset.path={path} holds no structures")
+    return frames
+
+
+def _read_database(path: str) -> list:
+    """The rows of an ASE database, each row's key-value pairs in its ``info`` (``ase.io.read``
+    drops them)."""
+    import ase.db
+
+    frames = []
+    with ase.db.connect(path, serial=True) as db:
+        for row in db.select():
+            atoms = row.toatoms()
+            atoms.info.update(row.key_value_pairs)
+            frames.append(atoms)
+    return frames
+
+
+def _frame_value(atoms, key: str) -> Any:
+    """A frame's ``info[key]``, else its stored calculator result ``key``, else None."""
+    if key in atoms.info:
+        return atoms.info[key]
+    calc = atoms.calc
+    if calc is not None and key in getattr(calc, "results", {}):
+        return calc.results[key]
+    return None
+
+
+def _atom_value(atoms, key: str) -> Any:
+    """A frame's per-atom ``arrays[key]``, else its calculator result ``key`` (forces)."""
+    if key in atoms.arrays:
+        return atoms.arrays[key]
+    return _frame_value(atoms, key)
+
+
+def structures_to_graphs(
+    frames: Sequence, targets: Sequence[str], atom_vector_targets: Sequence[str], where: str
+) -> list[Data]:
+    """One bond-less graph per frame (see the module's docstring).
+
+    Raises:
+        DataError: a periodic frame, an element outside 1-118, a target no frame holds, a
+            non-numeric target, or a per-atom vector not shaped ``[N, 3]``.
+    """
+    graphs = []
+    found = dict.fromkeys([*targets, *atom_vector_targets], False)
+    for index, atoms in enumerate(frames):
+        if np.any(atoms.pbc):
+            raise DataError(
+                f"{where}: frame {index} is periodic (pbc={atoms.pbc.tolist()}); periodic "
+                "structures are not supported yet: set pbc=False for molecules and clusters"
+            )
+        numbers = np.asarray(atoms.numbers, dtype=np.int64)
+        if len(numbers) == 0 or numbers.min() < 1 or numbers.max() > ELEMENTS - 1:
+            raise DataError(f"{where}: frame {index} has no atoms, or an element outside 1-118")
+        y = np.full(len(targets), np.nan, dtype=np.float32)
+        for j, key in enumerate(targets):
+            value = _frame_value(atoms, key)
+            if value is None:
+                continue
+            try:
+                y[j] = float(np.asarray(value, dtype=np.float64).reshape(()))
+            except (TypeError, ValueError) as error:
+                raise DataError(
+                    f"{where}: frame {index}'s {key!r} is {value!r}, not one number; "
+                    "dataset.targets names scalar info keys or the calculator's energy"
+                ) from error
+            found[key] = True
+        vectors = np.full((len(numbers), len(atom_vector_targets), 3), np.nan, dtype=np.float32)
+        for j, key in enumerate(atom_vector_targets):
+            value = _atom_value(atoms, key)
+            if value is None:
+                continue
+            value = np.asarray(value, dtype=np.float64)
+            if value.shape != (len(numbers), 3):
+                raise DataError(
+                    f"{where}: frame {index}'s {key!r} has shape {value.shape}, not "
+                    f"[{len(numbers)}, 3] (one 3-vector per atom)"
+                )
+            vectors[:, j] = value
+            found[key] = True
+        graph = Data(
+            x=torch.from_numpy(numbers - 1).view(-1, 1),
+            edge_index=torch.zeros(2, 0, dtype=torch.long),
+            edge_attr=torch.zeros(0, 1, dtype=torch.long),
+            pos=torch.from_numpy(np.asarray(atoms.positions, dtype=np.float32)),
+            y=torch.from_numpy(y).view(1, -1),
+            num_nodes=len(numbers),
+        )
+        if atom_vector_targets:
+            graph.y_atom_vector = torch.from_numpy(vectors)
+        graphs.append(graph)
+    missing = [key for key, seen in found.items() if not seen]
+    if missing:
+        raise DataError(
+            f"{where}: no frame holds {missing} (in info, arrays or the stored calculator "
+            f"results; frame 0 has info {sorted(frames[0].info)} and arrays "
+            f"{sorted(frames[0].arrays)}): check dataset.targets / dataset.atom_vector_targets"
+        )
+    return graphs
+
+
+class AseSource(Source):
+    """Structures from any file ASE reads, with scalar targets per frame.
+
+    Args:
+        path (str): the file (extended XYZ, ASE ``.db``, ``.traj``; all frames are read).
+        targets (Sequence[str], optional): per-frame targets: ``info`` keys, or results the
+            file stores from a calculator (``energy``). (default: :obj:`("energy",)`)
+        atom_vector_targets (Sequence[str], optional): per-atom 3-vectors (``forces``, or an
+            ``arrays`` key), read and kept on each graph as ``y_atom_vector``; training on them
+            is not available yet (an error says so). (default: :obj:`()`)
+        task_type (str, optional): ``regression`` (the only one for now). (default:
+            :obj:`"regression"`)
+        metric (str | None, optional): ``rmse`` (default) or ``mae``.
+        split (str, optional): ``random``, ``column`` (each frame's ``info[split_column]``
+            names train, valid or test) or ``file`` (frames listed per split in
+            ``split_file``). (default: :obj:`"random"`)
+        split_ratios (Sequence[float], optional): train/valid/test fractions of ``random``.
+        split_seed (int, optional): its seed. (default: :obj:`0`)
+        split_column (str | None, optional): the ``info`` key of ``split="column"``.
+        split_file (str | None, optional): a JSON file ``{"train": [frames], ...}`` of 0-based
+            frame numbers; given, it implies ``split="file"``.
+        root (str, optional): cache folder. (default: :obj:`"data"`)
+        name (str, optional): label used in outputs. (default: :obj:`"ase"`)
+    """
+
+    _METRICS = {"regression": ("rmse", "mae")}
+
+    def __init__(
+        self,
+        path: str,
+        targets: Sequence[str] = ("energy",),
+        atom_vector_targets: Sequence[str] = (),
+        task_type: str = "regression",
+        metric: str | None = None,
+        split: str = "random",
+        split_ratios: Sequence[float] = (0.8, 0.1, 0.1),
+        split_seed: int = 0,
+        split_column: str | None = None,
+        split_file: str | None = None,
+        root: str = "data",
+        name: str = "ase",
+    ) -> None:
+        targets = [targets] if isinstance(targets, str) else list(targets or ())
+        if isinstance(atom_vector_targets, str):
+            atom_vector_targets = [atom_vector_targets]
+        if not targets:
+            raise ConfigError(
+                "dataset.targets is empty: name at least one per-frame target (an info key, "
+                "or energy from the stored calculator results)"
+            )
+        split = file_split_setting(split, split_file, "random")
+        if split not in SPLITS:
+            raise ConfigError(f"dataset.split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if split == "column" and not split_column:
+            raise ConfigError(
+                "dataset.split=column needs dataset.split_column=KEY (an info key holding "
+                "train, valid or test for each frame)"
+            )
+        self._task = user_task(name, task_type, metric, len(targets), None, self._METRICS)
+        self.path = str(path)
+        self.targets = [str(t) for t in targets]
+        self.atom_vector_targets = [str(t) for t in atom_vector_targets or ()]
+        self.split = split
+        self.split_ratios = tuple(split_ratios)
+        self.split_seed = split_seed
+        self.split_column = split_column
+        self.split_file = split_file
+        self.root = root
+        self.name = name
+        self._graphs: GraphFile | None = None
+
+    def task_info(self) -> TaskInfo:
+        if self.atom_vector_targets:
+            raise ConfigError(
+                f"dataset.atom_vector_targets={self.atom_vector_targets}: training on per-atom "
+                "vector targets is not available yet (the model's vector head, "
+                "model.atom_vector_tasks, is); leave dataset.atom_vector_targets=[] to train "
+                f"on dataset.targets={self.targets}"
+            )
+        return self._task
+
+    def task_names(self) -> list[str]:
+        return list(self.targets)
+
+    def feature_dims(self) -> tuple[list[int], list[int]]:
+        return [ELEMENTS], [1]
+
+    def categorical_columns(
+        self,
+        counts: tuple[int, int] | None = None,  # noqa: ARG002
+    ) -> tuple[list[int], list[int]]:
+        return [0], [0]
+
+    def has_positions(self) -> bool:
+        return True
+
+    def smiles_refusal(self) -> str:
+        return (
+            f"was trained on structures from a file ({self.path}), which carry positions, not "
+            "on molecules featurised from SMILES"
+        )
+
+    def graphs(self) -> GraphFile:
+        """The file's graphs, read once (from the cache when an earlier run read this file's
+        content with these settings)."""
+        if self._graphs is None:
+            self._graphs, _ = self._cache().graphs(self._read, GraphFile)
+        return self._graphs
+
+    def _read(self) -> tuple[GraphFile, dict]:
+        where = f"dataset.path={self.path}"
+        frames = read_structures(self.path)
+        graphs = structures_to_graphs(frames, self.targets, self.atom_vector_targets, where)
+        splits = None
+        if self.split == "column":
+            splits = [str(atoms.info.get(self.split_column, "")) for atoms in frames]
+        data, slices = InMemoryDataset.collate(graphs)
+        return GraphFile(data, slices, splits, [ELEMENTS], [1], 0, 0), {}
+
+    def _cache(self) -> GraphCache:
+        read_structures_exists(self.path)
+        settings = ["ase", self.targets, self.atom_vector_targets, self.split_column]
+        digest = input_digest([self.path], settings)
+        stem = osp.splitext(osp.basename(self.path))[0]
+        return GraphCache(osp.join(self.root, "ase", f"{stem}_{digest}"))
+
+    def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
+        task = self.task_info()
+        graphs = self.graphs()
+        if pre_transform is not None:
+            self._cache().add_structure(graphs, pre_transform)
+        dataset = InMemoryGraphs(graphs)
+        n = graphs.num_graphs
+        if self.split == "file":
+            split = file_split(self.split_file, n, range(n), unit="graph")
+        elif self.split == "column":
+            split = column_split(graphs.splits, range(n), self.split_column)
+        else:
+            split = random_split(n, self.split_ratios, self.split_seed)
+        return LoadedDataset(dataset, split, task)
+
+
+def read_structures_exists(path: str) -> None:
+    """ASE is installed and ``path`` exists (before a cache is named by its content)."""
+    try:
+        import ase  # noqa: F401
+    except ImportError as error:
+        raise ConfigError(
+            "dataset=ase reads structure files with ASE, which is not installed: "
+            "pip install 'graphormer[3d]' (or pip install ase)"
+        ) from error
+    if not osp.isfile(path):
+        raise DataError(
+            f"dataset.path={path!r} does not exist; give an extended XYZ, ASE .db or .traj file"
+        )

@@ -1,0 +1,170 @@
+"""Graphormer-3D's encoding of atom positions and its per-atom vector head (Shi et al., 2022,
+"Benchmarking Graphormer on Large-Scale Molecular Modeling Datasets",
+https://arxiv.org/abs/2203.04810, Sec. 3; Luo et al., 2022, Transformer-M,
+https://arxiv.org/abs/2210.01765)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["GaussianDistanceEncoding", "VectorHead", "pair_distances"]
+
+
+def pair_distances(pos: Tensor) -> tuple[Tensor, Tensor]:
+    """Distances ``[B, N, N]`` and unit vectors ``r_ij = (pos_j - pos_i) / d_ij`` ``[B, N, N, 3]``
+    (zero on the diagonal), in float32 whatever the input's dtype when it is lower.
+
+    The distance is ``sqrt(|x|^2 + 1e-12)`` rather than ``norm``: the norm's gradient at the
+    diagonal's zero vector is NaN, and forces by autograd differentiate through it."""
+    if pos.dtype in (torch.float16, torch.bfloat16):
+        pos = pos.float()
+    delta = pos.unsqueeze(1) - pos.unsqueeze(2)  # [B, N, N, 3]: delta[b, i, j] = pos_j - pos_i
+    dist = delta.pow(2).sum(-1).add(1e-12).sqrt()  # [B, N, N]
+    return dist, delta / dist.clamp(min=1e-5).unsqueeze(-1)
+
+
+class GaussianDistanceEncoding(nn.Module):
+    r"""The attention bias and the atom inputs of Graphormer-3D's Gaussian distance encoding.
+
+    For each ordered pair of atoms of types ``t_i``, ``t_j``, the distance ``d_ij`` goes through
+    a learned affine map of its pair type, ``x_ij = gamma[t_i, t_j] d_ij + beta[t_i, t_j]``
+    (initialised 1 and 0), and ``K`` Gaussian kernels with learned means and widths,
+    :math:`\psi^k_{ij} = \exp(-\frac12 ((x_{ij} - \mu_k) / \sigma_k)^2) / (\sqrt{2\pi}\sigma_k)`
+    (computed in float32 even under mixed precision: bf16 would round the distances). An MLP
+    ``K -> K -> H`` (GELU) of the kernels is a per-head attention bias; ``Linear(K -> d)`` of
+    :math:`\sum_j \psi_{ij}` is added to each atom's input (Graphormer-3D's 3D centrality).
+
+    Pairs with a padded atom, and with ``cutoff`` pairs farther apart than it, get no kernels
+    (their bias is masked by the caller through :attr:`far`; a far pair never attends).
+
+    Args:
+        num_heads (int): ``H``.
+        hidden_dim (int): model width ``d``.
+        num_atom_types (int): atom types, 0 (padding) included; the pair table has its square.
+        num_kernels (int, optional): ``K``. (default: :obj:`128`)
+        cutoff (float | None, optional): Angstrom; pairs beyond it are masked. (default: None)
+
+    Shapes:
+        - input: ``pos`` ``[B, N, 3]``, ``atom_type`` ``[B, N]`` long (0 at padding),
+          ``node_mask`` ``[B, N]`` bool
+        - output: bias ``[B, H, N, N]``, atom input ``[B, N, d]``, far ``[B, N, N]`` bool (pairs
+          beyond the cutoff; all False without one)
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        hidden_dim: int,
+        num_atom_types: int,
+        num_kernels: int = 128,
+        cutoff: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_atom_types = num_atom_types
+        self.cutoff = cutoff
+        self.gamma = nn.Embedding(num_atom_types * num_atom_types, 1)
+        self.beta = nn.Embedding(num_atom_types * num_atom_types, 1)
+        self.means = nn.Parameter(torch.empty(num_kernels))
+        self.stds = nn.Parameter(torch.empty(num_kernels))
+        self.bias_mlp = nn.Sequential(
+            nn.Linear(num_kernels, num_kernels), nn.GELU(), nn.Linear(num_kernels, num_heads)
+        )
+        self.centrality = nn.Linear(num_kernels, hidden_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.gamma.weight)
+        nn.init.zeros_(self.beta.weight)
+        # Spread over the 0-3 A of bonded and near neighbours, as Graphormer-3D initialises them.
+        nn.init.uniform_(self.means, 0, 3)
+        nn.init.uniform_(self.stds, 0, 3)
+        for layer in (*self.bias_mlp[::2], self.centrality):
+            nn.init.normal_(layer.weight, std=0.02)
+            nn.init.zeros_(layer.bias)
+
+    def kernels(self, dist: Tensor, atom_type: Tensor, pair_mask: Tensor) -> Tensor:
+        """``[B, N, N, K]`` kernel values in ``dist``'s dtype (float32 or wider), zero where
+        ``pair_mask`` is False."""
+        types, dtype = self.num_atom_types, dist.dtype
+        pair_type = atom_type.unsqueeze(2) * types + atom_type.unsqueeze(1)  # [B, N, N]
+        gamma = self.gamma(pair_type).squeeze(-1).to(dtype)
+        x = gamma * dist + self.beta(pair_type).squeeze(-1).to(dtype)  # [B, N, N]
+        std = self.stds.to(dtype).abs() + 1e-5  # [K]
+        z = (x.unsqueeze(-1) - self.means.to(dtype)) / std  # [B, N, N, K]
+        psi = torch.exp(-0.5 * z * z) / (math.sqrt(2 * math.pi) * std)
+        return psi * pair_mask.unsqueeze(-1).to(psi.dtype)
+
+    def forward(
+        self, pos: Tensor, atom_type: Tensor, node_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        with torch.autocast(pos.device.type, enabled=False):
+            dist, _ = pair_distances(pos)
+            pair_mask = node_mask.unsqueeze(2) & node_mask.unsqueeze(1)  # [B, N, N]
+            far = torch.zeros_like(pair_mask)
+            if self.cutoff is not None:
+                far = (dist > self.cutoff) & pair_mask
+                pair_mask = pair_mask & ~far
+            psi = self.kernels(dist, atom_type, pair_mask)  # [B, N, N, K] float32
+        psi = psi.to(self.centrality.weight.dtype)
+        # The MLPs run in the weights' dtype (or autocast's): only the kernels need float32.
+        bias = self.bias_mlp(psi).permute(0, 3, 1, 2)  # [B, H, N, N]
+        atoms = self.centrality(psi.sum(2))  # [B, N, d]
+        return bias, atoms * node_mask.unsqueeze(-1).to(atoms.dtype), far
+
+
+class VectorHead(nn.Module):
+    r"""Per-atom 3-vectors (forces, position changes) from the atoms' final states: Graphormer-3D's
+    node head. One attention over the atoms (its own projections, the model's attention bias),
+    then for each axis ``c`` :math:`o^c_i = \sum_j \alpha_{ij} r^c_{ij} v_j` with ``r_ij`` the
+    unit vector from atom ``i`` to ``j``, and a linear readout of :math:`o^c_i`.
+
+    Graphormer-3D reads each axis with its own linear layer; here one readout serves all three
+    axes and has no bias, so that the output rotates exactly with the input (a per-axis map
+    would not be equivariant, and a bias would point one way whatever the molecule's pose).
+
+    Args:
+        hidden_dim (int): width ``d`` of the atom states.
+        num_heads (int): attention heads.
+        num_tasks (int): vectors per atom.
+
+    Shapes:
+        - input: ``h`` ``[B, N, d]`` atom states (graph token excluded), ``pos`` ``[B, N, 3]``,
+          ``attn_bias`` ``[B, H, N, N]`` (padding keys masked)
+        - output: ``[B, N, num_tasks, 3]``
+    """
+
+    def __init__(self, hidden_dim: int, num_heads: int, num_tasks: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.q = nn.Linear(hidden_dim, hidden_dim)
+        self.k = nn.Linear(hidden_dim, hidden_dim)
+        self.v = nn.Linear(hidden_dim, hidden_dim)
+        self.out = nn.Linear(hidden_dim, num_tasks, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for layer in (self.q, self.k, self.v, self.out):
+            nn.init.normal_(layer.weight, std=0.02)
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+
+    def forward(self, h: Tensor, pos: Tensor, attn_bias: Tensor) -> Tensor:
+        b, n, d = h.shape
+        heads = self.num_heads
+
+        def split(t: Tensor) -> Tensor:
+            return t.view(b, n, heads, d // heads).transpose(1, 2)  # [B, H, N, d/H]
+
+        q, k, v = split(self.q(h)), split(self.k(h)), split(self.v(h))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d // heads)  # [B, H, N, N]
+        wide = torch.promote_types(scores.dtype, torch.float32)
+        alpha = torch.softmax(scores.to(wide) + attn_bias.to(wide), dim=-1)  # [B, H, N, N]
+        _, unit = pair_distances(pos)  # [B, N, N, 3]
+        # o[b, h, c, i] = sum_j alpha[b, h, i, j] r[b, i, j, c] v[b, h, j]
+        weighted = alpha.unsqueeze(2) * unit.permute(0, 3, 1, 2).unsqueeze(1)  # [B, H, 3, N, N]
+        o = weighted.to(v.dtype) @ v.unsqueeze(2)  # [B, H, 3, N, d/H]
+        o = o.permute(0, 3, 2, 1, 4).reshape(b, n, 3, d)  # [B, N, 3, d]
+        return self.out(o).transpose(-1, -2)  # [B, N, T, 3]

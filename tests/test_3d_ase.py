@@ -1,0 +1,153 @@
+"""dataset=ase: structures from any file ASE reads (extended XYZ, .db, .traj), their targets from
+info keys or stored calculator results, per-atom vectors, splits, and training a 3D model."""
+
+import builtins
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from graphormer.data.conformers import embed_conformers
+from graphormer.data.sources import build_source
+from graphormer.errors import ConfigError, DataError
+
+from helpers import TINY, compose_train, nci_smiles, train_config
+
+pytest.importorskip("ase", reason="dataset=ase needs the 3d extra (pip install ase)")
+import ase.db  # noqa: E402
+import ase.io  # noqa: E402
+from ase import Atoms  # noqa: E402
+from ase.calculators.singlepoint import SinglePointCalculator  # noqa: E402
+from rdkit import Chem  # noqa: E402
+
+
+def _frames(count: int, calculator: bool = False) -> list:
+    """Real heavy-atom geometries of NCI molecules with a made-up pair energy and its forces."""
+    frames = []
+    for i, smiles in enumerate(nci_smiles()[: count * 2]):
+        pos = embed_conformers(smiles, optimise=False)
+        if pos is None or len(frames) == count:
+            continue
+        numbers = [a.GetAtomicNum() for a in Chem.MolFromSmiles(smiles).GetAtoms()]
+        atoms = Atoms(numbers=numbers, positions=pos[0].astype(float))
+        d = atoms.get_all_distances()
+        energy = float(np.triu(np.exp(-d), 1).sum())
+        forces = np.random.default_rng(i).normal(size=(len(atoms), 3))
+        atoms.info["split"] = ("train", "valid", "test")[len(frames) % 3]
+        atoms.info["gap"] = 0.1 * len(atoms)
+        if calculator:
+            atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces)
+        else:
+            atoms.info["energy_info"] = energy
+            atoms.arrays["dipoles"] = forces
+        frames.append(atoms)
+    return frames
+
+
+def _source(path, tmp_path, **extra):
+    return build_source({"source": "ase", "path": str(path), "root": str(tmp_path), **extra})
+
+
+@pytest.mark.parametrize("suffix", ["extxyz", "db", "traj"])
+def test_each_file_kind_gives_elements_positions_and_targets(tmp_path, suffix):
+    frames = _frames(6, calculator=True)
+    path = tmp_path / f"frames.{suffix}"
+    if suffix == "db":  # a database keeps per-frame values as key-value pairs
+        with ase.db.connect(path) as db:
+            for atoms in frames:
+                db.write(atoms, gap=atoms.info["gap"])
+    else:
+        ase.io.write(path, frames)
+    source = _source(path, tmp_path, targets=["energy", "gap"], atom_vector_targets=["forces"])
+    graphs = source.graphs()
+    assert graphs.num_graphs == 6 and graphs.node_dims == [119]
+    data = graphs.data
+    numbers = np.concatenate([a.numbers for a in frames])
+    np.testing.assert_array_equal(data.x.view(-1).numpy(), numbers - 1)
+    positions = np.concatenate([a.positions for a in frames])
+    np.testing.assert_allclose(data.pos.numpy(), positions, atol=1e-5)
+    energies = [a.get_potential_energy() for a in frames]
+    np.testing.assert_allclose(data.y[:, 0].numpy(), energies, rtol=1e-6)
+    np.testing.assert_allclose(data.y[:, 1].numpy(), [0.1 * len(a) for a in frames], rtol=1e-6)
+    forces = np.concatenate([a.get_forces() for a in frames])
+    np.testing.assert_allclose(data.y_atom_vector[:, 0].numpy(), forces, rtol=1e-5, atol=1e-6)
+    # vectors are kept, and asking to train on them now is one error, not a silent drop
+    with pytest.raises(ConfigError, match="dataset.atom_vector_targets=\\['forces'\\]"):
+        source.load()
+
+
+def test_info_and_arrays_keys_and_the_column_and_file_splits(tmp_path):
+    frames = _frames(9)
+    path = tmp_path / "frames.extxyz"
+    ase.io.write(path, frames)
+    source = _source(path, tmp_path, targets=["energy_info"], split="column", split_column="split")
+    loaded = source.load()
+    assert [len(loaded.split[s]) for s in ("train", "valid", "test")] == [3, 3, 3]
+    assert loaded.split["valid"].tolist() == [1, 4, 7]
+    graph = loaded.dataset[4]
+    assert graph.pos.shape == (frames[4].get_global_number_of_atoms(), 3)
+    assert graph.y.item() == pytest.approx(frames[4].info["energy_info"], rel=1e-6)
+    split_file = tmp_path / "split.json"
+    split_file.write_text(json.dumps({"train": [0, 1, 2, 3, 4], "valid": [5, 6], "test": [7, 8]}))
+    source = _source(path, tmp_path, targets=["energy_info"], split_file=str(split_file))
+    assert source.load().split["test"].tolist() == [7, 8]
+    vectors = _source(path, tmp_path, targets=["energy_info"], atom_vector_targets=["dipoles"])
+    np.testing.assert_allclose(
+        vectors.graphs().data.y_atom_vector[:, 0].numpy(),
+        np.concatenate([a.arrays["dipoles"] for a in frames]),
+        rtol=1e-5,
+    )
+
+
+def test_a_target_no_frame_holds_and_a_periodic_frame_are_errors(tmp_path):
+    frames = _frames(3)
+    path = tmp_path / "frames.extxyz"
+    ase.io.write(path, frames)
+    with pytest.raises(DataError, match="no frame holds \\['enthalpy'\\]"):
+        _source(path, tmp_path, targets=["enthalpy"]).graphs()
+    frames[1].pbc = True
+    frames[1].cell = [20.0, 20.0, 20.0]
+    periodic = tmp_path / "periodic.extxyz"
+    ase.io.write(periodic, frames)
+    with pytest.raises(DataError, match="frame 1 is periodic"):
+        _source(periodic, tmp_path, targets=["energy_info"]).graphs()
+    with pytest.raises(DataError, match="ASE cannot read it"):
+        bad = tmp_path / "bad.extxyz"
+        bad.write_text("3\nnot a comment line = [\nC 0 0\n")
+        _source(bad, tmp_path).graphs()
+
+
+def test_without_ase_the_source_names_the_extra(tmp_path, monkeypatch):
+    path = tmp_path / "frames.extxyz"
+    ase.io.write(path, _frames(3))
+    real_import = builtins.__import__
+
+    def no_ase(name, *args, **kwargs):
+        if name == "ase" or name.startswith("ase."):
+            raise ImportError("No module named 'ase'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ase)
+    with pytest.raises(ConfigError, match=r"pip install 'graphormer\[3d\]'"):
+        _source(path, tmp_path).graphs()
+
+
+def test_train_a_3d_model_on_an_extxyz_file(tmp_path):
+    path = tmp_path / "frames.extxyz"
+    ase.io.write(path, _frames(30, calculator=True))
+    cfg = compose_train(
+        [
+            "dataset=ase",
+            f"dataset.path={path}",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "model.channels=3d",
+            "model.num_kernels=16",
+            "trainer.max_epochs=1",
+            *TINY,
+        ]
+    )
+    result = train_config(cfg)
+    assert np.isfinite(result["test"]["rmse"])
+    assert torch.isfinite(torch.tensor(result["valid"]["rmse"]))

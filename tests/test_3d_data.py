@@ -1,0 +1,136 @@
+"""Atom positions as data: RDKit conformers for a SMILES CSV (dataset.conformers=rdkit), their
+cache, molecules RDKit cannot embed, and the padded ``pos`` of a batch."""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from graphormer.data.collate import GraphormerCollator
+from graphormer.data.conformers import RandomConformer, embed_conformers
+from graphormer.data.sources import build_source
+from graphormer.errors import ConfigError
+
+from helpers import TINY, compose_train, nci_table, train_config
+
+
+def test_conformers_are_heavy_atoms_in_rdkit_order_with_real_bond_lengths_and_a_fixed_seed():
+    pos = embed_conformers("CCO", num_conformers=3)
+    assert pos.shape == (3, 3, 3) and pos.dtype == np.float32
+    bonds = np.linalg.norm(pos[:, 0] - pos[:, 1], axis=-1)  # C-C
+    assert np.all(np.abs(bonds - 1.51) < 0.05)
+    co = np.linalg.norm(pos[:, 1] - pos[:, 2], axis=-1)  # C-O
+    assert np.all(np.abs(co - 1.42) < 0.05)
+    np.testing.assert_array_equal(embed_conformers("CCO", num_conformers=3), pos)
+    assert embed_conformers("not a smiles") is None
+
+
+def _csv(tmp_path, count=12):
+    table = nci_table().iloc[:count]
+    path = tmp_path / "molecules.csv"
+    table.to_csv(path, index=False)
+    return path, table
+
+
+def _source(path, tmp_path, **extra):
+    settings = {"source": "smiles_csv", "path": str(path), "targets": ["tpsa"]}
+    return build_source({**settings, "root": str(tmp_path / "data"), "split": "random", **extra})
+
+
+def test_a_molecule_rdkit_cannot_embed_is_named_once_and_left_out(tmp_path, monkeypatch):
+    path, table = _csv(tmp_path)
+    from graphormer.data.sources import smiles_csv
+
+    real = smiles_csv.embed_many
+
+    def failing(smiles, num_conformers):
+        out = real(smiles, num_conformers)
+        out[4] = None  # as RDKit answers a molecule it cannot embed
+        return out
+
+    monkeypatch.setattr(smiles_csv, "embed_many", failing)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = _source(path, tmp_path, conformers="rdkit").load()
+    messages = [str(w.message) for w in caught if "conformers" in str(w.message)]
+    assert len(messages) == 1 and f"row 4 ({table.smiles.iloc[4]!r})" in messages[0]
+    assert "left out" in messages[0]
+    dataset = loaded.dataset
+    assert len(dataset) == len(table) - 1 and 4 not in dataset.row.view(-1).tolist()
+    # kept molecules have real positions, never zeros; the batch pads them
+    batch = GraphormerCollator()([dataset[i] for i in range(3)])
+    sizes = batch.node_mask.sum(1)
+    assert batch.pos.shape == (3, int(sizes.max()), 3)
+    for i in range(3):
+        real_pos = batch.pos[i, : sizes[i]]
+        assert torch.cdist(real_pos, real_pos).max() > 1.0
+        assert batch.pos[i, sizes[i] :].abs().sum() == 0
+    # the cache is read back with the same warning, without embedding again
+    monkeypatch.setattr(smiles_csv, "embed_many", None)
+    with pytest.warns(UserWarning, match="could not be given conformers"):
+        again = _source(path, tmp_path, conformers="rdkit").load().dataset
+    torch.testing.assert_close(again.pos, dataset.pos)
+
+
+def test_several_conformers_are_kept_and_one_is_read_at_random(tmp_path):
+    path, _ = _csv(tmp_path, 6)
+    dataset = _source(path, tmp_path, conformers="rdkit", num_conformers=3).load().dataset
+    graph = dataset._data  # the stored storage, without the transform
+    assert graph.conformers.shape[1:] == (3, 3)
+    assert isinstance(dataset.transform, RandomConformer)
+    torch.manual_seed(0)
+    seen = {tuple(dataset[0].pos[0].tolist()) for _ in range(20)}
+    assert len(seen) > 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"conformers": "openbabel"}, "dataset.conformers='openbabel' is not allowed"),
+        ({"conformers": "rdkit", "num_conformers": 0}, "dataset.num_conformers=0"),
+    ],
+)
+def test_conformer_settings_are_checked(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        _source(tmp_path / "x.csv", tmp_path, **extra)
+
+
+def test_train_a_3d_model_from_smiles_with_rdkit_conformers(tmp_path):
+    path, _ = _csv(tmp_path, 40)
+    table = pd.read_csv(path)
+    assert len(table) == 40
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={path}",
+            "dataset.targets=[tpsa]",
+            "dataset.conformers=rdkit",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "model.channels=3d",
+            "model.num_kernels=16",
+            "trainer.max_epochs=1",
+            *TINY,
+        ]
+    )
+    result = train_config(cfg)
+    assert np.isfinite(result["test"]["rmse"])
+
+
+def test_a_3d_model_without_positions_is_one_error_naming_the_fix(tmp_path):
+    path, _ = _csv(tmp_path, 20)
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={path}",
+            "dataset.targets=[tpsa]",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "model.channels=3d",
+            *TINY,
+        ]
+    )
+    with pytest.raises(ConfigError, match=r"model.channels=3d: .*dataset.conformers=rdkit"):
+        train_config(cfg)
