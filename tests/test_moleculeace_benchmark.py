@@ -1,5 +1,6 @@
 """benchmarks/moleculeace.py: reading the sets from the wheel, the split, the Tanimoto kernel,
-the scores and the summary's win counts (the training runs themselves are the benchmark's)."""
+the scores and the summary's win counts (the training runs themselves are the benchmark's); and
+benchmarks/epoch_profile.py's table of an epoch's parts."""
 
 import sys
 import zipfile
@@ -109,3 +110,25 @@ def test_summary_counts_wins_over_the_sets_where_every_row_finished():
     assert "| chemprop | 1 | 1 | 0.650 | 0.950 |" in text
     assert "graphormer below chemprop's test RMSE on 1 of 2 set(s)." in text
     assert "| C (30) | graphormer | 0.100 ± 0.000 |" in text
+
+
+def test_epoch_profile_leaves_out_the_first_epoch_and_splits_the_forward_pass():
+    import epoch_profile
+
+    profile = epoch_profile.EpochProfile()
+    first = {"loader": 9.0, "forward": 9.0, "backward": 9.0, "optimiser": 9.0, "epoch": 99.0}
+    later = {
+        "loader": 0.5,
+        "forward": 2.0,
+        "layers": 1.5,
+        "attention bias": 0.2,
+        "backward": 3.0,
+        "optimiser": 0.25,
+        "validation": 0.5,
+        "epoch": 6.5,
+    }
+    profile.epochs, profile.batches = [first, later, later], [17, 17, 17]
+    mean = profile.table()
+    assert mean["epoch"] == 6.5 and mean["batches"] == 17
+    assert mean["forward, other"] == pytest.approx(2.0 - 1.5 - 0.2)
+    assert mean["rest"] == pytest.approx(6.5 - (0.5 + 2.0 + 3.0 + 0.25 + 0.5))
