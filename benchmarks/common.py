@@ -1,25 +1,41 @@
-"""Timing helpers for the benchmarks, and the one way they run ``scripts/train.py``. The
-molecules and model presets come from :mod:`graphormer.testing`, the one copy the tests share."""
+"""Timing helpers for the benchmarks, the one way they run ``scripts/train.py``, and the pieces
+the side-by-side benchmarks share (``versus_chemprop.py``, ``moleculeace.py``): a chemprop run, a
+graphormer run on a split file, their test predictions, the descriptor pre-training made once per
+``--work`` folder. The molecules and model presets come from :mod:`graphormer.testing`, the one
+copy the tests share."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import torch
 
 from graphormer.testing import model_preset, nci_graphs, to_data
 
 __all__ = [
     "REPO",
+    "add_pretrain_arguments",
     "best_of",
+    "chemprop_predictions",
+    "check_pretrain_record",
     "model_preset",
     "nci_graphs",
+    "pretrain",
+    "rmse",
+    "run_chemprop",
+    "run_graphormer",
     "run_timed",
     "single_thread",
+    "test_predictions",
     "to_data",
     "train_command",
 ]
@@ -70,3 +86,215 @@ def best_of(fn, repeats: int = 3) -> float:
 def single_thread() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+
+
+def rmse(pred: np.ndarray, true: np.ndarray) -> float:
+    """sqrt(mean((y - y')^2)): OGB's Evaluator's formula, used for every tool's predictions."""
+    return float(np.sqrt(np.mean((np.asarray(pred) - np.asarray(true)) ** 2)))
+
+
+def chemprop_predictions(out: Path) -> np.ndarray:
+    """A finished chemprop run's test predictions, in its split file's test order."""
+    found = sorted(out.rglob("test_predictions.csv"))
+    if not found:
+        raise SystemExit(f"chemprop wrote no test_predictions.csv under {out}")
+    return pd.read_csv(found[0])["y"].to_numpy(dtype=float)
+
+
+def run_chemprop(
+    args: argparse.Namespace,
+    csv: Path,
+    split: Path,
+    out: Path,
+    seed: int,
+    binary: bool = False,
+    descriptors: bool = False,
+) -> tuple[np.ndarray, float]:
+    """chemprop's defaults (``args.chemprop``, ``args.epochs``) on ``csv``'s ``smiles`` and ``y``
+    with chemprop's ``split`` file, into ``out``: its test predictions and wall seconds.
+    ``descriptors`` adds RDKit's normalised 2D descriptors (``v1_rdkit_2d_normalized``)."""
+    command = [
+        args.chemprop,
+        "train",
+        "-i",
+        str(csv),
+        "-s",
+        "smiles",
+        "--target-columns",
+        "y",
+        "-t",
+        "classification" if binary else "regression",
+        "--splits-file",
+        str(split),
+        "--epochs",
+        str(args.epochs),
+        "--pytorch-seed",
+        str(seed),
+        "-o",
+        str(out),
+        "-n",
+        "0",
+        "--accelerator",
+        "cpu",
+        "--devices",
+        "1",
+    ]
+    if descriptors:
+        command += ["--molecule-featurizers", "v1_rdkit_2d_normalized"]
+    wall = run_timed(command, str(out))
+    return chemprop_predictions(out), wall
+
+
+def run_graphormer(
+    args: argparse.Namespace,
+    csv: Path,
+    split: Path,
+    out: Path,
+    seed: int,
+    extra: list[str],
+    pretrained: str | None = None,
+    binary: bool = False,
+) -> tuple[dict, float]:
+    """``train.py``'s defaults on ``csv``'s ``smiles`` and ``y`` with the split file ``split``,
+    ``args.epochs`` epochs, into ``out`` (a finished run there is reused): its ``metrics.json``
+    and wall seconds. ``extra`` are more settings; ``"+pretrained"`` among them stands for
+    ``pretrained=`` the checkpoint ``pretrained``."""
+    command = train_command(
+        out,
+        "dataset=smiles_csv",
+        f"dataset.path={csv}",
+        "dataset.targets=[y]",
+        f"dataset.task_type={'binary' if binary else 'regression'}",
+        f"dataset.split_file={split}",
+        f"dataset.root={args.work / 'cache'}",
+        f"trainer.max_epochs={args.epochs}",
+        f"seed={seed}",
+        *(f"pretrained={pretrained}" if item == "+pretrained" else item for item in extra),
+    )
+    if (out / "metrics.json").is_file() and (out / "wall.json").is_file():
+        wall = json.loads((out / "wall.json").read_text())["wall_s"]
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        wall = run_timed(command, str(out))
+    (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
+    return json.loads((out / "metrics.json").read_text()), wall
+
+
+def test_predictions(row: str, out: Path, smiles: list[str]) -> np.ndarray:
+    """One finished run's predictions for the test molecules ``smiles`` (in the split file's
+    order): chemprop's own test_predictions.csv, graphormer's best checkpoint through
+    :class:`~graphormer.Predictor`."""
+    if row.startswith("chemprop"):
+        return chemprop_predictions(out)
+    from graphormer import Predictor
+
+    best = json.loads((out / "graphormer" / "metrics.json").read_text())["best_checkpoint"]
+    predicted = Predictor.from_checkpoint(best, device="cpu").predict(smiles)["y"]
+    return predicted.to_numpy(float).reshape(-1)
+
+
+def add_pretrain_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--pretrain-*`` options of the descriptor pre-training recipe."""
+    parser.add_argument("--pretrain-epochs", type=int, default=10)  # the recipe's
+    parser.add_argument(
+        "--pretrain-smiles",
+        type=Path,
+        default=None,
+        help="a CSV (.csv or .csv.gz) of unlabelled SMILES to pre-train on (default: rdkit's NCI 5K)",
+    )
+    parser.add_argument(
+        "--pretrain-size", type=int, default=None, help="a seeded sample of this many of them"
+    )
+    parser.add_argument(
+        "--pretrain-threads",
+        type=int,
+        choices=(1, 0),
+        default=1,
+        help="1: the pre-training runs on one thread like every other run; 0: torch's default",
+    )
+    parser.add_argument(
+        "--pretrain-overrides",
+        nargs="*",
+        default=[],
+        help="settings of the pre-training run beyond the recipe's, e.g. "
+        "dataset.atom_descriptor_targets=false (molecule-level descriptors alone)",
+    )
+
+
+def pretrain_smiles(args: argparse.Namespace, held_out: set[str]) -> list[str]:
+    """The unlabelled SMILES to pre-train on: rdkit's NCI set, or ``--pretrain-smiles`` (a CSV,
+    gzipped or not, with a ``smiles`` or ``SMILES`` column), less every molecule of
+    ``held_out`` (canonical SMILES of the evaluated sets), then a seeded sample of
+    ``--pretrain-size``."""
+    from rdkit import Chem, RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+    if args.pretrain_smiles is None:
+        from graphormer.testing import nci_smiles
+
+        smiles = list(nci_smiles())
+    else:
+        table = pd.read_csv(args.pretrain_smiles)
+        column = next((c for c in ("smiles", "SMILES") if c in table.columns), None)
+        if column is None:
+            raise SystemExit(
+                f"error: --pretrain-smiles {args.pretrain_smiles} has no smiles or SMILES column "
+                f"(columns: {list(table.columns)}); name the SMILES column smiles"
+            )
+        smiles = [str(s) for s in table[column]]
+    order = np.random.default_rng(0).permutation(len(smiles))
+    kept = []
+    for i in order:
+        mol = Chem.MolFromSmiles(smiles[i])
+        if mol is not None and Chem.MolToSmiles(mol) not in held_out:
+            kept.append(smiles[i])
+            if args.pretrain_size is not None and len(kept) == args.pretrain_size:
+                break
+    return kept
+
+
+def check_pretrain_record(args: argparse.Namespace) -> dict:
+    """The pre-training settings the arguments ask for; an ``error:`` when ``--work`` holds a
+    pre-training made with others (its fine-tuned rows would be reported under these)."""
+    settings = {
+        "smiles": str(args.pretrain_smiles or "rdkit NCI first_5K.smi"),
+        "size": args.pretrain_size,
+        "epochs": args.pretrain_epochs,
+    }
+    if args.pretrain_overrides:  # absent otherwise, so that earlier records still match
+        settings["overrides"] = list(args.pretrain_overrides)
+    record = args.work / "pretrain" / "settings.json"
+    if record.is_file() and json.loads(record.read_text()) != settings:
+        raise SystemExit(
+            f"error: {record.parent} was pre-trained with {record.read_text()}, not {settings}; "
+            "give the same --pretrain-* arguments, or another --work for another pre-training"
+        )
+    return settings
+
+
+def pretrain(args: argparse.Namespace, held_out) -> tuple[str, float]:
+    """The descriptor pre-training run (``experiment=descriptor_pretrain``), made once per
+    ``--work`` folder: its best checkpoint and wall seconds. ``held_out`` is called, only when
+    the run is made, for the canonical SMILES to leave out of the pre-training molecules."""
+    out = args.work / "pretrain"
+    settings = check_pretrain_record(args)
+    record = out / "settings.json"
+    if not (out / "metrics.json").is_file():
+        smiles = args.work / "data" / "pretrain_smiles.csv"
+        smiles.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame({"smiles": pretrain_smiles(args, held_out())}).to_csv(smiles, index=False)
+        if out.exists():
+            shutil.rmtree(out)
+        command = train_command(
+            out,
+            "experiment=descriptor_pretrain",
+            f"dataset.path={smiles}",
+            f"dataset.root={args.work / 'cache'}",
+            f"trainer.max_epochs={args.pretrain_epochs}",
+            *args.pretrain_overrides,
+        )
+        wall = run_timed(command, "pretrain", one_thread=args.pretrain_threads == 1)
+        (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
+        record.write_text(json.dumps(settings))
+    wall = json.loads((out / "wall.json").read_text())["wall_s"]
+    return json.loads((out / "metrics.json").read_text())["best_checkpoint"], wall

@@ -56,12 +56,21 @@ import argparse
 import importlib.util
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from common import run_timed, train_command
+from common import (
+    add_pretrain_arguments,
+    check_pretrain_record,
+    pretrain,
+    rmse,
+    run_chemprop,
+    run_graphormer,
+    test_predictions,
+)
 
 SETS = ("solubility", "freesolv", "solubility_low")
 # Regression sets are scored by test RMSE, the classification set by test ROC-AUC.
@@ -145,55 +154,14 @@ def build_set(name: str, work: Path) -> tuple[Path, Path, Path]:
     return csv, split_file, chemprop_split
 
 
-def rmse(pred: np.ndarray, true: np.ndarray) -> float:
-    return float(np.sqrt(np.mean((pred - true) ** 2)))
-
-
 def metric(name: str) -> str:
     return "rocauc" if name in BINARY else "rmse"
 
 
-def chemprop_predictions(out: Path) -> np.ndarray:
-    """A finished chemprop run's test predictions, in its split file's test order."""
-    found = sorted(out.rglob("test_predictions.csv"))
-    if not found:
-        raise SystemExit(f"chemprop wrote no test_predictions.csv under {out}")
-    return pd.read_csv(found[0])["y"].to_numpy(dtype=float)
-
-
-def run_chemprop(
+def score_chemprop(
     args, name: str, csv: Path, split: Path, out: Path, seed: int, descriptors: bool
-) -> dict:
-    command = [
-        args.chemprop,
-        "train",
-        "-i",
-        str(csv),
-        "-s",
-        "smiles",
-        "--target-columns",
-        "y",
-        "-t",
-        "classification" if name in BINARY else "regression",
-        "--splits-file",
-        str(split),
-        "--epochs",
-        str(args.epochs),
-        "--pytorch-seed",
-        str(seed),
-        "-o",
-        str(out),
-        "-n",
-        "0",
-        "--accelerator",
-        "cpu",
-        "--devices",
-        "1",
-    ]
-    if descriptors:
-        command += ["--molecule-featurizers", "v1_rdkit_2d_normalized"]
-    wall = run_timed(command, str(out))
-    pred = chemprop_predictions(out)
+):
+    pred, wall = run_chemprop(args, csv, split, out, seed, name in BINARY, descriptors)
     table = pd.read_csv(csv)
     test = json.loads(split.read_text())[0]["test"]
     true = table["y"].to_numpy()[test]
@@ -204,43 +172,13 @@ def run_chemprop(
     return {"rmse": rmse(pred, true), "wall_s": wall}
 
 
-def run_graphormer(
+def score_graphormer(
     args, name: str, csv: Path, split: Path, out: Path, seed: int, extra: list[str], pretrained
 ) -> dict:
-    command = train_command(
-        out,
-        "dataset=smiles_csv",
-        f"dataset.path={csv}",
-        "dataset.targets=[y]",
-        f"dataset.task_type={'binary' if name in BINARY else 'regression'}",
-        f"dataset.split_file={split}",
-        f"dataset.root={args.work / 'cache'}",
-        f"trainer.max_epochs={args.epochs}",
-        f"seed={seed}",
-        *(f"pretrained={pretrained}" if item == "+pretrained" else item for item in extra),
-    )
-    if (out / "metrics.json").is_file() and (out / "wall.json").is_file():
-        wall = json.loads((out / "wall.json").read_text())["wall_s"]
-    else:
-        shutil.rmtree(out, ignore_errors=True)
-        wall = run_timed(command, str(out))
-    (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
-    # The best checkpoint's test RMSE over the split file's test rows: sqrt(mean((y - y')^2)),
-    # chemprop's formula above (OGB's Evaluator); ROC-AUC is OGB's, scikit-learn's as above.
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics, wall = run_graphormer(args, csv, split, out, seed, extra, pretrained, name in BINARY)
+    # The best checkpoint's test RMSE over the split file's test rows: common.rmse's formula
+    # (OGB's Evaluator); ROC-AUC is OGB's, scikit-learn's as above.
     return {metric(name): float(metrics["test"][metric(name)]), "wall_s": wall}
-
-
-def test_predictions(row: str, out: Path, smiles: list[str]) -> np.ndarray:
-    """One finished run's predictions for the test molecules ``smiles`` (in the split file's
-    order): chemprop's own test_predictions.csv, graphormer's best checkpoint through
-    :class:`~graphormer.Predictor`."""
-    if row.startswith("chemprop"):
-        return chemprop_predictions(out)
-    from graphormer import Predictor
-
-    best = json.loads((out / "graphormer" / "metrics.json").read_text())["best_checkpoint"]
-    return Predictor.from_checkpoint(best, device="cpu").predict(smiles)["y"].to_numpy(float)
 
 
 def tails(name: str, rows: list[str], seeds: list[int], work: Path) -> None:
@@ -311,114 +249,20 @@ def validation_pick(name: str, seeds: list[int], work: Path) -> None:
         )
 
 
-def pretrain_smiles(args) -> list[str]:
-    """The unlabelled SMILES to pre-train on: rdkit's NCI set, or ``--pretrain-smiles`` (a CSV,
-    gzipped or not, with a ``smiles`` or ``SMILES`` column), less every molecule of the sets this
-    benchmark evaluates (by canonical SMILES), then a seeded sample of ``--pretrain-size``."""
-    from rdkit import Chem, RDLogger
-
-    RDLogger.DisableLog("rdApp.*")
-    if args.pretrain_smiles is None:
-        from graphormer.testing import nci_smiles
-
-        smiles = list(nci_smiles())
-    else:
-        table = pd.read_csv(args.pretrain_smiles)
-        column = next((c for c in ("smiles", "SMILES") if c in table.columns), None)
-        if column is None:
-            raise SystemExit(
-                f"error: --pretrain-smiles {args.pretrain_smiles} has no smiles or SMILES column "
-                f"(columns: {list(table.columns)}); name the SMILES column smiles"
-            )
-        smiles = [str(s) for s in table[column]]
-    held_out = set()
+def held_out(args) -> set[str]:
+    """The canonical SMILES of every set here: left out of the pre-training molecules."""
+    found = set()
     for name in SETS:
         csv, _, _ = build_set(name, args.work)
-        held_out.update(pd.read_csv(csv)["smiles"])  # already canonical (build_set)
-    order = np.random.default_rng(0).permutation(len(smiles))
-    kept = []
-    for i in order:
-        mol = Chem.MolFromSmiles(smiles[i])
-        if mol is not None and Chem.MolToSmiles(mol) not in held_out:
-            kept.append(smiles[i])
-            if args.pretrain_size is not None and len(kept) == args.pretrain_size:
-                break
-    return kept
-
-
-def check_pretrain_record(args) -> dict:
-    """The pre-training settings the arguments ask for; an ``error:`` when ``--work`` holds a
-    pre-training made with others (its fine-tuned rows would be reported under these)."""
-    settings = {
-        "smiles": str(args.pretrain_smiles or "rdkit NCI first_5K.smi"),
-        "size": args.pretrain_size,
-        "epochs": args.pretrain_epochs,
-    }
-    if args.pretrain_overrides:  # absent otherwise, so that earlier records still match
-        settings["overrides"] = list(args.pretrain_overrides)
-    record = args.work / "pretrain" / "settings.json"
-    if record.is_file() and json.loads(record.read_text()) != settings:
-        raise SystemExit(
-            f"error: {record.parent} was pre-trained with {record.read_text()}, not {settings}; "
-            "give the same --pretrain-* arguments, or another --work for another pre-training"
-        )
-    return settings
-
-
-def pretrain(args) -> tuple[str, float]:
-    """The descriptor pre-training run, made once per ``--work`` folder."""
-    out = args.work / "pretrain"
-    settings = check_pretrain_record(args)
-    record = out / "settings.json"
-    if not (out / "metrics.json").is_file():
-        smiles = args.work / "data" / "pretrain_smiles.csv"
-        smiles.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame({"smiles": pretrain_smiles(args)}).to_csv(smiles, index=False)
-        if out.exists():
-            shutil.rmtree(out)
-        command = train_command(
-            out,
-            "experiment=descriptor_pretrain",
-            f"dataset.path={smiles}",
-            f"dataset.root={args.work / 'cache'}",
-            f"trainer.max_epochs={args.pretrain_epochs}",
-            *args.pretrain_overrides,
-        )
-        wall = run_timed(command, "pretrain", one_thread=args.pretrain_threads == 1)
-        (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
-        record.write_text(json.dumps(settings))
-    wall = json.loads((out / "wall.json").read_text())["wall_s"]
-    return json.loads((out / "metrics.json").read_text())["best_checkpoint"], wall
+        found.update(pd.read_csv(csv)["smiles"])  # already canonical (build_set)
+    return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--pretrain-epochs", type=int, default=10)  # the recipe's
-    parser.add_argument(
-        "--pretrain-smiles",
-        type=Path,
-        default=None,
-        help="a CSV (.csv or .csv.gz) of unlabelled SMILES to pre-train on (default: rdkit's NCI 5K)",
-    )
-    parser.add_argument(
-        "--pretrain-size", type=int, default=None, help="a seeded sample of this many of them"
-    )
-    parser.add_argument(
-        "--pretrain-threads",
-        type=int,
-        choices=(1, 0),
-        default=1,
-        help="1: the pre-training runs on one thread like every other run; 0: torch's default",
-    )
-    parser.add_argument(
-        "--pretrain-overrides",
-        nargs="*",
-        default=[],
-        help="settings of the pre-training run beyond the recipe's, e.g. "
-        "dataset.atom_descriptor_targets=false (molecule-level descriptors alone)",
-    )
+    add_pretrain_arguments(parser)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
@@ -450,14 +294,14 @@ def main() -> None:
                     if row.startswith("chemprop"):
                         folder = out / "chemprop"
                         shutil.rmtree(folder, ignore_errors=True)
-                        result = run_chemprop(
+                        result = score_chemprop(
                             args, name, csv, chemprop_split, folder, seed, row.endswith("rdkit2d")
                         )
                     else:
                         if "+pretrained" in GRAPHORMER_ROWS[row] and pretrained is None:
-                            pretrained, pretrain_wall = pretrain(args)
+                            pretrained, pretrain_wall = pretrain(args, partial(held_out, args))
                         folder = out / "graphormer"
-                        result = run_graphormer(
+                        result = score_graphormer(
                             args, name, csv, split, folder, seed, GRAPHORMER_ROWS[row], pretrained
                         )
                     done.write_text(json.dumps(result))

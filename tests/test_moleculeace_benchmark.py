@@ -1,0 +1,134 @@
+"""benchmarks/moleculeace.py: reading the sets from the wheel, the split, the Tanimoto kernel,
+the scores and the summary's win counts (the training runs themselves are the benchmark's); and
+benchmarks/epoch_profile.py's table of an epoch's parts."""
+
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import moleculeace  # noqa: E402
+
+SMILES = ["CCO", "CCN", "c1ccccc1", "CC(=O)O", "CCCl", "CCBr", "COC", "CCC", "CN", "CO", "CS"]
+
+
+def a_set(n: int = 40) -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    return pd.DataFrame(
+        {
+            "smiles": [SMILES[i % len(SMILES)] for i in range(n)],
+            "exp_mean [nM]": rng.uniform(1, 1000, n),
+            "y": rng.normal(size=n),
+            "cliff_mol": (np.arange(n) % 3 == 0).astype(int),
+            "split": ["test" if i % 4 == 0 else "train" for i in range(n)],
+        }
+    )
+
+
+def test_sets_are_read_from_the_wheel_without_importing_it(tmp_path):
+    wheel = tmp_path / "MoleculeACE-3.0.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("MoleculeACE/__init__.py", "raise RuntimeError('imported')")
+        for name in ("CHEMBL1_Ki", "CHEMBL2_EC50"):
+            archive.writestr(
+                f"MoleculeACE/Data/benchmark_data/{name}.csv", a_set().to_csv(index=False)
+            )
+    for given in (wheel, tmp_path):  # the wheel, or the folder pip download wrote it to
+        sets = moleculeace.read_sets(given)
+        assert sorted(sets) == ["CHEMBL1_Ki", "CHEMBL2_EC50"]
+        assert list(sets["CHEMBL1_Ki"].columns) == ["smiles", "y", "cliff_mol", "split"]
+        assert np.allclose(sets["CHEMBL2_EC50"]["y"], a_set()["y"])
+
+
+def test_a_folder_without_the_data_is_one_error_naming_the_download(tmp_path):
+    with pytest.raises(SystemExit, match="pip download MoleculeACE==3.0.0 --no-deps"):
+        moleculeace.read_sets(tmp_path)
+    (tmp_path / "CHEMBL9_Ki.csv").write_text("smiles,y\nCCO,1.0\n")
+    with pytest.raises(SystemExit, match=r"lacks the columns \['cliff_mol', 'split'\]"):
+        moleculeace.read_sets(tmp_path)
+
+
+def test_validation_is_a_seeded_tenth_of_train_and_the_test_split_is_the_sets_own():
+    table = a_set(200)
+    split = moleculeace.split_rows(table)
+    train = set(np.flatnonzero(table["split"] == "train"))
+    assert split["test"] == list(np.flatnonzero(table["split"] == "test"))
+    assert set(split["train"]) | set(split["valid"]) == train
+    assert not set(split["train"]) & set(split["valid"])
+    assert len(split["valid"]) == round(len(train) / 10)
+    assert moleculeace.split_rows(table) == split  # the same rows for every model and seed
+
+
+def test_tanimoto_kernel_on_counts_has_known_values():
+    a = np.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, 0.0, 0.0]])
+    b = np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 3.0], [0.0, 0.0, 0.0]])
+    gram = moleculeace.tanimoto_kernel(a, b)
+    # <a,b> / (|a|^2 + |b|^2 - <a,b>): identical 1, half-shared 1 / (2 + 1 - 1), disjoint 0
+    assert np.allclose(gram[0], [1.0, 0.5, 0.0, 0.0])
+    assert np.allclose(gram[1], [0.0, 0.0, 0.0, 1.0])  # two empty fingerprints are identical
+    assert np.allclose(gram[2], [2 / (4 + 2 - 2), 2 / (4 + 1 - 2), 0.0, 0.0])
+
+
+def test_cliff_rmse_scores_only_the_test_molecules_in_a_cliff_pair():
+    table = a_set(40)
+    split = moleculeace.split_rows(table)
+    test = np.asarray(split["test"])
+    pred = table["y"].to_numpy()[test].copy()
+    cliff = table["cliff_mol"].to_numpy()[test] == 1
+    pred[cliff] += 2.0  # wrong by 2 on every cliff molecule, exact elsewhere
+    scores = moleculeace.scores(pred, table, split)
+    assert scores["cliff_rmse"] == pytest.approx(2.0)
+    assert scores["rmse"] == pytest.approx(2.0 * np.sqrt(cliff.mean()))
+
+
+def test_classical_rows_fit_on_the_training_rows_and_predict_the_test_split():
+    table = a_set(60)
+    split = moleculeace.split_rows(table)
+    for row in ("svm", "rf"):
+        pred, wall = moleculeace.run_classical(row, table, split, seed=0)
+        assert pred.shape == (len(split["test"]),) and np.isfinite(pred).all() and wall > 0
+
+
+def test_summary_counts_wins_over_the_sets_where_every_row_finished():
+    def runs(test, cliff):
+        return [{"rmse": test, "cliff_rmse": cliff, "wall_s": 1.0}]
+
+    results = {
+        ("A", "graphormer"): runs(0.5, 0.9),
+        ("A", "chemprop"): runs(0.6, 0.8),
+        ("B", "graphormer"): runs(0.7, 1.0),
+        ("B", "chemprop"): runs(0.7, 1.1),  # a tie counts as a win for both
+        ("C", "graphormer"): runs(0.1, 0.1),  # chemprop did not finish C: not counted
+    }
+    text = moleculeace.summary(results, {"A": 10, "B": 20, "C": 30}, ["graphormer", "chemprop"])
+    assert "| graphormer | 2 | 1 | 0.600 | 0.950 |" in text
+    assert "| chemprop | 1 | 1 | 0.650 | 0.950 |" in text
+    assert "graphormer below chemprop's test RMSE on 1 of 2 set(s)." in text
+    assert "| C (30) | graphormer | 0.100 ± 0.000 |" in text
+
+
+def test_epoch_profile_leaves_out_the_first_epoch_and_splits_the_forward_pass():
+    import epoch_profile
+
+    profile = epoch_profile.EpochProfile()
+    first = {"loader": 9.0, "forward": 9.0, "backward": 9.0, "optimiser": 9.0, "epoch": 99.0}
+    later = {
+        "loader": 0.5,
+        "forward": 2.0,
+        "layers": 1.5,
+        "attention bias": 0.2,
+        "backward": 3.0,
+        "optimiser": 0.25,
+        "validation": 0.5,
+        "epoch": 6.5,
+    }
+    profile.epochs, profile.batches = [first, later, later], [17, 17, 17]
+    mean = profile.table()
+    assert mean["epoch"] == 6.5 and mean["batches"] == 17
+    assert mean["forward, other"] == pytest.approx(2.0 - 1.5 - 0.2)
+    assert mean["rest"] == pytest.approx(6.5 - (0.5 + 2.0 + 3.0 + 0.25 + 0.5))
