@@ -170,8 +170,8 @@ class AseSource(Source):
         targets (Sequence[str], optional): per-frame targets: ``info`` keys, or results the
             file stores from a calculator (``energy``). (default: :obj:`("energy",)`)
         atom_vector_targets (Sequence[str], optional): per-atom 3-vectors (``forces``, or an
-            ``arrays`` key), read and kept on each graph as ``y_atom_vector``; training on them
-            is not available yet (an error says so). (default: :obj:`()`)
+            ``arrays`` key), kept on each graph as ``y_atom_vector`` and trained by the vector
+            head (``model.atom_vector_tasks``). (default: :obj:`()`)
         task_type (str, optional): ``regression`` (the only one for now). (default:
             :obj:`"regression"`)
         metric (str | None, optional): ``rmse`` (default) or ``mae``.
@@ -220,7 +220,15 @@ class AseSource(Source):
                 "dataset.split=column needs dataset.split_column=KEY (an info key holding "
                 "train, valid or test for each frame)"
             )
-        self._task = user_task(name, task_type, metric, len(targets), None, self._METRICS)
+        self._task = user_task(
+            name,
+            task_type,
+            metric,
+            len(targets),
+            None,
+            self._METRICS,
+            atom_vector_tasks=len(atom_vector_targets or ()),
+        )
         self.path = str(path)
         self.targets = [str(t) for t in targets]
         self.atom_vector_targets = [str(t) for t in atom_vector_targets or ()]
@@ -234,17 +242,14 @@ class AseSource(Source):
         self._graphs: GraphFile | None = None
 
     def task_info(self) -> TaskInfo:
-        if self.atom_vector_targets:
-            raise ConfigError(
-                f"dataset.atom_vector_targets={self.atom_vector_targets}: training on per-atom "
-                "vector targets is not available yet (the model's vector head, "
-                "model.atom_vector_tasks, is); leave dataset.atom_vector_targets=[] to train "
-                f"on dataset.targets={self.targets}"
-            )
         return self._task
 
     def task_names(self) -> list[str]:
         return list(self.targets)
+
+    def atom_vector_task_names(self) -> list[str]:
+        """The per-atom vector targets (``forces``)."""
+        return list(self.atom_vector_targets)
 
     def feature_dims(self) -> tuple[list[int], list[int]]:
         return [ELEMENTS], [1]

@@ -99,6 +99,10 @@ class Source(ABC):
         """One name per bond-level (edge-level) target (issue #18); empty when none."""
         return []
 
+    def atom_vector_task_names(self) -> list[str]:
+        """One name per per-atom 3-vector target (forces); empty when none."""
+        return []
+
     def writes_predictions(self, split: str) -> bool:  # noqa: ARG002
         """Whether predictions for the unlabelled ``split`` have a file format of their own
         (:meth:`write_predictions`)."""
