@@ -67,14 +67,19 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         max_atoms=cfg.get("max_atoms"),
         mc_dropout=cfg.get("mc_dropout") or 0,
         allow_missing=bool((cfg.get("ensemble") or {}).get("allow_missing")),
+        conformers=bool(cfg.get("conformers", True)),
     )
     if _is_graph_file(cfg.get("input")):
-        # A torch.save list of PyG graphs (issue #17): one row per graph, in file order.
+        # A torch.save list of PyG graphs (issue #17), or an ASE structure file: one row per
+        # graph (frame), in file order.
+        from graphormer.data.sources.ase import structure_graphs
         from graphormer.data.sources.pyg_file import read_graph_file
 
         if cfg.get("smiles") is not None:
             raise ConfigError("give either input=FILE or smiles=[...], not both")
-        graphs = read_graph_file(str(Path(str(cfg["input"])).expanduser()), key="input")
+        path = str(Path(str(cfg["input"])).expanduser())
+        read = structure_graphs if _is_structure_file(path) else read_graph_file
+        graphs = read(path, key="input")
         table = pd.DataFrame({"graph": range(len(graphs))})
         splits = [g.get("split") for g in graphs]
         if any(isinstance(v, str) for v in splits):
@@ -122,8 +127,18 @@ def run(cfg: DictConfig) -> pd.DataFrame:
 
 
 def _is_graph_file(path: Any) -> bool:
-    """``input=`` names a torch.save file of PyG graphs (``.pt``/``.pth``), not a CSV."""
-    return bool(path) and Path(str(path)).suffix.lower() in (".pt", ".pth")
+    """``input=`` names a torch.save file of PyG graphs (``.pt``/``.pth``) or a structure
+    file ASE reads (:func:`_is_structure_file`), not a CSV."""
+    return bool(path) and (
+        Path(str(path)).suffix.lower() in (".pt", ".pth") or _is_structure_file(path)
+    )
+
+
+def _is_structure_file(path: Any) -> bool:
+    """``input=`` names a structure file (extended XYZ, ASE .db, .traj)."""
+    from graphormer.data.sources.ase import STRUCTURE_SUFFIXES
+
+    return Path(str(path)).suffix.lower() in STRUCTURE_SUFFIXES
 
 
 def format_table(table: pd.DataFrame) -> str:

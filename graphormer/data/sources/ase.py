@@ -27,7 +27,17 @@ from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import TaskInfo, user_task
 from graphormer.errors import ConfigError, DataError
 
-__all__ = ["ELEMENTS", "AseSource", "read_structures", "structures_to_graphs"]
+__all__ = [
+    "ELEMENTS",
+    "STRUCTURE_SUFFIXES",
+    "AseSource",
+    "read_structures",
+    "structure_graphs",
+    "structures_to_graphs",
+]
+
+# The structure files this source reads (what predict.py's input= takes as structures).
+STRUCTURE_SUFFIXES = (".extxyz", ".xyz", ".db", ".traj")
 
 # Atom types: atomic numbers 1-118 as OGB's first atom feature (Z - 1) holds them, plus its
 # "misc" entry; the model's element table has these rows.
@@ -36,7 +46,7 @@ ELEMENTS = 119
 SPLITS = ("random", "column", "file")
 
 
-def read_structures(path: str) -> list:
+def read_structures(path: str, key: str = "dataset.path") -> list:
     """Every frame of ``path`` as ASE ``Atoms`` (``ase.io.read(path, index=":")``; an ASE
     database's rows with their key-value pairs in ``info``).
 
@@ -44,7 +54,7 @@ def read_structures(path: str) -> list:
         ConfigError: ASE is not installed.
         DataError: the file is missing or ASE cannot read it.
     """
-    read_structures_exists(path)
+    read_structures_exists(path, key)
     import ase.io
 
     try:
@@ -54,14 +64,20 @@ def read_structures(path: str) -> list:
             frames = ase.io.read(path, index=":")
     except Exception as error:  # ASE raises many kinds for a file it cannot parse
         raise DataError(
-            f"dataset.path={path}: ASE cannot read it ({type(error).__name__}: {error}); give "
+            f"{key}={path}: ASE cannot read it ({type(error).__name__}: {error}); give "
             "an extended XYZ, ASE .db or .traj file"
         ) from error
     if not isinstance(frames, list):
         frames = [frames]
     if not frames:
-        raise DataError(f"dataset.path={path} holds no structures")
+        raise DataError(f"{key}={path} holds no structures")
     return frames
+
+
+def structure_graphs(path: str, key: str = "input") -> list[Data]:
+    """Every frame of a structure file as a graph to predict (elements and positions; no
+    targets), in file order."""
+    return structures_to_graphs(read_structures(path, key), [], [], f"{key}={path}")
 
 
 def _read_database(path: str) -> list:
@@ -266,7 +282,8 @@ class AseSource(Source):
     def smiles_refusal(self) -> str:
         return (
             f"was trained on structures from a file ({self.path}), which carry positions, not "
-            "on molecules featurised from SMILES"
+            "on molecules featurised from SMILES: predict structures with predict.py "
+            "input=FILE.extxyz (or .db, .traj)"
         )
 
     def graphs(self) -> GraphFile:
@@ -309,7 +326,7 @@ class AseSource(Source):
         return LoadedDataset(dataset, split, task)
 
 
-def read_structures_exists(path: str) -> None:
+def read_structures_exists(path: str, key: str = "dataset.path") -> None:
     """ASE is installed and ``path`` exists (before a cache is named by its content)."""
     try:
         import ase  # noqa: F401
@@ -320,5 +337,5 @@ def read_structures_exists(path: str) -> None:
         ) from error
     if not osp.isfile(path):
         raise DataError(
-            f"dataset.path={path!r} does not exist; give an extended XYZ, ASE .db or .traj file"
+            f"{key}={path!r} does not exist; give an extended XYZ, ASE .db or .traj file"
         )

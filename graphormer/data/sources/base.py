@@ -139,6 +139,11 @@ class Source(ABC):
         ``model.channels=3d`` read)."""
         return False
 
+    def prediction_conformers(self) -> int:
+        """Conformers to embed per SMILES when a model trained on this source predicts (its
+        graphs' positions came from SMILES: the same method, seed and count); 0: none."""
+        return 0
+
     def smiles_refusal(self) -> str | None:
         """Why a model trained on this source cannot predict from SMILES (the text follows
         "checkpoint <path> "), or None when it can: its graphs are featurised as SMILES are."""
