@@ -5,6 +5,7 @@ import builtins
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -233,6 +234,27 @@ def test_train_energy_and_forces_then_eval_and_resume(tmp_path):
     for split in ("valid", "test"):
         assert np.isfinite(results[split]["atom_vector_mae"])
         assert results[split]["atom_vector_mae"] <= results[split]["atom_vector_rmse"]
+
+    # predict.py reads the structure file: forces as a list of [x, y, z] per frame, or one row
+    # per atom with x, y, z columns
+    frames = ase.io.read(path, ":")
+    best = metrics["best_checkpoint"]
+    common = [f"ckpt={best}", f"input={path}", f"hydra.run.dir={tmp_path / 'p'}"]
+    call_script("predict.py", [*common, f"output={tmp_path / 'wide.csv'}"], cwd=tmp_path)
+    wide = pd.read_csv(tmp_path / "wide.csv")
+    assert list(wide.columns) == ["graph", "energy", "forces", "error"] and len(wide) == 30
+    vectors = [np.array(json.loads(cell)) for cell in wide.forces]
+    assert [v.shape for v in vectors] == [(len(a), 3) for a in frames]
+    long_args = [*common, "layout=long", f"output={tmp_path / 'long.csv'}"]
+    call_script("predict.py", long_args, cwd=tmp_path)
+    long = pd.read_csv(tmp_path / "long.csv")
+    assert list(long.columns) == [
+        "row", "atom_index", "element", "forces_x", "forces_y", "forces_z", "error"
+    ]  # fmt: skip
+    assert long.element.tolist() == [s for a in frames for s in a.get_chemical_symbols()]
+    np.testing.assert_allclose(
+        long[["forces_x", "forces_y", "forces_z"]].to_numpy(), np.concatenate(vectors), atol=1e-5
+    )
 
     log = call_script("train.py", [f"ckpt_path={last}", "trainer.max_epochs=3"], cwd=tmp_path)
     assert "epoch 3/3" in log and "epoch 1/" not in log and "val/atom_vector_mae" in log

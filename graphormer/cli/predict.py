@@ -104,11 +104,16 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     if layout not in LAYOUTS:
         raise ConfigError(f"layout={layout} is not one of {', '.join(LAYOUTS)}")
     if layout == "long":
-        if _is_graph_file(cfg.get("input")):
+        structures = _is_structure_file(cfg.get("input"))
+        if _is_graph_file(cfg.get("input")) and not structures:
             raise ConfigError(
-                "layout=long writes one row per atom or bond of SMILES input; not of graphs"
+                "layout=long writes one row per atom or bond of SMILES input or structures; "
+                "not of graphs"
             )
-        out = predictor.atom_table(table[column].tolist(), result)
+        from graphormer.data.sources.ase import element_molecules
+
+        molecules = element_molecules(graphs) if structures else table[column].tolist()
+        out = predictor.atom_table(molecules, result)
     else:
         out = predictor.table(table, result)
     try:
@@ -138,7 +143,7 @@ def _is_structure_file(path: Any) -> bool:
     """``input=`` names a structure file (extended XYZ, ASE .db, .traj)."""
     from graphormer.data.sources.ase import STRUCTURE_SUFFIXES
 
-    return Path(str(path)).suffix.lower() in STRUCTURE_SUFFIXES
+    return bool(path) and Path(str(path)).suffix.lower() in STRUCTURE_SUFFIXES
 
 
 def format_table(table: pd.DataFrame) -> str:

@@ -127,10 +127,12 @@ class OutputNames:
             return list(names)
         return [f"{name}_{axis}" for name in names for axis in "xyz"]
 
-    def long_table(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
-        """The long layout (``layout=long``): one row per atom of every molecule (``row``, the
-        input's position; ``atom_index``, RDKit's; ``element``; one column per atom target;
-        ``error``) for a model of atom targets, one row per bond (``row``, ``bond_index``,
+    def long_table(self, smiles: Sequence[str | Chem.Mol], result: Predictions) -> pd.DataFrame:
+        """The long layout (``layout=long``; ``smiles``: SMILES, or RDKit molecules such as a
+        structure file's atoms): one row per atom of every molecule (``row``, the input's
+        position; ``atom_index``, RDKit's; ``element``; one column per atom target, and
+        ``<name>_x``, ``<name>_y``, ``<name>_z`` per vector target; ``error``) for a model of
+        atom targets or vectors, one row per bond (``row``, ``bond_index``,
         RDKit's; ``begin_atom``, ``end_atom``; ``bond_type``; one column per bond target;
         ``error``) for a model of bond targets, and for a model of both, the two stacked with a
         ``level`` column (``atom`` or ``bond``), each molecule's atoms then its bonds, the
@@ -200,7 +202,8 @@ class OutputNames:
                 values.append(np.full(len(names), np.nan, dtype=np.float32))
                 errors.append(result.errors[position])
                 continue
-            found = _describe(level, Chem.MolFromSmiles(text))
+            mol = text if isinstance(text, Chem.Mol) else Chem.MolFromSmiles(text)
+            found = _describe(level, mol)
             rows += [position] * len(items)
             indices += range(len(items))
             for column, _ in spec:
@@ -208,7 +211,8 @@ class OutputNames:
             values += [item.reshape(-1) for item in items]  # a vector's [T, 3] -> [3 T]
             errors += [""] * len(items)
         stacked = np.stack(values) if values else np.zeros((0, len(names)))
-        columns = {"row": rows, f"{level.name}_index": pd.array(indices, dtype="Int64")}
+        index = "bond_index" if level is BOND else "atom_index"  # a vector's items are atoms
+        columns = {"row": rows, index: pd.array(indices, dtype="Int64")}
         for column, kind in spec:
             columns[column] = (
                 pd.array(described[column], dtype="Int64")

@@ -31,6 +31,7 @@ __all__ = [
     "ELEMENTS",
     "STRUCTURE_SUFFIXES",
     "AseSource",
+    "element_molecules",
     "read_structures",
     "structure_graphs",
     "structures_to_graphs",
@@ -72,6 +73,20 @@ def read_structures(path: str, key: str = "dataset.path") -> list:
     if not frames:
         raise DataError(f"{key}={path} holds no structures")
     return frames
+
+
+def element_molecules(graphs: Sequence[Data]) -> list:
+    """Each structure's atoms as an RDKit molecule without bonds (elements only, in file
+    order): what the long layout of a prediction describes its atoms by."""
+    from rdkit import Chem
+
+    molecules = []
+    for graph in graphs:
+        mol = Chem.RWMol()
+        for number in (graph.x[:, 0] + 1).tolist():  # the first atom feature holds Z - 1
+            mol.AddAtom(Chem.Atom(int(number) if number < ELEMENTS else 0))
+        molecules.append(mol.GetMol())
+    return molecules
 
 
 def structure_graphs(path: str, key: str = "input") -> list[Data]:
