@@ -347,7 +347,7 @@ class Predictor:
         if interval is not None:
             self._check_interval(interval)
         n = len(smiles)
-        result = self._empty(n, embeddings)
+        result = Predictions.empty(n, self.task, self.hidden_dim if embeddings else 0, self.spread)
         errors = result.errors
         bar = progress_bar(n, progress)
         try:
@@ -412,7 +412,7 @@ class Predictor:
             self._check_interval(interval)
         graphs = list(graphs)
         n = len(graphs)
-        result = self._empty(n, embeddings)
+        result = Predictions.empty(n, self.task, self.hidden_dim if embeddings else 0, self.spread)
         errors = result.errors
         inputs: dict[int, Data] = {}
         bond = bool(self.task.bond_tasks)
@@ -435,17 +435,6 @@ class Predictor:
             found = self._predict_batch([inputs[i] for i in rows], embeddings)
             result.fill(rows, *found)
         return self._finish(result, interval)
-
-    def _empty(self, n: int, embeddings: bool) -> Predictions:
-        """``n`` rows without a prediction (NaN values, no error yet), filled batch by batch."""
-        values = np.full((n, self.task.num_outputs), np.nan, dtype=np.float32)
-        return Predictions(
-            values,
-            [""] * n,
-            np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None,
-            np.full_like(values, np.nan) if self.spread else None,
-            **{f"{level.name}s": [None] * n for level in self.task.item_levels},
-        )
 
     def _check_smiles_allowed(self) -> None:
         if self.smiles_refusal is not None:

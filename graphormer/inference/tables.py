@@ -54,6 +54,20 @@ class Predictions:
     bonds: list[np.ndarray | None] | None = None
     atom_vectors: list[np.ndarray | None] | None = None
 
+    @classmethod
+    def empty(cls, n: int, task: TaskInfo, hidden_dim: int, spread: str | None) -> Predictions:
+        """``n`` rows without a prediction (NaN values, no error yet), filled batch by batch:
+        embeddings of ``hidden_dim`` (0: none), a ``std`` where there is a ``spread`` (its
+        source, ``Predictor.spread``), and a list per item level of ``task``."""
+        values = np.full((n, task.num_outputs), np.nan, dtype=np.float32)
+        return cls(
+            values,
+            [""] * n,
+            np.full((n, hidden_dim), np.nan, dtype=np.float32) if hidden_dim else None,
+            np.full_like(values, np.nan) if spread else None,
+            **{f"{level.name}s": [None] * n for level in task.item_levels},
+        )
+
     def fill(self, rows: np.ndarray, out, std, states, per_level: dict[str, list]) -> None:
         """Puts a batch's predictions at its input ``rows``."""
         self.values[rows] = out
