@@ -59,6 +59,9 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         raise ConfigError(
             f"interval={interval!r} is not allowed: a coverage level in (0, 1), e.g. 0.9"
         )
+    conformers = cfg.get("conformers", True)
+    if not isinstance(conformers, bool):
+        raise ConfigError(f"conformers={conformers!r} is not allowed: true or false")
     predictor = Predictor.from_checkpoint(
         cfg["ckpt"],
         device=cfg["device"],
@@ -67,7 +70,7 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         max_atoms=cfg.get("max_atoms"),
         mc_dropout=cfg.get("mc_dropout") or 0,
         allow_missing=bool((cfg.get("ensemble") or {}).get("allow_missing")),
-        conformers=bool(cfg.get("conformers", True)),
+        conformers=conformers,
     )
     if _is_graph_file(cfg.get("input")):
         # A torch.save list of PyG graphs (issue #17), or an ASE structure file: one row per
