@@ -5,14 +5,24 @@ import builtins
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from graphormer.data.conformers import embed_conformers
 from graphormer.data.sources import build_source
+from graphormer.data.tasks import ATOM_VECTOR
 from graphormer.errors import ConfigError, DataError
 
-from helpers import TINY, compose_train, nci_smiles, train_config
+from helpers import (
+    TINY,
+    call_script,
+    compose_train,
+    evaluate_run,
+    nci_smiles,
+    read_json,
+    train_config,
+)
 
 pytest.importorskip("ase", reason="dataset=ase needs the 3d extra (pip install ase)")
 import ase.db  # noqa: E402
@@ -72,9 +82,13 @@ def test_each_file_kind_gives_elements_positions_and_targets(tmp_path, suffix):
     np.testing.assert_allclose(data.y[:, 1].numpy(), [0.1 * len(a) for a in frames], rtol=1e-6)
     forces = np.concatenate([a.get_forces() for a in frames])
     np.testing.assert_allclose(data.y_atom_vector[:, 0].numpy(), forces, rtol=1e-5, atol=1e-6)
-    # vectors are kept, and asking to train on them now is one error, not a silent drop
-    with pytest.raises(ConfigError, match="dataset.atom_vector_targets=\\['forces'\\]"):
-        source.load()
+    # vectors are kept, and a level of the task: the model is asked for one vector per atom
+    task = source.load().task
+    assert (task.atom_vector_tasks, task.level_metrics) == (
+        1,
+        ("rmse", "atom_vector_mae", "atom_vector_rmse"),
+    )
+    assert source.atom_vector_task_names() == ["forces"]
 
 
 def test_info_and_arrays_keys_and_the_column_and_file_splits(tmp_path):
@@ -151,3 +165,99 @@ def test_train_a_3d_model_on_an_extxyz_file(tmp_path):
     result = train_config(cfg)
     assert np.isfinite(result["test"]["rmse"])
     assert torch.isfinite(torch.tensor(result["valid"]["rmse"]))
+
+
+def _emt_frames(count: int) -> list:
+    """Small molecules shaken off their geometry, with EMT's energy and forces stored."""
+    from ase.build import molecule
+    from ase.calculators.emt import EMT
+
+    rng = np.random.default_rng(0)
+    frames = []
+    for i in range(count):
+        atoms = molecule(("CH4", "H2O", "NH3", "C2H6", "CH3OH")[i % 5])
+        atoms.positions += rng.normal(scale=0.08, size=atoms.positions.shape)
+        atoms.calc = EMT()
+        energy, forces = atoms.get_potential_energy(), atoms.get_forces()
+        atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces)
+        frames.append(atoms)
+    return frames
+
+
+def test_vector_statistics_scale_by_the_rms_norm_and_never_shift():
+    rows = torch.tensor([[[3.0, 4.0, 0.0]], [[0.0, 0.0, float("nan")]], [[1.0, 0.0, 0.0]]])
+    mean, std = ATOM_VECTOR.statistics(rows)  # [T, 1] each: one scale shared by x, y, z
+    assert mean.tolist() == [[0.0]]
+    assert float(std) == pytest.approx(((25 + 1) / 2) ** 0.5)  # the NaN atom: unlabelled
+    # the per-component rows its metrics read: [n, T, 3] -> [3 n, T]
+    two = torch.cat([rows[[0, 2]], -rows[[0, 2]]], dim=1)  # [2 atoms, T=2, 3]
+    assert ATOM_VECTOR.component_rows(two).tolist() == [
+        [3, -3],
+        [4, -4],
+        [0, 0],
+        [1, -1],
+        [0, 0],
+        [0, 0],
+    ]
+
+
+def test_train_energy_and_forces_then_eval_and_resume(tmp_path):
+    path = tmp_path / "emt.extxyz"
+    ase.io.write(path, _emt_frames(30))
+    run = tmp_path / "run"
+    args = [
+        "dataset=ase",
+        f"dataset.path={path}",
+        "dataset.atom_vector_targets=[forces]",
+        f"dataset.root={tmp_path / 'data'}",
+        f"hydra.run.dir={run}",
+        "model.channels=3d",
+        "model.num_kernels=16",
+        "trainer.max_epochs=2",
+        "loss_weights={atom_vector: 2.0}",
+        *TINY,
+    ]
+    log = call_script("train.py", args, cwd=tmp_path)
+    assert "val/atom_vector_mae" in log
+    metrics = read_json(run / "metrics.json")
+    last = run / "checkpoints" / "last.ckpt"
+    stored = torch.load(last, weights_only=True)
+    state = stored["state_dict"]
+    # scaled by the training forces' RMS norm, never shifted (rotation equivariance)
+    forces = np.concatenate([a.get_forces() for a in ase.io.read(path, ":")])
+    assert state["atom_vector_mean"].tolist() == [[0.0]]
+    assert 0 < float(state["atom_vector_std"]) < 2 * np.sqrt((forces**2).sum(-1).mean())
+    assert stored["hyper_parameters"]["model"]["channels"] == "3d"
+
+    results, log = evaluate_run(metrics, tmp_path)
+    assert "atom_vector_mae" in log
+    for split in ("valid", "test"):
+        assert np.isfinite(results[split]["atom_vector_mae"])
+        assert results[split]["atom_vector_mae"] <= results[split]["atom_vector_rmse"]
+
+    # predict.py reads the structure file: forces as a list of [x, y, z] per frame, or one row
+    # per atom with x, y, z columns
+    frames = ase.io.read(path, ":")
+    best = metrics["best_checkpoint"]
+    common = [f"ckpt={best}", f"input={path}", f"hydra.run.dir={tmp_path / 'p'}"]
+    call_script("predict.py", [*common, f"output={tmp_path / 'wide.csv'}"], cwd=tmp_path)
+    wide = pd.read_csv(tmp_path / "wide.csv")
+    assert list(wide.columns) == ["graph", "energy", "forces", "error"] and len(wide) == 30
+    vectors = [np.array(json.loads(cell)) for cell in wide.forces]
+    assert [v.shape for v in vectors] == [(len(a), 3) for a in frames]
+    long_args = [*common, "layout=long", f"output={tmp_path / 'long.csv'}"]
+    call_script("predict.py", long_args, cwd=tmp_path)
+    long = pd.read_csv(tmp_path / "long.csv")
+    assert list(long.columns) == [
+        "row", "atom_index", "element", "forces_x", "forces_y", "forces_z", "error"
+    ]  # fmt: skip
+    assert long.element.tolist() == [s for a in frames for s in a.get_chemical_symbols()]
+    np.testing.assert_allclose(
+        long[["forces_x", "forces_y", "forces_z"]].to_numpy(), np.concatenate(vectors), atol=1e-5
+    )
+
+    log = call_script("train.py", [f"ckpt_path={last}", "trainer.max_epochs=3"], cwd=tmp_path)
+    assert "epoch 3/3" in log and "epoch 1/" not in log and "val/atom_vector_mae" in log
+    resumed = torch.load(last, weights_only=True)
+    assert resumed["epoch"] == 2
+    assert torch.equal(resumed["state_dict"]["atom_vector_std"], state["atom_vector_std"])

@@ -134,3 +134,102 @@ def test_a_3d_model_without_positions_is_one_error_naming_the_fix(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"model.channels=3d: .*dataset.conformers=rdkit"):
         train_config(cfg)
+
+
+def test_predict_from_smiles_embeds_conformers_and_averages_them(tmp_path, monkeypatch):
+    from graphormer.inference import inputs
+    from graphormer.inference.predictor import Predictor
+
+    path, table = _csv(tmp_path, 30)
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={path}",
+            "dataset.targets=[tpsa]",
+            "dataset.conformers=rdkit",
+            "dataset.num_conformers=2",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "model.channels=both",
+            "model.num_kernels=16",
+            "trainer.max_epochs=1",
+            *TINY,
+        ]
+    )
+    ckpt = train_config(cfg)["best_checkpoint"]
+    predictor = Predictor.from_checkpoint(ckpt, device="cpu")
+    assert predictor.conformers == 2  # the training run's dataset.num_conformers
+    smiles = list(table.smiles.iloc[:3])
+    real = [embed_conformers(s, 2) for s in smiles]
+
+    def given(conformers):
+        # embed_many answering with chosen conformers: RDKit's, or None (cannot embed)
+        monkeypatch.setattr(inputs, "embed_many", lambda s, n: list(conformers[: len(s)]))
+        return predictor.run(smiles)
+
+    both = given(real).values[:, 0]
+    first = given([c[[0, 0]] for c in real]).values[:, 0]
+    second = given([c[[1, 1]] for c in real]).values[:, 0]
+    np.testing.assert_allclose(both, (first + second) / 2, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(first, second)  # the positions are read
+    # a molecule RDKit cannot embed gets an error in its row, never zero positions
+    with pytest.warns(UserWarning, match="have no prediction"):
+        result = given([real[0], None, real[2]])
+    assert np.isnan(result.values[1]).all() and np.isfinite(result.values[[0, 2]]).all()
+    assert result.errors[0] == "" and "RDKit could not embed 2 conformer(s)" in result.errors[1]
+    monkeypatch.undo()
+    table = predictor.predict(["CCO", "C1CC1C(=O)O"])
+    assert table.error.tolist() == ["", ""]
+    # conformers=False: a channels=both model predicts from the bond graph alone
+    plain = Predictor.from_checkpoint(ckpt, device="cpu", conformers=False)
+    assert plain.conformers == 0
+    flat = plain.run(smiles).values[:, 0]
+    assert np.isfinite(flat).all() and not np.allclose(flat, both)
+
+
+def test_pyg_graphs_with_pos_train_a_3d_model_and_predict(tmp_path):
+    from graphormer.data.featurize import featurize_smiles
+    from graphormer.inference.predictor import Predictor
+
+    _, table = _csv(tmp_path, 30)
+    graphs = []
+    for smiles, tpsa in zip(table.smiles, table.tpsa, strict=True):
+        pos = embed_conformers(smiles)
+        graph = featurize_smiles([smiles]).graphs[0]
+        if pos is None or graph is None:
+            continue
+        graph.pos = torch.from_numpy(pos[0])  # [N, 3], as PyG's QM9 and MD17 hold it
+        graph.y = torch.tensor([[float(tpsa)]])
+        graphs.append(graph)
+    path = tmp_path / "graphs.pt"
+    torch.save(graphs, path)
+    source = build_source(
+        {"source": "pyg_file", "path": str(path), "root": str(tmp_path / "data"),
+         "categorical_node_columns": list(range(9)), "categorical_edge_columns": [0, 1, 2]}
+    )  # fmt: skip
+    assert source.has_positions()
+    torch.testing.assert_close(source.graphs().data.pos, torch.cat([g.pos for g in graphs]))
+    cfg = compose_train(
+        [
+            "dataset=pyg_file",
+            f"dataset.path={path}",
+            f"dataset.categorical_node_columns={list(range(9))}",
+            "dataset.categorical_edge_columns=[0,1,2]",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "model.channels=3d",
+            "model.num_kernels=16",
+            "trainer.max_epochs=1",
+            *TINY,
+        ]
+    )
+    result = train_config(cfg)
+    assert np.isfinite(result["test"]["rmse"])
+    # the graphs' positions are read at prediction too: moving one atom changes its value
+    predictor = Predictor.from_checkpoint(result["best_checkpoint"], device="cpu")
+    before = predictor.predict_graphs(graphs[:2]).values
+    moved = graphs[0].clone()
+    moved.pos = moved.pos.clone()
+    moved.pos[0] += 1.0
+    after = predictor.predict_graphs([moved, graphs[1]]).values
+    assert after[1] == pytest.approx(before[1]) and after[0] != pytest.approx(before[0])

@@ -159,6 +159,8 @@ def test_to_microsoft_refuses_what_microsoft_cannot_express():
         ({"molecule_features_dim": 3}, "molecule features"),
         ({"atom_tasks": 2}, "atom or bond targets"),
         ({"atom_tasks": 2, "num_tasks": 0}, "atom or bond targets"),  # no molecule head
+        ({"channels": "both"}, "model.channels=both"),  # its distance encoding has no place
+        ({"channels": "3d", "atom_vector_tasks": 1}, "atom or bond targets"),
     ]:
         config = microsoft_config(**overrides)
         with pytest.raises(ConversionError, match=phrase):

@@ -59,6 +59,9 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         raise ConfigError(
             f"interval={interval!r} is not allowed: a coverage level in (0, 1), e.g. 0.9"
         )
+    conformers = cfg.get("conformers", True)
+    if not isinstance(conformers, bool):
+        raise ConfigError(f"conformers={conformers!r} is not allowed: true or false")
     predictor = Predictor.from_checkpoint(
         cfg["ckpt"],
         device=cfg["device"],
@@ -67,14 +70,19 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         max_atoms=cfg.get("max_atoms"),
         mc_dropout=cfg.get("mc_dropout") or 0,
         allow_missing=bool((cfg.get("ensemble") or {}).get("allow_missing")),
+        conformers=conformers,
     )
     if _is_graph_file(cfg.get("input")):
-        # A torch.save list of PyG graphs (issue #17): one row per graph, in file order.
+        # A torch.save list of PyG graphs (issue #17), or an ASE structure file: one row per
+        # graph (frame), in file order.
+        from graphormer.data.sources.ase import structure_graphs
         from graphormer.data.sources.pyg_file import read_graph_file
 
         if cfg.get("smiles") is not None:
             raise ConfigError("give either input=FILE or smiles=[...], not both")
-        graphs = read_graph_file(str(Path(str(cfg["input"])).expanduser()), key="input")
+        path = str(Path(str(cfg["input"])).expanduser())
+        read = structure_graphs if _is_structure_file(path) else read_graph_file
+        graphs = read(path, key="input")
         table = pd.DataFrame({"graph": range(len(graphs))})
         splits = [g.get("split") for g in graphs]
         if any(isinstance(v, str) for v in splits):
@@ -99,11 +107,16 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     if layout not in LAYOUTS:
         raise ConfigError(f"layout={layout} is not one of {', '.join(LAYOUTS)}")
     if layout == "long":
-        if _is_graph_file(cfg.get("input")):
+        structures = _is_structure_file(cfg.get("input"))
+        if _is_graph_file(cfg.get("input")) and not structures:
             raise ConfigError(
-                "layout=long writes one row per atom or bond of SMILES input; not of graphs"
+                "layout=long writes one row per atom or bond of SMILES input or structures; "
+                "not of graphs"
             )
-        out = predictor.atom_table(table[column].tolist(), result)
+        from graphormer.data.sources.ase import element_molecules
+
+        molecules = element_molecules(graphs) if structures else table[column].tolist()
+        out = predictor.atom_table(molecules, result)
     else:
         out = predictor.table(table, result)
     try:
@@ -122,8 +135,18 @@ def run(cfg: DictConfig) -> pd.DataFrame:
 
 
 def _is_graph_file(path: Any) -> bool:
-    """``input=`` names a torch.save file of PyG graphs (``.pt``/``.pth``), not a CSV."""
-    return bool(path) and Path(str(path)).suffix.lower() in (".pt", ".pth")
+    """``input=`` names a torch.save file of PyG graphs (``.pt``/``.pth``) or a structure
+    file ASE reads (:func:`_is_structure_file`), not a CSV."""
+    return bool(path) and (
+        Path(str(path)).suffix.lower() in (".pt", ".pth") or _is_structure_file(path)
+    )
+
+
+def _is_structure_file(path: Any) -> bool:
+    """``input=`` names a structure file (extended XYZ, ASE .db, .traj)."""
+    from graphormer.data.sources.ase import STRUCTURE_SUFFIXES
+
+    return bool(path) and Path(str(path)).suffix.lower() in STRUCTURE_SUFFIXES
 
 
 def format_table(table: pd.DataFrame) -> str:

@@ -17,6 +17,7 @@ from graphormer.errors import ConfigError, DataError
 __all__ = [
     "ATOM",
     "ATOM_METRICS",
+    "ATOM_VECTOR",
     "BOND",
     "BOND_METRICS",
     "ITEM_LEVELS",
@@ -62,6 +63,8 @@ REPORTED_METRICS = {"binary classification": ("acc",)}
 ATOM_METRICS = {"regression": ("mae", "rmse"), "binary": ("rocauc",)}
 # Bond-level metrics per ``dataset.bond_task_type``, over every labelled bond: the atoms' rule.
 BOND_METRICS = ATOM_METRICS
+# Per-atom vector metrics (forces): over every component of every labelled atom.
+VECTOR_METRICS = {"regression": ("mae", "rmse")}
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,9 @@ class Level:
         mask: the batch field marking its real items (``[B, N]``), never padding.
         metrics: its metrics per task type (first: the one that selects checkpoints).
         noun: what one item is called in messages and tables.
+        components: values per target and item: 1, or 3 for a 3-vector (forces), whose
+            labels are ``[B, N, T, 3]`` and which is scaled, never shifted (see
+            :meth:`statistics`).
     """
 
     name: str
@@ -86,6 +92,7 @@ class Level:
     mask: str
     metrics: dict[str, tuple[str, ...]] = field(hash=False, compare=False)
     noun: str = ""
+    components: int = 1
 
     @property
     def mean(self) -> str:
@@ -96,6 +103,35 @@ class Level:
     def std(self) -> str:
         """The module buffer holding its targets' training standard deviation."""
         return f"{self.name}_std"
+
+    def buffer_shape(self, task: TaskInfo) -> tuple[int, ...]:
+        """Shape of its standardisation buffers: ``[T]``, or ``[T, 1]`` for vectors (one scale
+        per target, shared by its components, so that it broadcasts over ``[..., T, 3]``)."""
+        return (self.tasks(task),) if self.components == 1 else (self.tasks(task), 1)
+
+    def item_shape(self, task: TaskInfo) -> tuple[int, ...]:
+        """Shape of one item's values: ``[T]``, or ``[T, 3]`` for vectors."""
+        return (self.tasks(task),) if self.components == 1 else (self.tasks(task), 3)
+
+    def statistics(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Its standardisation (mean, std) from the training items' labels ``rows`` (``[n, T]``,
+        vectors ``[n, T, 3]``; NaN = unlabelled). Scalars: mean and standard deviation. Vectors:
+        no shift and the root mean square of their norms as the scale, since a shift would
+        break rotation equivariance (a rotated molecule's forces rotate; a constant would not)."""
+        if self.components == 1:
+            mean = torch.nanmean(rows, dim=0)
+            std = torch.nanmean((rows - mean) ** 2, dim=0).sqrt()
+            return torch.nan_to_num(mean, nan=0.0), torch.nan_to_num(std, nan=1.0).clamp(min=1e-6)
+        rms = torch.nanmean((rows**2).sum(-1), dim=0).sqrt()  # [T]
+        rms = torch.where(rms > 1e-6, rms, torch.ones_like(rms))  # NaN (unlabelled) or all zero
+        return torch.zeros_like(rms)[:, None], rms[:, None]
+
+    def component_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Items' values ``[n, T]`` as rows of scalars per target: a vector's ``[n, T, 3]``
+        becomes ``[3 n, T]``, so that its metrics are per component."""
+        if self.components == 1:
+            return values
+        return values.transpose(1, 2).reshape(-1, values.size(1))
 
     def tasks(self, task: TaskInfo) -> int:
         """Targets per item of ``task`` at this level (0: none)."""
@@ -124,8 +160,12 @@ class Level:
 
 ATOM = Level("atom", "y_atom", "node_mask", ATOM_METRICS, "atom")
 BOND = Level("bond", "y_bond", "bond_mask", BOND_METRICS, "bond")
+# Per-atom 3-vectors (forces, position changes) of Graphormer-3D's vector head.
+ATOM_VECTOR = Level(
+    "atom_vector", "y_atom_vector", "node_mask", VECTOR_METRICS, "atom vector", components=3
+)
 # The item levels, in the order their outputs, metrics and columns come (after molecules).
-ITEM_LEVELS = (ATOM, BOND)
+ITEM_LEVELS = (ATOM, BOND, ATOM_VECTOR)
 
 
 @dataclass(frozen=True)
@@ -150,6 +190,8 @@ class TaskInfo:
         atom_auxiliary: the atom targets are auxiliary (issue #22): trained beside the molecule
             targets and logged (``val/atom_mae``), never a result: checkpoints are selected by
             the molecule metric, and predictions, ensembles and calibration are of molecules.
+        atom_vector_tasks: 3-vectors per atom (forces; 0: none), as ``atom_tasks``.
+        atom_vector_task_type: ``"regression"``, with ``atom_vector_tasks``.
     """
 
     name: str
@@ -163,6 +205,8 @@ class TaskInfo:
     bond_task_type: str | None = None
     reported: tuple[str, ...] = ()
     atom_auxiliary: bool = False
+    atom_vector_tasks: int = 0
+    atom_vector_task_type: str | None = None
 
     def __post_init__(self) -> None:
         # A checkpoint stores a list; the task stays hashable and immutable.
@@ -200,7 +244,7 @@ class TaskInfo:
                 level.check_task_type(level.task_type(self), ValueError, key)
             elif level.task_type(self) is not None:
                 raise ValueError(f"{key} is for {level.noun} targets; {self.name} has none")
-        if self.num_tasks == 0 and not self.atom_tasks and not self.bond_tasks:
+        if self.num_tasks == 0 and not self.item_levels:
             raise ValueError(f"{self.name} has no target: name molecule, atom or bond targets")
         if self.atom_auxiliary and not (self.atom_tasks and self.num_tasks):
             raise ValueError(
@@ -275,7 +319,9 @@ class TaskInfo:
     @staticmethod
     def metric_higher_is_better(name: str) -> bool:
         """Whether a logged metric name (``rocauc``, ``atom_mae``, ...) is maximised."""
-        return name.removeprefix("atom_").removeprefix("bond_") in _MAXIMISED
+        for level in sorted(ITEM_LEVELS, key=lambda level: -len(level.name)):
+            name = name.removeprefix(f"{level.name}_")
+        return name in _MAXIMISED
 
     @property
     def monitor(self) -> str:
@@ -374,15 +420,15 @@ def score_level(
 ) -> dict[str, float]:
     """``level``'s metrics (:meth:`Level.metric_names`) of predictions ``[n_items, T]`` against
     labels (NaN = unlabelled), every item of the split counted once, by the same evaluators as
-    molecule targets (OGB's)."""
+    molecule targets (OGB's); a vector's ``[n_items, T, 3]`` per component."""
     return _score_level(
         task,
         level.name,
         level.tasks(task),
         level.task_type(task),
         level.metric_names(task),
-        y_true,
-        y_pred,
+        level.component_rows(y_true),
+        level.component_rows(y_pred),
         split,
     )
 
@@ -515,6 +561,7 @@ def user_task(
     bond_tasks: int = 0,
     bond_task_type: str = "regression",
     atom_auxiliary: bool = False,
+    atom_vector_tasks: int = 0,
 ) -> TaskInfo:
     """The task a user's ``dataset.task_type`` and ``dataset.metric`` describe (one rule for
     every source of a user's own data).
@@ -550,6 +597,8 @@ def user_task(
         bond_tasks,
         bond_type,
         atom_auxiliary=atom_auxiliary,
+        atom_vector_tasks=atom_vector_tasks,
+        atom_vector_task_type="regression" if atom_vector_tasks else None,
     )
 
 

@@ -4,9 +4,10 @@ features, bond edges), PyG graphs checked against the model's tables, and batche
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -14,6 +15,7 @@ from torch_geometric.data import Data
 
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
+from graphormer.data.conformers import embed_many
 from graphormer.data.descriptors import MoleculeFeatures
 from graphormer.data.featurize import (
     FeaturizedMolecules,
@@ -28,6 +30,8 @@ from graphormer.errors import DataError
 __all__ = [
     "PAIRS_PER_MOLECULE",
     "attach_molecule_features",
+    "conformer_mean",
+    "embed_positions",
     "featurize",
     "graph_input",
     "size_batches",
@@ -114,6 +118,59 @@ def attach_molecule_features(
     values = features.compute(smiles, table, "the input")
     for i in featurized.valid.tolist():
         featurized.graphs[i].molecule_features = torch.from_numpy(values[i]).view(1, -1)
+
+
+def embed_positions(
+    featurized: FeaturizedMolecules, smiles: Sequence[str], num_conformers: int
+) -> list[np.ndarray | None] | None:
+    """Each featurised molecule's ``[C, N, 3]`` conformers, by the method and seed training
+    used (``dataset.conformers=rdkit``); a molecule RDKit cannot embed loses its graph and
+    gets an error, never zero positions (None at such rows). None when ``num_conformers`` is
+    0 (a model that reads no positions from SMILES)."""
+    if not num_conformers:
+        return None
+    valid = featurized.valid.tolist()
+    found = embed_many([smiles[i] for i in valid], num_conformers)
+    positions: list[np.ndarray | None] = [None] * len(featurized.graphs)
+    for i, pos in zip(valid, found, strict=True):
+        if pos is None or pos.shape[1] != featurized.graphs[i].num_nodes:
+            featurized.graphs[i] = None
+            featurized.errors[i] = (
+                f"RDKit could not embed {num_conformers} conformer(s) of this molecule, and the "
+                "model reads atom positions"
+            )
+        else:
+            positions[i] = pos
+    featurized.__dict__.pop("valid", None)  # the cached positions of the molecules left
+    return positions
+
+
+def conformer_mean(
+    predict: Callable[[list, bool], tuple],
+    graphs: list,
+    conformers: list | None,
+    embeddings: bool,
+) -> tuple:
+    """``predict(graphs, embeddings)`` (values, std, states, per-level arrays, as
+    ``Predictor._predict_batch`` gives them) of each conformer ``[C, N, 3]`` of the graphs in
+    turn, averaged: a prediction from SMILES is the mean over its conformers. ``conformers``
+    None: the graphs as they are."""
+    if conformers is None:
+        return predict(graphs, embeddings)
+    found = []
+    for c in range(len(conformers[0])):
+        for graph, pos in zip(graphs, conformers, strict=True):
+            graph.pos = torch.from_numpy(pos[c])  # [N, 3]
+        found.append(predict(graphs, embeddings))
+
+    def mean(parts: Sequence[Any]) -> Any:
+        return None if parts[0] is None else np.mean(np.stack(parts), axis=0)
+
+    levels = {
+        name: [mean([f[3][name][k] for f in found]) for k in range(len(arrays))]
+        for name, arrays in found[0][3].items()
+    }
+    return (*(mean([f[k] for f in found]) for k in range(3)), levels)
 
 
 def size_batches(featurized: FeaturizedMolecules, batch_size: int) -> Iterator[Tensor]:

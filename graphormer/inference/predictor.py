@@ -19,12 +19,15 @@ from graphormer.checkpoint import CheckpointError
 from graphormer.data.collate import GraphormerCollator
 from graphormer.data.descriptors import MoleculeFeatures
 from graphormer.data.sampling import pack_by_tokens
+from graphormer.data.tasks import ATOM_VECTOR
 from graphormer.devices import DEFAULT_PRECISION, resolve_pad_to_multiple
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference.attention import AttentionMaps, attention_maps
 from graphormer.inference.inputs import (
     PAIRS_PER_MOLECULE,
     attach_molecule_features,
+    conformer_mean,
+    embed_positions,
     featurize,
     graph_input,
     molecule_features_problem,
@@ -43,6 +46,7 @@ from graphormer.runner import (
 )
 from graphormer.training.module import GraphormerModule
 from graphormer.training.tasknames import (
+    level_task_names,
     read_atom_task_names,
     read_bond_task_names,
     read_task_names,
@@ -103,6 +107,10 @@ class Predictor:
             default ``atom_i``. (default: :obj:`None`)
         bond_task_names (Sequence[str] | None, optional): one name per bond target; default
             ``bond_i``. (default: :obj:`None`)
+        atom_vector_task_names (Sequence[str] | None, optional): one name per per-atom vector
+            target (forces); default ``atom_vector_i``. (default: :obj:`None`)
+        conformers (int, optional): RDKit conformers embedded per SMILES, for a model trained
+            on ``dataset.conformers``; the prediction is their mean. (default: :obj:`0`)
 
     The module is put in eval mode and moved to ``device`` (and to the precision's dtype).
 
@@ -133,8 +141,13 @@ class Predictor:
         atom_task_names: Sequence[str] | None = None,
         bond_task_names: Sequence[str] | None = None,
         molecule_features: MoleculeFeatures | None = None,
+        atom_vector_task_names: Sequence[str] | None = None,
+        conformers: int = 0,
     ) -> None:
-        self.names = OutputNames.of(module.task, task_names, atom_task_names, bond_task_names)
+        self.names = OutputNames.of(
+            module.task, task_names, atom_task_names, bond_task_names, atom_vector_task_names
+        )
+        self.conformers = int(conformers)
         task = self.names.task
         if task.item_levels and (members or mc_dropout):
             raise ConfigError(
@@ -198,6 +211,7 @@ class Predictor:
         max_atoms: int | None = 1000,
         mc_dropout: int = 0,
         allow_missing: bool = False,
+        conformers: bool = True,
     ) -> Predictor:
         """A predictor for a checkpoint written by ``train.py`` (or converted into that format),
         a run folder (its best checkpoint), an ensemble's folder or a list of checkpoints (the
@@ -206,7 +220,8 @@ class Predictor:
         The checkpoints are read as data (weights only, digest verified), never as code. Their
         structural settings and, unless ``precision`` is given, the training precision are used;
         the run's ``calibration.json`` (when fitted for these weights) calibrates binary
-        probabilities and gives intervals.
+        probabilities and gives intervals. SMILES get conformers as training did (``dataset.
+        conformers``) unless ``conformers`` is False (``model.channels=both`` then reads 2D).
         """
         from graphormer.training.members import check_members, resolve_members
 
@@ -234,6 +249,8 @@ class Predictor:
             atom_task_names=read_atom_task_names(module),
             bond_task_names=read_bond_task_names(module),
             molecule_features=stored_molecule_features(source, module.run_record, path),
+            atom_vector_task_names=level_task_names(module, ATOM_VECTOR),
+            conformers=source.prediction_conformers() if source is not None and conformers else 0,
         )
         if refusal is not None:
             predictor.smiles_refusal = f"checkpoint {path} {refusal}"
@@ -330,25 +347,24 @@ class Predictor:
         if interval is not None:
             self._check_interval(interval)
         n = len(smiles)
-        result = self._empty(n, embeddings)
+        result = Predictions.empty(n, self.task, self.hidden_dim if embeddings else 0, self.spread)
         errors = result.errors
         bar = progress_bar(n, progress)
         try:
             for start in range(0, n, _CHUNK):
                 begin = time.perf_counter()
-                featurized = featurize(
-                    smiles[start : start + _CHUNK], self.max_atoms, bool(self.task.bond_tasks)
-                )
+                chunk = smiles[start : start + _CHUNK]
+                featurized = featurize(chunk, self.max_atoms, bool(self.task.bond_tasks))
+                positions = embed_positions(featurized, chunk, self.conformers)
                 part = None if features is None else features.iloc[start : start + _CHUNK]
-                attach_molecule_features(
-                    self.molecule_features, featurized, smiles[start : start + _CHUNK], part
-                )
+                attach_molecule_features(self.molecule_features, featurized, chunk, part)
                 self.timings["featurize_s"] += time.perf_counter() - begin
                 errors[start : start + len(featurized.errors)] = featurized.errors
                 bar.update(len(featurized.errors) - len(featurized.valid))
                 for rows in size_batches(featurized, self.batch_size):
                     graphs = [featurized.graphs[i] for i in rows]
-                    found = self._predict_batch(graphs, embeddings)
+                    conformers = None if positions is None else [positions[i] for i in rows]
+                    found = conformer_mean(self._predict_batch, graphs, conformers, embeddings)
                     result.fill((start + rows).numpy(), *found)
                     bar.update(len(rows))
         finally:
@@ -396,7 +412,7 @@ class Predictor:
             self._check_interval(interval)
         graphs = list(graphs)
         n = len(graphs)
-        result = self._empty(n, embeddings)
+        result = Predictions.empty(n, self.task, self.hidden_dim if embeddings else 0, self.spread)
         errors = result.errors
         inputs: dict[int, Data] = {}
         bond = bool(self.task.bond_tasks)
@@ -419,17 +435,6 @@ class Predictor:
             found = self._predict_batch([inputs[i] for i in rows], embeddings)
             result.fill(rows, *found)
         return self._finish(result, interval)
-
-    def _empty(self, n: int, embeddings: bool) -> Predictions:
-        """``n`` rows without a prediction (NaN values, no error yet), filled batch by batch."""
-        values = np.full((n, self.task.num_outputs), np.nan, dtype=np.float32)
-        return Predictions(
-            values,
-            [""] * n,
-            np.full((n, self.hidden_dim), np.nan, dtype=np.float32) if embeddings else None,
-            np.full_like(values, np.nan) if self.spread else None,
-            **{f"{level.name}s": [None] * n for level in self.task.item_levels},
-        )
 
     def _check_smiles_allowed(self) -> None:
         if self.smiles_refusal is not None:

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from rdkit import Chem
 
-from graphormer.data.tasks import ATOM, BOND, Level, TaskInfo
+from graphormer.data.tasks import ATOM, ATOM_VECTOR, BOND, Level, TaskInfo
 from graphormer.errors import ConfigError
 
-__all__ = ["LAYOUTS", "OutputNames", "Predictions", "format_atom_list"]
+__all__ = ["LAYOUTS", "OutputNames", "Predictions", "format_atom_list", "format_vector_list"]
 
 # The layouts of predict.py's table (``layout=``).
 LAYOUTS = ("wide", "long")
@@ -40,6 +40,8 @@ class Predictions:
             None where there is no prediction); None otherwise.
         bonds: for a model of bond targets, one ``[n_bonds, T_bond]`` float32 array per
             molecule in RDKit's bond order (per listed edge for graphs); None otherwise.
+        atom_vectors: for a model of per-atom vectors (forces), one ``[n_atoms, T_vec, 3]``
+            float32 array per molecule in atom order; None otherwise.
     """
 
     values: np.ndarray
@@ -50,6 +52,21 @@ class Predictions:
     upper: np.ndarray | None = None
     atoms: list[np.ndarray | None] | None = None
     bonds: list[np.ndarray | None] | None = None
+    atom_vectors: list[np.ndarray | None] | None = None
+
+    @classmethod
+    def empty(cls, n: int, task: TaskInfo, hidden_dim: int, spread: str | None) -> Predictions:
+        """``n`` rows without a prediction (NaN values, no error yet), filled batch by batch:
+        embeddings of ``hidden_dim`` (0: none), a ``std`` where there is a ``spread`` (its
+        source, ``Predictor.spread``), and a list per item level of ``task``."""
+        values = np.full((n, task.num_outputs), np.nan, dtype=np.float32)
+        return cls(
+            values,
+            [""] * n,
+            np.full((n, hidden_dim), np.nan, dtype=np.float32) if hidden_dim else None,
+            np.full_like(values, np.nan) if spread else None,
+            **{f"{level.name}s": [None] * n for level in task.item_levels},
+        )
 
     def fill(self, rows: np.ndarray, out, std, states, per_level: dict[str, list]) -> None:
         """Puts a batch's predictions at its input ``rows``."""
@@ -73,12 +90,15 @@ class OutputNames:
         task_names: one name per molecule task.
         atom_task_names: one name per atom target (empty without).
         bond_task_names: one name per bond target (empty without).
+        atom_vector_task_names: one name per per-atom vector target (empty without); the long
+            layout's columns are ``<name>_x``, ``<name>_y``, ``<name>_z``.
     """
 
     task: TaskInfo
     task_names: list[str]
     atom_task_names: list[str]
     bond_task_names: list[str]
+    atom_vector_task_names: list[str] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -87,16 +107,17 @@ class OutputNames:
         task_names: Sequence[str] | None = None,
         atom_task_names: Sequence[str] | None = None,
         bond_task_names: Sequence[str] | None = None,
+        atom_vector_task_names: Sequence[str] | None = None,
     ) -> OutputNames:
         """The names of a model of ``task``'s outputs: the given ones, checked, or numbered
-        (``task_i``, ``atom_i``, ``bond_i``)."""
+        (``task_i``, ``atom_i``, ``bond_i``, ``atom_vector_i``)."""
         # Auxiliary atom targets (issue #22) are trained, never predicted.
         predicted = task.without_auxiliary()
         num_tasks = predicted.num_tasks
         names = list(task_names) if task_names else [f"task_{i}" for i in range(num_tasks)]
         if len(names) != num_tasks:
             raise ValueError(f"{len(names)} task names for {num_tasks} tasks: {names}")
-        given = {ATOM: atom_task_names, BOND: bond_task_names}
+        given = {ATOM: atom_task_names, BOND: bond_task_names, ATOM_VECTOR: atom_vector_task_names}
         if task.atom_auxiliary:
             given[ATOM] = None  # the names of the auxiliary targets, if given, name no output
         found = {}
@@ -106,28 +127,42 @@ class OutputNames:
             if len(chosen) != count:
                 raise ValueError(f"{len(chosen)} {level.noun} task names for {count}: {chosen}")
             found[level] = chosen
-        return cls(predicted, names, found[ATOM], found[BOND])
+        return cls(predicted, names, found[ATOM], found[BOND], found[ATOM_VECTOR])
 
-    def long_table(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
-        """The long layout (``layout=long``): one row per atom of every molecule (``row``, the
-        input's position; ``atom_index``, RDKit's; ``element``; one column per atom target;
-        ``error``) for a model of atom targets, one row per bond (``row``, ``bond_index``,
+    def level_columns(self, level: Level) -> list[str]:
+        """The long layout's value columns of ``level``: one per target, a vector's as
+        ``<name>_x``, ``<name>_y``, ``<name>_z``."""
+        names = {
+            ATOM: self.atom_task_names,
+            BOND: self.bond_task_names,
+            ATOM_VECTOR: self.atom_vector_task_names,
+        }[level]
+        if level.components == 1:
+            return list(names)
+        return [f"{name}_{axis}" for name in names for axis in "xyz"]
+
+    def long_table(self, smiles: Sequence[str | Chem.Mol], result: Predictions) -> pd.DataFrame:
+        """The long layout (``layout=long``; ``smiles``: SMILES, or RDKit molecules such as a
+        structure file's atoms): one row per atom of every molecule (``row``, the input's
+        position; ``atom_index``, RDKit's; ``element``; one column per atom target, and
+        ``<name>_x``, ``<name>_y``, ``<name>_z`` per vector target; ``error``) for a model of
+        atom targets or vectors, one row per bond (``row``, ``bond_index``,
         RDKit's; ``begin_atom``, ``end_atom``; ``bond_type``; one column per bond target;
         ``error``) for a model of bond targets, and for a model of both, the two stacked with a
         ``level`` column (``atom`` or ``bond``), each molecule's atoms then its bonds, the
         other level's columns empty. A molecule without a prediction keeps one row, with empty
         indices and the reason in ``error``."""
-        if result.atoms is None and result.bonds is None:
+        atoms = self._atom_rows(smiles, result)
+        if atoms is None and result.bonds is None:
             raise ConfigError(
                 "layout=long writes one row per atom or bond, and this model predicts no atom "
                 "or bond targets: use layout=wide"
             )
         if result.bonds is None:
-            return self._atom_rows(smiles, result)
+            return atoms
         bonds = self._bond_rows(smiles, result)
-        if result.atoms is None:
+        if atoms is None:
             return bonds
-        atoms = self._atom_rows(smiles, result)
         atoms.insert(1, "level", "atom")
         bonds.insert(1, "level", "bond")
         table = pd.concat([atoms, bonds], ignore_index=True)
@@ -139,22 +174,35 @@ class OutputNames:
         placeholder &= table["error"].astype(str).eq("")
         table = table[~(failed | placeholder)].reset_index(drop=True)
         columns = ["row", "level", "atom_index", "element", "bond_index", "begin_atom"]
-        columns += ["end_atom", "bond_type", *self.atom_task_names, *self.bond_task_names]
+        columns += ["end_atom", "bond_type", *self.level_columns(ATOM)]
+        columns += [*self.level_columns(ATOM_VECTOR), *self.bond_task_names]
         return table[[*columns, "error"]]
 
     def _bond_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
         """One row per bond of every molecule (see :meth:`long_table`)."""
         return self._item_rows(BOND, smiles, result)
 
-    def _atom_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
-        """One row per atom of every molecule (see :meth:`long_table`)."""
-        return self._item_rows(ATOM, smiles, result)
+    def _atom_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame | None:
+        """One row per atom of every molecule (see :meth:`long_table`): the atom targets'
+        columns, then the vectors' ``x``, ``y``, ``z``; None for a model of neither."""
+        tables = [
+            self._item_rows(level, smiles, result)
+            for level in (ATOM, ATOM_VECTOR)
+            if getattr(result, f"{level.name}s") is not None
+        ]
+        if not tables:
+            return None
+        table = tables[0]
+        for other in tables[1:]:  # the same rows: each molecule's atoms, or its error row
+            for name in self.level_columns(ATOM_VECTOR):
+                table.insert(len(table.columns) - 1, name, other[name])
+        return table
 
     def _item_rows(self, level: Level, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
         """One row per item (atom, bond) of ``level`` of every molecule: ``row``, its index,
         what it is (:data:`_ITEM_COLUMNS`), one column per target, ``error``."""
         arrays = getattr(result, f"{level.name}s")
-        names = self.atom_task_names if level is ATOM else self.bond_task_names
+        names = self.level_columns(level)
         spec = _ITEM_COLUMNS[level.name]
         rows, indices, values, errors = [], [], [], []
         described: dict[str, list] = {column: [] for column, _ in spec}
@@ -168,15 +216,17 @@ class OutputNames:
                 values.append(np.full(len(names), np.nan, dtype=np.float32))
                 errors.append(result.errors[position])
                 continue
-            found = _describe(level, Chem.MolFromSmiles(text))
+            mol = text if isinstance(text, Chem.Mol) else Chem.MolFromSmiles(text)
+            found = _describe(level, mol)
             rows += [position] * len(items)
             indices += range(len(items))
             for column, _ in spec:
                 described[column] += found[column]
-            values += list(items)
+            values += [item.reshape(-1) for item in items]  # a vector's [T, 3] -> [3 T]
             errors += [""] * len(items)
         stacked = np.stack(values) if values else np.zeros((0, len(names)))
-        columns = {"row": rows, f"{level.name}_index": pd.array(indices, dtype="Int64")}
+        index = "bond_index" if level is BOND else "atom_index"  # a vector's items are atoms
+        columns = {"row": rows, index: pd.array(indices, dtype="Int64")}
         for column, kind in spec:
             columns[column] = (
                 pd.array(described[column], dtype="Int64")
@@ -213,6 +263,16 @@ class OutputNames:
             for t, name in enumerate(self.atom_task_names):
                 added[name] = np.array(
                     [None if a is None else format_atom_list(a[:, t]) for a in result.atoms],
+                    dtype=object,
+                )
+        if result.atom_vectors is not None:
+            # One list of [x, y, z] per atom, per molecule and vector target.
+            for t, name in enumerate(self.atom_vector_task_names):
+                added[name] = np.array(
+                    [
+                        None if a is None else format_vector_list(a[:, t])
+                        for a in result.atom_vectors
+                    ],
                     dtype=object,
                 )
         if result.bonds is not None:
@@ -265,13 +325,14 @@ class OutputNames:
 # What the long layout says of each item beside its index: column and dtype.
 _ITEM_COLUMNS = {
     "atom": (("element", "object"),),
+    "atom_vector": (("element", "object"),),
     "bond": (("begin_atom", "Int64"), ("end_atom", "Int64"), ("bond_type", "object")),
 }
 
 
 def _describe(level: Level, mol: Chem.Mol) -> dict[str, list]:
     """The :data:`_ITEM_COLUMNS` of every atom (bond) of ``mol``, in RDKit's order."""
-    if level is ATOM:
+    if level is not BOND:
         return {"element": [a.GetSymbol() for a in mol.GetAtoms()]}
     bonds = list(mol.GetBonds())
     return {
@@ -284,3 +345,8 @@ def _describe(level: Level, mol: Chem.Mol) -> dict[str, list]:
 def format_atom_list(values: np.ndarray) -> str:
     """Per-atom values as one CSV cell, ``[0.123, -0.3]``: the format training reads."""
     return "[" + ", ".join("nan" if v != v else f"{float(v):.6g}" for v in values) + "]"
+
+
+def format_vector_list(vectors: np.ndarray) -> str:
+    """Per-atom 3-vectors ``[n, 3]`` as one CSV cell, a JSON list of ``[x, y, z]``."""
+    return "[" + ", ".join(format_atom_list(v) for v in vectors) + "]"

@@ -48,8 +48,10 @@ def to_microsoft(
         problems.append(f"readout={c.readout} (Microsoft's head reads the graph token alone)")
     if c.molecule_features_dim:
         problems.append("molecule features (Microsoft's model reads the graph alone)")
-    if c.atom_tasks or c.bond_tasks:
+    if c.atom_tasks or c.bond_tasks or c.atom_vector_tasks:
         problems.append("atom or bond targets (Microsoft's model predicts molecules alone)")
+    if c.channels != "2d":
+        problems.append(f"model.channels={c.channels} (Microsoft's Graphormer reads no positions)")
     if problems and not c.num_tasks:  # no molecule head to read below
         raise ConversionError(
             "this model cannot be written in Microsoft's layout: " + "; ".join(problems)

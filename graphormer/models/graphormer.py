@@ -533,10 +533,10 @@ class Graphormer(nn.Module):
                 # A user's error (predicting a 3D model from SMILES): one error line, not a
                 # traceback.
                 raise DataError(
-                    "model.channels=3d reads atom positions and these graphs carry none (a 3D "
-                    "model cannot predict from SMILES alone yet): give them positions "
-                    "(dataset.conformers=rdkit, dataset=ase), or train with "
-                    "model.channels=both to predict from bonds alone"
+                    "model.channels=3d reads atom positions and these graphs carry none: give "
+                    "them positions (a structure file, graphs with pos, or predict.py "
+                    "conformers=true for a model trained on dataset.conformers=rdkit), or "
+                    "train with model.channels=both to predict from bonds alone"
                 )
             return True, False
         if mode == "3d":

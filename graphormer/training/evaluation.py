@@ -238,7 +238,7 @@ def score_members(
     check_members(records, modules)
     module = modules[0]
     results = module.task.without_auxiliary()  # auxiliary atom targets are never scored
-    if (results.atom_tasks or results.bond_tasks) and len(modules) > 1:
+    if results.item_levels and len(modules) > 1:
         raise ConfigError(
             "ensembles score molecule targets only: atom and bond targets (issue #18) are "
             "trained and evaluated one model at a time; set ensemble.size=1 (or give eval.py "

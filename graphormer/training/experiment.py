@@ -49,8 +49,8 @@ def _refuse_atom_targets(task: TaskInfo) -> None:
     model at a time, so far (a cross-validation's folds are single models: it takes them)."""
     # Auxiliary atom targets (issue #22) serve the molecule targets: every member trains them.
     task = task.without_auxiliary()
-    if task.atom_tasks or task.bond_tasks:
-        level = "atom" if task.atom_tasks else "bond"
+    if task.item_levels:
+        level = task.item_levels[0].name
         raise ConfigError(
             f"ensemble.size > 1 trains molecule targets only: a model of {level} targets "
             f"(dataset.{level}_targets) is trained one at a time; set ensemble.size=1 (cv.* "

@@ -53,7 +53,7 @@ PROBED_KEY = checkpoints.PROBED_KEY
 _ANCHOR_DECAY = "pretrained_decay"
 
 # The levels a model predicts (issue #18): ``loss_weights`` keys.
-LEVELS = ("molecule", "atom", "bond")
+LEVELS = ("molecule", *(level.name for level in ITEM_LEVELS))
 # The model settings that set tensors' shapes (named when a checkpoint's settings do not fit).
 _SIZE_SETTINGS = (
     "hidden_dim",
@@ -285,8 +285,8 @@ class GraphormerModule(pl.LightningModule):
         self.register_buffer("target_std", torch.ones(num_tasks))
         for level in self.task.item_levels:
             # Only for a level with targets: existing checkpoints keep exactly their tensors.
-            self.register_buffer(level.mean, torch.zeros(level.tasks(self.task)))
-            self.register_buffer(level.std, torch.ones(level.tasks(self.task)))
+            self.register_buffer(level.mean, torch.zeros(level.buffer_shape(self.task)))
+            self.register_buffer(level.std, torch.ones(level.buffer_shape(self.task)))
         self._eval_outputs: list[tuple[Tensor, Tensor, Tensor]] = []
         # Per item level and evaluated batch: the graph index and position of each real atom
         # (bond: its position in the graph's bond list), predictions, labels.
@@ -380,8 +380,9 @@ class GraphormerModule(pl.LightningModule):
         self.target_std.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
 
     def _standardise_level_targets(self, level: Level) -> None:
-        """Atom (bond) regression targets are standardised with the training atoms' (bonds')
-        statistics, as molecule targets are (``normalize_targets``)."""
+        """Atom (bond, atom vector) regression targets are standardised with the training
+        atoms' (bonds') statistics, as molecule targets are (``normalize_targets``), by the
+        level's own rule (:meth:`Level.statistics`: vectors are scaled, never shifted)."""
         if not self.hparams.normalize_targets:
             return
         key = level.label
@@ -390,10 +391,9 @@ class GraphormerModule(pl.LightningModule):
         rows = datamodule.train_rows(key) if isinstance(datamodule, GraphDataModule) else None
         if rows is None:
             raise ValueError(f"normalize_targets=True needs the training graphs' targets ({key})")
-        mean = torch.nanmean(rows, dim=0)
-        std = torch.nanmean((rows - mean) ** 2, dim=0).sqrt()
-        mean_buffer.copy_(torch.nan_to_num(mean, nan=0.0))
-        std_buffer.copy_(torch.nan_to_num(std, nan=1.0).clamp(min=1e-6))
+        mean, std = level.statistics(rows)
+        mean_buffer.copy_(mean)
+        std_buffer.copy_(std)
 
     def _standardise_inputs(self) -> None:
         """Continuous node and edge inputs are standardised with the training split's mean and
@@ -715,7 +715,7 @@ class GraphormerModule(pl.LightningModule):
         index, pred, target = self._gather_outputs()
         items = {
             level: self._gather_items(
-                self._item_outputs.get(level.name, []), level.tasks(self.task)
+                self._item_outputs.get(level.name, []), level.item_shape(self.task)
             )
             for level in self.task.item_levels
         }
@@ -783,16 +783,16 @@ class GraphormerModule(pl.LightningModule):
         keep[1:] = index[1:] != index[:-1]
         return index[keep], pred[keep], target[keep]
 
-    def _gather_items(self, outputs: list, width: int) -> tuple[Tensor, Tensor] | None:
+    def _gather_items(self, outputs: list, shape: tuple[int, ...]) -> tuple[Tensor, Tensor] | None:
         """Every evaluated atom (bond) once, ordered by graph then RDKit's atom (bond) order:
-        predictions and labels ``[n_items, width]``; None for a level the model lacks."""
-        if not width:
+        predictions and labels ``[n_items, *shape]``; None for a level the model lacks."""
+        if not shape[0]:
             return None
         if outputs:
             graphs, positions, pred, target = (torch.cat([o[k] for o in outputs]) for k in range(4))
         else:
             graphs = positions = torch.zeros(0, dtype=torch.long, device=self.device)
-            pred = target = torch.zeros(0, width, device=self.device)
+            pred = target = torch.zeros(0, *shape, device=self.device)
         if self.trainer.world_size > 1:
             graphs, positions, pred, target = _all_gather_rows(
                 self, graphs, positions, pred, target

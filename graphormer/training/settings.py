@@ -623,8 +623,8 @@ class RunSettings:
         monitor: the validation metric that selects the best checkpoint (``val/atom_mae``,
             ``atom_mae``, ``bond_rocauc``, ...); None: the first level present (molecules, then
             atoms, then bonds).
-        loss_weights: weight of each level's loss (``molecule``, ``atom``, ``bond``); None:
-            all 1.
+        loss_weights: weight of each level's loss (``molecule``, ``atom``, ``bond``,
+            ``atom_vector``); None: all 1.
     """
 
     dataset: dict[str, Any]

@@ -27,7 +27,18 @@ from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import TaskInfo, user_task
 from graphormer.errors import ConfigError, DataError
 
-__all__ = ["ELEMENTS", "AseSource", "read_structures", "structures_to_graphs"]
+__all__ = [
+    "ELEMENTS",
+    "STRUCTURE_SUFFIXES",
+    "AseSource",
+    "element_molecules",
+    "read_structures",
+    "structure_graphs",
+    "structures_to_graphs",
+]
+
+# The structure files this source reads (what predict.py's input= takes as structures).
+STRUCTURE_SUFFIXES = (".extxyz", ".xyz", ".db", ".traj")
 
 # Atom types: atomic numbers 1-118 as OGB's first atom feature (Z - 1) holds them, plus its
 # "misc" entry; the model's element table has these rows.
@@ -36,7 +47,7 @@ ELEMENTS = 119
 SPLITS = ("random", "column", "file")
 
 
-def read_structures(path: str) -> list:
+def read_structures(path: str, key: str = "dataset.path") -> list:
     """Every frame of ``path`` as ASE ``Atoms`` (``ase.io.read(path, index=":")``; an ASE
     database's rows with their key-value pairs in ``info``).
 
@@ -44,7 +55,7 @@ def read_structures(path: str) -> list:
         ConfigError: ASE is not installed.
         DataError: the file is missing or ASE cannot read it.
     """
-    read_structures_exists(path)
+    read_structures_exists(path, key)
     import ase.io
 
     try:
@@ -54,14 +65,34 @@ def read_structures(path: str) -> list:
             frames = ase.io.read(path, index=":")
     except Exception as error:  # ASE raises many kinds for a file it cannot parse
         raise DataError(
-            f"dataset.path={path}: ASE cannot read it ({type(error).__name__}: {error}); give "
+            f"{key}={path}: ASE cannot read it ({type(error).__name__}: {error}); give "
             "an extended XYZ, ASE .db or .traj file"
         ) from error
     if not isinstance(frames, list):
         frames = [frames]
     if not frames:
-        raise DataError(f"dataset.path={path} holds no structures")
+        raise DataError(f"{key}={path} holds no structures")
     return frames
+
+
+def element_molecules(graphs: Sequence[Data]) -> list:
+    """Each structure's atoms as an RDKit molecule without bonds (elements only, in file
+    order): what the long layout of a prediction describes its atoms by."""
+    from rdkit import Chem
+
+    molecules = []
+    for graph in graphs:
+        mol = Chem.RWMol()
+        for number in (graph.x[:, 0] + 1).tolist():  # the first atom feature holds Z - 1
+            mol.AddAtom(Chem.Atom(int(number) if number < ELEMENTS else 0))
+        molecules.append(mol.GetMol())
+    return molecules
+
+
+def structure_graphs(path: str, key: str = "input") -> list[Data]:
+    """Every frame of a structure file as a graph to predict (elements and positions; no
+    targets), in file order."""
+    return structures_to_graphs(read_structures(path, key), [], [], f"{key}={path}")
 
 
 def _read_database(path: str) -> list:
@@ -170,8 +201,8 @@ class AseSource(Source):
         targets (Sequence[str], optional): per-frame targets: ``info`` keys, or results the
             file stores from a calculator (``energy``). (default: :obj:`("energy",)`)
         atom_vector_targets (Sequence[str], optional): per-atom 3-vectors (``forces``, or an
-            ``arrays`` key), read and kept on each graph as ``y_atom_vector``; training on them
-            is not available yet (an error says so). (default: :obj:`()`)
+            ``arrays`` key), kept on each graph as ``y_atom_vector`` and trained by the vector
+            head (``model.atom_vector_tasks``). (default: :obj:`()`)
         task_type (str, optional): ``regression`` (the only one for now). (default:
             :obj:`"regression"`)
         metric (str | None, optional): ``rmse`` (default) or ``mae``.
@@ -220,7 +251,15 @@ class AseSource(Source):
                 "dataset.split=column needs dataset.split_column=KEY (an info key holding "
                 "train, valid or test for each frame)"
             )
-        self._task = user_task(name, task_type, metric, len(targets), None, self._METRICS)
+        self._task = user_task(
+            name,
+            task_type,
+            metric,
+            len(targets),
+            None,
+            self._METRICS,
+            atom_vector_tasks=len(atom_vector_targets or ()),
+        )
         self.path = str(path)
         self.targets = [str(t) for t in targets]
         self.atom_vector_targets = [str(t) for t in atom_vector_targets or ()]
@@ -234,17 +273,14 @@ class AseSource(Source):
         self._graphs: GraphFile | None = None
 
     def task_info(self) -> TaskInfo:
-        if self.atom_vector_targets:
-            raise ConfigError(
-                f"dataset.atom_vector_targets={self.atom_vector_targets}: training on per-atom "
-                "vector targets is not available yet (the model's vector head, "
-                "model.atom_vector_tasks, is); leave dataset.atom_vector_targets=[] to train "
-                f"on dataset.targets={self.targets}"
-            )
         return self._task
 
     def task_names(self) -> list[str]:
         return list(self.targets)
+
+    def atom_vector_task_names(self) -> list[str]:
+        """The per-atom vector targets (``forces``)."""
+        return list(self.atom_vector_targets)
 
     def feature_dims(self) -> tuple[list[int], list[int]]:
         return [ELEMENTS], [1]
@@ -261,7 +297,8 @@ class AseSource(Source):
     def smiles_refusal(self) -> str:
         return (
             f"was trained on structures from a file ({self.path}), which carry positions, not "
-            "on molecules featurised from SMILES"
+            "on molecules featurised from SMILES: predict structures with predict.py "
+            "input=FILE.extxyz (or .db, .traj)"
         )
 
     def graphs(self) -> GraphFile:
@@ -304,7 +341,7 @@ class AseSource(Source):
         return LoadedDataset(dataset, split, task)
 
 
-def read_structures_exists(path: str) -> None:
+def read_structures_exists(path: str, key: str = "dataset.path") -> None:
     """ASE is installed and ``path`` exists (before a cache is named by its content)."""
     try:
         import ase  # noqa: F401
@@ -315,5 +352,5 @@ def read_structures_exists(path: str) -> None:
         ) from error
     if not osp.isfile(path):
         raise DataError(
-            f"dataset.path={path!r} does not exist; give an extended XYZ, ASE .db or .traj file"
+            f"{key}={path!r} does not exist; give an extended XYZ, ASE .db or .traj file"
         )

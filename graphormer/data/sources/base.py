@@ -99,6 +99,10 @@ class Source(ABC):
         """One name per bond-level (edge-level) target (issue #18); empty when none."""
         return []
 
+    def atom_vector_task_names(self) -> list[str]:
+        """One name per per-atom 3-vector target (forces); empty when none."""
+        return []
+
     def writes_predictions(self, split: str) -> bool:  # noqa: ARG002
         """Whether predictions for the unlabelled ``split`` have a file format of their own
         (:meth:`write_predictions`)."""
@@ -134,6 +138,11 @@ class Source(ABC):
         """Whether its graphs carry atom positions ``pos`` ``[num_nodes, 3]`` (what models with
         ``model.channels=3d`` read)."""
         return False
+
+    def prediction_conformers(self) -> int:
+        """Conformers to embed per SMILES when a model trained on this source predicts (its
+        graphs' positions came from SMILES: the same method, seed and count); 0: none."""
+        return 0
 
     def smiles_refusal(self) -> str | None:
         """Why a model trained on this source cannot predict from SMILES (the text follows

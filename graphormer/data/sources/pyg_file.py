@@ -51,7 +51,8 @@ class GraphFile:
     Attributes:
         data: ``x`` ``[N_total, k]`` long (categorical columns), ``x_continuous`` (if any),
             ``edge_index`` (local ids), ``edge_attr`` ``[E_total, k_e]`` long,
-            ``edge_attr_continuous`` (if any), ``y`` ``[G, T]`` float (NaN = missing).
+            ``edge_attr_continuous`` (if any), ``y`` ``[G, T]`` float (NaN = missing), ``pos``
+            ``[N_total, 3]`` float atom positions when the graphs carry them.
         slices: PyG ``InMemoryDataset`` slices of ``data``.
         splits: each graph's ``split`` string, or None when no graph has one.
         node_dims, edge_dims: vocabulary sizes of the categorical columns.
@@ -224,6 +225,15 @@ def read_graphs(
         slices["x_continuous"] = node_ptr.clone()
     if "edge_attr_continuous" in parts:
         slices["edge_attr_continuous"] = edge_ptr.clone()
+    pos = _features(graphs, "pos", nodes, where, "node")
+    if pos is not None:  # atom positions (PyG's QM9, MD17): what a 3D model reads
+        if pos.size(1) != 3 or not torch.isfinite(pos).all():
+            raise DataError(
+                f"{where}: pos holds {pos.size(1)} column(s) or a non-finite value; atom "
+                "positions are [num_nodes, 3] finite coordinates (Angstrom)"
+            )
+        data.pos = pos.float()
+        slices["pos"] = node_ptr.clone()
     if with_labels:
         _level_labels(graphs, where, y_level, data, slices, nodes, edges)
     splits = _splits(graphs, where)
@@ -447,6 +457,7 @@ class PygFileSource(Source):
         if self._graph_cache is None:
             read_graph_file_exists(self.path)
             settings = [self.categorical_node_columns, self.categorical_edge_columns, self.y_level]
+            settings.append("pos")  # caches written before positions were kept are read again
             digest = input_digest([self.path], settings)
             stem = osp.splitext(osp.basename(self.path))[0]
             self._graph_cache = GraphCache(osp.join(self.root, "pyg_file", f"{stem}_{digest}"))
@@ -530,6 +541,10 @@ class PygFileSource(Source):
         if task.is_multiclass:
             warn_absent_classes(graphs.data.y[split["train"]], task.num_classes, self.name)
         return LoadedDataset(dataset, split, task)
+
+    def has_positions(self) -> bool:
+        """Whether the file's graphs carry ``pos`` (all of them, or a read error says which)."""
+        return "pos" in self.graphs().slices
 
     def smiles_refusal(self) -> str:
         return (

@@ -788,6 +788,10 @@ class SmilesCsvSource(Source):
     def has_positions(self) -> bool:
         return self.conformers is not None
 
+    def prediction_conformers(self) -> int:
+        """``dataset.num_conformers`` RDKit conformers per SMILES (their mean is predicted)."""
+        return self.num_conformers if self.conformers is not None else 0
+
     def split_groups(self, dataset: SmilesCsvDataset) -> list[str]:
         """Bemis-Murcko scaffolds: a scaffold's molecules stay in one fold."""
         return list(dataset.scaffolds)
