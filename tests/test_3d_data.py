@@ -233,3 +233,32 @@ def test_pyg_graphs_with_pos_train_a_3d_model_and_predict(tmp_path):
     moved.pos[0] += 1.0
     after = predictor.predict_graphs([moved, graphs[1]]).values
     assert after[1] == pytest.approx(before[1]) and after[0] != pytest.approx(before[0])
+
+
+def test_fine_tuning_takes_a_3d_checkpoints_distance_encoding(tmp_path):
+    from graphormer import checkpoint as checkpoints
+    from graphormer.training.pretrained import architecture
+
+    path, _ = _csv(tmp_path, 40)
+    common = [
+        "dataset=smiles_csv",
+        f"dataset.path={path}",
+        "dataset.targets=[tpsa]",
+        "dataset.conformers=rdkit",
+        f"dataset.root={tmp_path / 'data'}",
+        "trainer.max_epochs=1",
+        *TINY,
+    ]
+    three_d = ["model.channels=3d", "model.num_kernels=16"]
+    first = train_config(compose_train([*common, *three_d, f"output_dir={tmp_path / 'a'}"]))
+    ckpt = first["best_checkpoint"]
+    # pretrained= on the command line takes the checkpoint's architecture, its 3D channel with it.
+    taken = architecture(checkpoints.load(ckpt).model)
+    assert (taken["channels"], taken["num_kernels"], taken["cutoff"]) == ("3d", 16, None)
+    # A 2D network cannot take the distance encoding's tensors: the setting is named.
+    with pytest.raises(checkpoints.CheckpointError, match="model.channels"):
+        train_config(compose_train([*common, f"pretrained={ckpt}", f"output_dir={tmp_path / 'b'}"]))
+    tuned = train_config(
+        compose_train([*common, *three_d, f"pretrained={ckpt}", f"output_dir={tmp_path / 'c'}"])
+    )
+    assert np.isfinite(tuned["test"]["rmse"])

@@ -186,4 +186,5 @@ _INPUT_KEYS = (
     "node_continuous_dim",
     "edge_continuous_dim",
     "molecule_features_dim",
+    "channels",
 )

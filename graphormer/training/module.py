@@ -69,6 +69,8 @@ _SIZE_SETTINGS = (
     "node_continuous_dim",
     "edge_continuous_dim",
     "molecule_features_dim",
+    "channels",
+    "num_kernels",
 )
 
 

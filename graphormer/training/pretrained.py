@@ -50,6 +50,10 @@ _STRUCTURE = (
     "edge_encoding",
     "multi_hop_max_dist",
     "attention_max_distance",
+    # The 3D channel: whether the distance encoding exists, its kernels and what pairs it sees.
+    "channels",
+    "num_kernels",
+    "cutoff",
 )
 
 
@@ -70,6 +74,7 @@ def _is_output_layer(name: str) -> bool:
         "model.head.",
         "model.atom_head.",
         "model.bond_head.",
+        "model.vector_head.",
         "model.molecule_input.",
         "model.readout.",
     )
