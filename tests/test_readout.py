@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from graphormer import Predictor, checkpoint
 from graphormer.data.collate import GraphormerCollator
-from graphormer.inference.predictor import featurize_smiles
+from graphormer.data.featurize import featurize_smiles
 from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import GraphormerModule
 from graphormer.training.pretrained import load_pretrained
