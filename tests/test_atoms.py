@@ -394,6 +394,26 @@ def test_an_ensemble_of_atom_models_scores_its_mean_with_spread_and_intervals(tm
     assert "charge" in found["uncertainty"]["test"]["atom"]["intervals"]["0.9"]
     scored = evaluate(tmp_path / "run", split="test", output=tmp_path / "eval.json")
     assert scored["test"]["atom_mae"] == pytest.approx(found["test"]["atom_mae"], rel=1e-5)
+    # predict.py: per atom, the members' mean, their spread and the calibrated interval.
+    from helpers import call_script
+
+    out = tmp_path / "wide.csv"
+    args = [f"ckpt={tmp_path / 'run'}", f"input={csv}", "device=cpu", "interval=0.9"]
+    call_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
+    wide = pd.read_csv(out)
+    names = ["charge_pred", "charge_std", "charge_lower", "charge_upper"]
+    assert list(wide.columns) == ["smiles", "charge", *names, "error"]
+    value, std, lower, upper = (np.concatenate([json.loads(c) for c in wide[n]]) for n in names)
+    assert len(value) == len(std) == len(lower) == sum(len(json.loads(c)) for c in wide.charge)
+    assert (std > 0).all() and (lower <= value).all() and (value <= upper).all()
+    long = tmp_path / "long.csv"
+    call_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
+    rows = pd.read_csv(long)
+    assert rows.charge_std.to_numpy() == pytest.approx(std, abs=1e-5)
+    assert rows.charge_upper.to_numpy() == pytest.approx(upper, abs=1e-5)
+    # Loosely: the 90% intervals hold most of the molecules' true charges.
+    truth = np.concatenate([json.loads(c) for c in wide.charge])
+    assert ((truth >= lower) & (truth <= upper)).mean() > 0.7
 
 
 def test_cross_validation_of_an_atom_model_scores_each_fold_by_its_atoms(tmp_path):

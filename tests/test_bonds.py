@@ -470,6 +470,19 @@ def test_an_ensemble_of_bond_models_scores_its_mean_probabilities(tmp_path):
     assert 0 <= found["uncertainty"]["test"]["bond"]["ece_before"]["rotatable"] <= 1
     scored = evaluate(tmp_path / "run", split="test", output=tmp_path / "eval.json")
     assert scored["test"]["bond_rocauc"] == pytest.approx(found["test"]["bond_rocauc"])
+    # Predictions per bond: the members' mean probability and its spread.
+    from graphormer.inference import Predictor
+
+    predictor = Predictor.from_checkpoint(tmp_path / "run", device="cpu")
+    smiles = pd.read_csv(csv).smiles[:6].tolist()
+    wide = predictor.predict(smiles)
+    assert list(wide.columns) == ["smiles", "rotatable", "rotatable_std", "error"]
+    long = predictor.predict(smiles, layout="long")
+    assert len(long) == sum(Chem.MolFromSmiles(s).GetNumBonds() for s in smiles)
+    assert (long.rotatable_std >= 0).all() and long.rotatable_std.max() > 0
+    assert long.rotatable.between(0, 1).all()
+    with pytest.raises(ConfigError, match="interval"):
+        predictor.run(smiles, interval=0.9)  # binary bonds: probabilities, no intervals
 
 
 def test_explain_colours_bonds_by_their_predicted_values(bond_run, tmp_path):

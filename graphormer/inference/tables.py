@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,10 @@ class Predictions:
             None where there is no prediction); None otherwise.
         bonds: for a model of bond targets, one ``[n_bonds, T_bond]`` float32 array per
             molecule in RDKit's bond order (per listed edge for graphs); None otherwise.
+        item_extras: per item level (``atom``, ``bond``) and column suffix (``std``: the
+            spread over an ensemble's members or MC-dropout passes; ``lower``, ``upper``: the
+            calibrated intervals), one ``[n_items, T]`` array per molecule (None where there
+            is no prediction); empty for a single model without intervals.
     """
 
     values: np.ndarray
@@ -50,13 +54,28 @@ class Predictions:
     upper: np.ndarray | None = None
     atoms: list[np.ndarray | None] | None = None
     bonds: list[np.ndarray | None] | None = None
+    item_extras: dict[str, dict[str, list[np.ndarray | None]]] = field(default_factory=dict)
 
-    def fill(self, rows: np.ndarray, out, std, states, per_level: dict[str, list]) -> None:
-        """Puts a batch's predictions at its input ``rows``."""
+    def fill(
+        self,
+        rows: np.ndarray,
+        out,
+        std,
+        states,
+        per_level: dict[str, list],
+        item_std: dict[str, list] | None = None,
+    ) -> None:
+        """Puts a batch's predictions at its input ``rows`` (``item_std``: each level's
+        spread, per graph)."""
         self.values[rows] = out
         for name, arrays in per_level.items():
             found = getattr(self, f"{name}s")  # None: a level the predictions leave out
             for i, array in zip(rows.tolist(), arrays if found is not None else (), strict=False):
+                found[i] = array
+        for name, arrays in (item_std or {}).items():
+            level = self.item_extras.setdefault(name, {})
+            found = level.setdefault("std", [None] * len(self.errors))
+            for i, array in zip(rows.tolist(), arrays, strict=True):
                 found[i] = array
         if self.std is not None:
             self.std[rows] = std
@@ -139,8 +158,9 @@ class OutputNames:
         placeholder &= table["error"].astype(str).eq("")
         table = table[~(failed | placeholder)].reset_index(drop=True)
         columns = ["row", "level", "atom_index", "element", "bond_index", "begin_atom"]
-        columns += ["end_atom", "bond_type", *self.atom_task_names, *self.bond_task_names]
-        return table[[*columns, "error"]]
+        columns += ["end_atom", "bond_type"]
+        targets = [c for c in [*atoms.columns, *bonds.columns] if c not in {*columns, "error"}]
+        return table[[*columns, *dict.fromkeys(targets), "error"]]
 
     def _bond_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
         """One row per bond of every molecule (see :meth:`long_table`)."""
@@ -156,7 +176,9 @@ class OutputNames:
         arrays = getattr(result, f"{level.name}s")
         names = self.atom_task_names if level is ATOM else self.bond_task_names
         spec = _ITEM_COLUMNS[level.name]
+        extras = result.item_extras.get(level.name, {})
         rows, indices, values, errors = [], [], [], []
+        extra_values: dict[str, list] = {suffix: [] for suffix in extras}
         described: dict[str, list] = {column: [] for column, _ in spec}
         for position, (text, items) in enumerate(zip(smiles, arrays, strict=True)):
             # A molecule without a prediction, or without bonds (an ion, one atom), keeps a row.
@@ -166,6 +188,8 @@ class OutputNames:
                 for column, kind in spec:
                     described[column].append(pd.NA if kind == "Int64" else None)
                 values.append(np.full(len(names), np.nan, dtype=np.float32))
+                for suffix in extras:
+                    extra_values[suffix].append(np.full(len(names), np.nan, dtype=np.float32))
                 errors.append(result.errors[position])
                 continue
             found = _describe(level, Chem.MolFromSmiles(text))
@@ -174,6 +198,8 @@ class OutputNames:
             for column, _ in spec:
                 described[column] += found[column]
             values += list(items)
+            for suffix, arrays in extras.items():
+                extra_values[suffix] += list(arrays[position])
             errors += [""] * len(items)
         stacked = np.stack(values) if values else np.zeros((0, len(names)))
         columns = {"row": rows, f"{level.name}_index": pd.array(indices, dtype="Int64")}
@@ -186,6 +212,8 @@ class OutputNames:
         table = pd.DataFrame(columns)
         for t, name in enumerate(names):
             table[name] = stacked[:, t]
+            for suffix, found in extra_values.items():
+                table[f"{name}_{suffix}"] = np.stack(found)[:, t] if found else np.zeros(0)
         table["error"] = pd.Series(errors, dtype=object)
         return table
 
@@ -208,20 +236,19 @@ class OutputNames:
             if result.lower is not None:
                 added[f"{name}_lower"] = result.lower[:, j]
                 added[f"{name}_upper"] = result.upper[:, j]
-        if result.atoms is not None:
-            # One list per molecule and atom target, written as the training CSV reads them.
-            for t, name in enumerate(self.atom_task_names):
-                added[name] = np.array(
-                    [None if a is None else format_atom_list(a[:, t]) for a in result.atoms],
-                    dtype=object,
-                )
-        if result.bonds is not None:
-            # Likewise per bond target, in RDKit's bond order.
-            for t, name in enumerate(self.bond_task_names):
-                added[name] = np.array(
-                    [None if a is None else format_atom_list(a[:, t]) for a in result.bonds],
-                    dtype=object,
-                )
+        for level, level_names in ((ATOM, self.atom_task_names), (BOND, self.bond_task_names)):
+            arrays = getattr(result, f"{level.name}s")
+            if arrays is None:
+                continue
+            # One list per molecule and target (RDKit's atom or bond order), written as the
+            # training CSV reads them; its spread and bounds beside it, as a molecule's.
+            found = {"": arrays, **result.item_extras.get(level.name, {})}
+            for t, name in enumerate(level_names):
+                for suffix, lists in found.items():
+                    added[f"{name}_{suffix}" if suffix else name] = np.array(
+                        [None if a is None else format_atom_list(a[:, t]) for a in lists],
+                        dtype=object,
+                    )
         added["error"] = np.array(result.errors, dtype=object)
         taken = set(map(str, out.columns))
         renamed = []
