@@ -14,6 +14,7 @@ from rdkit import Chem
 
 from graphormer.data.tasks import ATOM, BOND, Level, TaskInfo
 from graphormer.errors import ConfigError
+from graphormer.portable.columns import molecule_columns
 
 __all__ = ["LAYOUTS", "OutputNames", "Predictions", "format_atom_list"]
 
@@ -224,18 +225,8 @@ class OutputNames:
         if len(inputs) != len(result.errors):
             raise ValueError(f"{len(inputs)} input rows but {len(result.errors)} results")
         out = inputs
-        added = self.outputs(result.values)
-        names = (
-            [f"{self.task_names[0]}_prob_{k}" for k in range(self.task.num_classes)]
-            if self.task.is_multiclass
-            else self.task_names
-        )
-        for j, name in enumerate(names):
-            if result.std is not None:
-                added[f"{name}_std"] = result.std[:, j]
-            if result.lower is not None:
-                added[f"{name}_lower"] = result.lower[:, j]
-                added[f"{name}_upper"] = result.upper[:, j]
+        spread = (result.std, result.lower, result.upper)
+        added = molecule_columns(self.task_names, result.values, *spread, self._classes)
         for level, level_names in ((ATOM, self.atom_task_names), (BOND, self.bond_task_names)):
             arrays = getattr(result, f"{level.name}s")
             if arrays is None:
@@ -276,17 +267,11 @@ class OutputNames:
         """The output columns of predictions ``values``: one per task, named after it; for a
         multi-class task ``<task>_prob_<k>`` (the probability of class ``k``, one per class) and
         ``<task>``, the predicted class (empty where there is no prediction)."""
-        if not self.task.is_multiclass:
-            return {name: values[:, j] for j, name in enumerate(self.task_names)}
-        name = self.task_names[0]
-        columns: dict[str, Any] = {
-            f"{name}_prob_{k}": values[:, k] for k in range(self.task.num_classes)
-        }
-        predicted = pd.array([pd.NA] * len(values), dtype="Int64")
-        valid = ~np.isnan(values).any(-1)
-        predicted[valid] = values[valid].argmax(-1)
-        columns[name] = predicted
-        return columns
+        return molecule_columns(self.task_names, values, num_classes=self._classes)
+
+    @property
+    def _classes(self) -> int | None:
+        return self.task.num_classes if self.task.is_multiclass else None
 
 
 # What the long layout says of each item beside its index: column and dtype.

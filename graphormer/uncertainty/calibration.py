@@ -8,11 +8,26 @@ from __future__ import annotations
 from pathlib import Path
 
 from graphormer.console import report
-from graphormer.portable import calibration as _core
-from graphormer.portable.calibration import *  # noqa: F403 (the numpy core's names)
-from graphormer.portable.calibration import CALIBRATION_FILE, Calibration
+from graphormer.portable.calibration import (
+    CALIBRATION_FILE,
+    CALIBRATIONS,
+    Calibration,
+    conformal_radius,
+    expected_calibration_error,
+    fit_isotonic,
+    fit_temperature,
+)
 
-__all__ = [*_core.__all__, "calibration_of"]
+__all__ = [
+    "CALIBRATIONS",
+    "CALIBRATION_FILE",
+    "Calibration",
+    "calibration_of",
+    "conformal_radius",
+    "expected_calibration_error",
+    "fit_isotonic",
+    "fit_temperature",
+]
 
 
 def calibration_of(folder: Path | None, records: list) -> Calibration | None:
