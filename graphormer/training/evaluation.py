@@ -133,18 +133,24 @@ def member_outputs(
 
 
 def predict_split_items(
-    trainer: pl.Trainer, module, datamodule, split: str, dropout: bool = False
+    trainer: pl.Trainer,
+    module,
+    datamodule,
+    split: str,
+    dropout: bool = False,
+    scored: Any | None = None,
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per item level of the module's task (``atom``, ``bond``): the predictions ``[n, T]``
     (probabilities for binary levels) and labels ``[n, T]`` (NaN: unlabelled) of every real
     item of ``split``, ordered by graph then by the item's position (RDKit's order), so that
-    members' outputs line up; ``dropout`` as :func:`predict_split`."""
+    members' outputs line up; ``dropout`` as :func:`predict_split`; ``scored``: the task whose
+    levels are read (default: the module's without auxiliary atom targets)."""
     device = trainer.strategy.root_device
     module = module.to(device).eval()
     if dropout:
         module.model.train()
     parts: dict[str, list] = {}
-    levels = module.task.without_auxiliary().item_levels  # auxiliary atoms are never scored
+    levels = (scored if scored is not None else module.task.without_auxiliary()).item_levels
     with torch.inference_mode(), trainer.precision_plugin.forward_context():
         for batch in datamodule.eval_dataloader(split):
             batch = batch.to(device)
@@ -167,12 +173,18 @@ def predict_split_items(
 
 
 def member_item_outputs(
-    modules: Sequence[Any], datamodule: Any, split: str, trainer: Any
+    modules: Sequence[Any], datamodule: Any, split: str, trainer: Any, scored: Any | None = None
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per item level: every member's predictions ``[M, n, T]`` of ``split``'s items and their
-    labels ``[n, T]`` (:func:`predict_split_items`)."""
+    labels ``[n, T]`` (:func:`predict_split_items`); none for a task without item levels."""
+    if not (scored if scored is not None else modules[0].task.without_auxiliary()).item_levels:
+        return {}
     runner = ModelRunner(modules, device=trainer.strategy.root_device)
-    found = list(runner.passes(lambda m: predict_split_items(trainer, m, datamodule, split)))
+
+    def run(module: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        return predict_split_items(trainer, module, datamodule, split, scored=scored)
+
+    found = list(runner.passes(run))
     return {name: (np.stack([f[name][0] for f in found]), found[0][name][1]) for name in found[0]}
 
 
@@ -296,7 +308,6 @@ def score_members(
     metric = task.monitor.removeprefix("val/")  # an atom model's is its first atom metric
     found: dict[str, Any] = {"dataset": task.name, "metric": metric, "uncertainty": {}}
     ensemble = len(modules) > 1
-    spread = "ensemble" if ensemble else None
     # Intervals per atom (bond) from the validation residuals of that level (regression).
     interval_levels = [v for v in results.item_levels if v.task_type(results) == "regression"]
     molecules = task.num_tasks > 0 and not task.is_multiclass
@@ -350,38 +361,59 @@ def score_members(
     for split in splits:
         if not datamodule.is_labelled(split):
             continue
-        found[split] = {"num_graphs": datamodule.split_size(split)}
-        found["uncertainty"][split] = {}
-        if task.num_tasks:
-            outputs = member_outputs(modules, datamodule, split, trainer)
-            y = datamodule.split_targets(split).float().numpy()
-            mean = outputs.mean(0)
-            std = outputs.std(0) if ensemble else None
-            y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
-            found[split][task.metric] = score(task, task.evaluator(), y_true, y_pred, split)
-            # Reported metrics (accuracy) read logits: a probability's 0.5 is a logit's 0.
-            found[split].update(score_reported(task, y_true, y_pred - 0.5))
-            found["uncertainty"][split] = uncertainty_report(
-                task, names, y, mean, std, calibration, spread
-            )
-        if results.item_levels:
-            items = member_item_outputs(modules, datamodule, split, trainer)
-        for level in results.item_levels:
-            outputs, y = items[level.name]
-            mean = outputs.mean(0)
-            std = outputs.std(0) if ensemble else None
-            y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
-            found[split].update(score_level(results, level, y_true, y_pred, split))
-            found["uncertainty"][split][level.name] = uncertainty_report(
-                level.as_task(results),
-                level_task_names(module, level),
-                y,
-                mean,
-                std,
-                calibration.level(level.name) if calibration is not None else None,
-                spread,
-            )
+        found[split], found["uncertainty"][split] = score_split(
+            modules, datamodule, split, trainer, calibration
+        )
     return found
+
+
+def score_split(
+    modules: Sequence[Any],
+    datamodule: Any,
+    split: str,
+    trainer: pl.Trainer,
+    calibration: Calibration | None,
+    scored: Any | None = None,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The mean prediction of ``modules`` (one, or an ensemble's members) on labelled
+    ``split``: every level's metrics (and ``num_graphs``), and how sure it was per level
+    (:func:`uncertainty_report`; the members' spread for an ensemble). ``scored``: the task
+    whose levels are scored (default: the module's without auxiliary atom targets)."""
+    module, ensemble = modules[0], len(modules) > 1
+    task = module.task
+    levels = scored if scored is not None else task.without_auxiliary()
+    spread = "ensemble" if ensemble else None
+    metrics: dict[str, float] = {}
+    report: dict[str, Any] = {}
+    if task.num_tasks:
+        outputs = member_outputs(modules, datamodule, split, trainer)
+        y = datamodule.split_targets(split).float().numpy()
+        mean = outputs.mean(0)
+        std = outputs.std(0) if ensemble else None
+        y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
+        metrics[task.metric] = score(task, task.evaluator(), y_true, y_pred, split)
+        # Reported metrics (accuracy) read logits: a probability's 0.5 is a logit's 0.
+        metrics.update(score_reported(task, y_true, y_pred - 0.5))
+        names = read_task_names(module)
+        report = uncertainty_report(task, names, y, mean, std, calibration, spread)
+    items = member_item_outputs(modules, datamodule, split, trainer, levels)
+    for level in levels.item_levels:
+        outputs, y = items[level.name]
+        mean = outputs.mean(0)
+        std = outputs.std(0) if ensemble else None
+        y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
+        metrics.update(score_level(levels, level, y_true, y_pred, split))
+        report[level.name] = uncertainty_report(
+            level.as_task(levels),
+            level_task_names(module, level),
+            y,
+            mean,
+            std,
+            calibration.level(level.name) if calibration is not None else None,
+            spread,
+        )
+    metrics["num_graphs"] = datamodule.split_size(split)
+    return metrics, report
 
 
 def evaluate(
@@ -458,7 +490,6 @@ def evaluate(
     }
     output = Path(output) if output else Path("eval_metrics.json")
     calibration = calibration_of(members.folder, [record])
-    names = read_task_names(module)
     scored = []
     for split in splits:
         if not datamodule.is_labelled(split):
@@ -468,20 +499,12 @@ def evaluate(
             path = datamodule.source.write_predictions(split, pred, output.parent)
             results[split] = {"submission": str(path.resolve()), "num_graphs": len(pred)}
             continue
-        if split == "valid":
-            scores = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
-            results[split] = {name: float(scores[f"val/{name}"]) for name in levels}
-        else:
-            scores = trainer.test(module, datamodule=datamodule, verbose=False)[0]
-            results[split] = {name: float(scores[f"test/{name}"]) for name in levels}
-        results[split]["num_graphs"] = datamodule.split_size(split)
-        molecules = module.task.num_tasks > 0
-        if molecules and (calibration is not None or module.task.is_classification):
-            outputs = member_outputs([module], datamodule, split, trainer)
-            y = datamodule.split_targets(split).float().numpy()
-            results.setdefault("uncertainty", {})[split] = uncertainty_report(
-                module.task, names, y, outputs[0], None, calibration, None
-            )
+        # The module's whole task: a model trained with auxiliary atom targets reports them.
+        results[split], found = score_split(
+            [module], datamodule, split, trainer, calibration, scored=module.task
+        )
+        if any(found.values()) and (calibration is not None or module.task.is_classification):
+            results.setdefault("uncertainty", {})[split] = found
         scored.append(split)
 
     with atomic_path(output) as partial:
