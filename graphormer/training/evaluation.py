@@ -500,9 +500,11 @@ def evaluate(
             results[split] = {"submission": str(path.resolve()), "num_graphs": len(pred)}
             continue
         # The module's whole task: a model trained with auxiliary atom targets reports them.
-        results[split], found = score_split(
+        metrics, found = score_split(
             [module], datamodule, split, trainer, calibration, scored=module.task
         )
+        # As training logged them (Lightning logs float32), so that eval reproduces its numbers.
+        results[split] = {k: v if k == "num_graphs" else _logged(v) for k, v in metrics.items()}
         if any(found.values()) and (calibration is not None or module.task.is_classification):
             results.setdefault("uncertainty", {})[split] = found
         scored.append(split)
@@ -514,6 +516,10 @@ def evaluate(
         report(format_uncertainty(results.get("uncertainty") or {}))
     report(f"results: {output.resolve()}")
     return results
+
+
+def _logged(value: float) -> float:
+    return float(np.float32(value))
 
 
 def _evaluate_members(members: Members, *, split: str, output, **kwargs: Any) -> dict[str, Any]:
