@@ -416,6 +416,40 @@ def test_an_ensemble_of_atom_models_scores_its_mean_with_spread_and_intervals(tm
     assert ((truth >= lower) & (truth <= upper)).mean() > 0.7
 
 
+def test_mc_dropout_gives_an_atom_model_a_reproducible_spread_and_intervals(tmp_path):
+    from graphormer.cli.train import settings_from
+    from graphormer.inference import Predictor
+    from graphormer.training.experiment import fit
+
+    csv = tmp_path / "charges.csv"
+    charge_table(60).to_csv(csv, index=False)
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={csv}",
+            "dataset.targets=[]",
+            "dataset.atom_targets=[charge]",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "trainer.max_epochs=1",
+            "~logger",
+            *TINY,
+            "model.dropout=0.1",
+        ]
+    )
+    fit(settings_from(cfg))  # the run, then its calibration (the atoms' residuals)
+    predictor = Predictor.from_checkpoint(tmp_path / "run", device="cpu", mc_dropout=3)
+    smiles = ["CCO", "c1ccccc1O"]
+    first, again = (predictor.run(smiles, interval=0.9) for _ in range(2))
+    std = first.item_extras["atom"]["std"]
+    assert [len(s) for s in std] == [3, 7] and all((s > 0).all() for s in std)
+    for a, b in zip(std, again.item_extras["atom"]["std"], strict=True):
+        assert np.array_equal(a, b)  # seeded passes: the same input, the same spread
+    lower, upper = first.item_extras["atom"]["lower"], first.item_extras["atom"]["upper"]
+    for values, low, high in zip(first.atoms, lower, upper, strict=True):
+        assert (low < values).all() and (values < high).all()
+
+
 def test_cross_validation_of_an_atom_model_scores_each_fold_by_its_atoms(tmp_path):
     from graphormer.cli.train import settings_from
     from graphormer.training.experiment import fit
