@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from graphormer.data.collate import GraphormerCollator
-from graphormer.errors import DataError
 from graphormer.data.featurize import featurize_smiles
+from graphormer.errors import DataError
 from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig
 
 SMILES = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(OCC)cc1", "[Na+]"]
