@@ -355,24 +355,99 @@ def test_predict_script_writes_atom_columns(charge_run, tmp_path):
     assert len(rows) == len(truth) and rows.charge.to_numpy() == pytest.approx(predicted, abs=1e-5)
 
 
-def test_ensembles_refuse_atom_targets(tmp_path):
+def test_an_ensemble_of_atom_models_scores_its_mean_with_spread_and_intervals(tmp_path):
     from graphormer.cli.train import settings_from
+    from graphormer.training.evaluation import evaluate
     from graphormer.training.experiment import fit
 
-    path = _write(tmp_path, _rows())
+    csv = tmp_path / "charges.csv"
+    charge_table(120).to_csv(csv, index=False)
     cfg = compose_train(
         [
             "dataset=smiles_csv",
-            f"dataset.path={path}",
+            f"dataset.path={csv}",
             "dataset.targets=[]",
             "dataset.atom_targets=[charge]",
+            f"dataset.root={tmp_path / 'data'}",
             f"output_dir={tmp_path / 'run'}",
             "ensemble.size=2",
+            "trainer.max_epochs=2",
+            "~logger",
             *TINY,
+            "optim.lr=2e-3",
         ]
     )
-    with pytest.raises(ConfigError, match="atom targets"):
-        fit(settings_from(cfg))
+    found = fit(settings_from(cfg))
+    assert found["metric"] == "atom_mae" and found["ensemble_size"] == 2
+    assert set(found["test"]) == {"atom_mae", "atom_rmse", "num_graphs"}
+    members = [m["test"]["atom_mae"] for m in found["members"]]
+    assert found["members_mean"]["test"]["atom_mae"] == pytest.approx(np.mean(members))
+    # The mean of two members is no worse than the worse of them (the MAE is convex).
+    assert found["test"]["atom_mae"] <= max(members) + 1e-6
+    report = found["uncertainty"]["valid"]["atom"]
+    assert report["interval_scores"] == "normalized"  # the members' spread scales them
+    assert -1 <= report["std_error_spearman"]["charge"] <= 1
+    # Split-conformal intervals on the split they were fitted on cover at least their level.
+    for level, tasks in report["intervals"].items():
+        assert tasks["charge"]["coverage"] >= float(level) - 1e-9
+        assert tasks["charge"]["mean_width"] > 0
+    assert "charge" in found["uncertainty"]["test"]["atom"]["intervals"]["0.9"]
+    scored = evaluate(tmp_path / "run", split="test", output=tmp_path / "eval.json")
+    assert scored["test"]["atom_mae"] == pytest.approx(found["test"]["atom_mae"], rel=1e-5)
+    # predict.py: per atom, the members' mean, their spread and the calibrated interval.
+    from helpers import call_script
+
+    out = tmp_path / "wide.csv"
+    args = [f"ckpt={tmp_path / 'run'}", f"input={csv}", "device=cpu", "interval=0.9"]
+    call_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
+    wide = pd.read_csv(out)
+    names = ["charge_pred", "charge_std", "charge_lower", "charge_upper"]
+    assert list(wide.columns) == ["smiles", "charge", *names, "error"]
+    value, std, lower, upper = (np.concatenate([json.loads(c) for c in wide[n]]) for n in names)
+    assert len(value) == len(std) == len(lower) == sum(len(json.loads(c)) for c in wide.charge)
+    assert (std > 0).all() and (lower <= value).all() and (value <= upper).all()
+    long = tmp_path / "long.csv"
+    call_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
+    rows = pd.read_csv(long)
+    assert rows.charge_std.to_numpy() == pytest.approx(std, abs=1e-5)
+    assert rows.charge_upper.to_numpy() == pytest.approx(upper, abs=1e-5)
+    # Loosely: the 90% intervals hold most of the molecules' true charges.
+    truth = np.concatenate([json.loads(c) for c in wide.charge])
+    assert ((truth >= lower) & (truth <= upper)).mean() > 0.7
+
+
+def test_mc_dropout_gives_an_atom_model_a_reproducible_spread_and_intervals(tmp_path):
+    from graphormer.cli.train import settings_from
+    from graphormer.inference import Predictor
+    from graphormer.training.experiment import fit
+
+    csv = tmp_path / "charges.csv"
+    charge_table(60).to_csv(csv, index=False)
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={csv}",
+            "dataset.targets=[]",
+            "dataset.atom_targets=[charge]",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "trainer.max_epochs=1",
+            "~logger",
+            *TINY,
+            "model.dropout=0.1",
+        ]
+    )
+    fit(settings_from(cfg))  # the run, then its calibration (the atoms' residuals)
+    predictor = Predictor.from_checkpoint(tmp_path / "run", device="cpu", mc_dropout=3)
+    smiles = ["CCO", "c1ccccc1O"]
+    first, again = (predictor.run(smiles, interval=0.9) for _ in range(2))
+    std = first.item_extras["atom"]["std"]
+    assert [len(s) for s in std] == [3, 7] and all((s > 0).all() for s in std)
+    for a, b in zip(std, again.item_extras["atom"]["std"], strict=True):
+        assert np.array_equal(a, b)  # seeded passes: the same input, the same spread
+    lower, upper = first.item_extras["atom"]["lower"], first.item_extras["atom"]["upper"]
+    for values, low, high in zip(first.atoms, lower, upper, strict=True):
+        assert (low < values).all() and (values < high).all()
 
 
 def test_cross_validation_of_an_atom_model_scores_each_fold_by_its_atoms(tmp_path):

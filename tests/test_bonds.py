@@ -436,26 +436,53 @@ def test_predict_script_writes_bond_columns(bond_run, tmp_path):
     assert rows.rotatable.to_numpy() == pytest.approx(predicted, abs=1e-5)
 
 
-def test_ensembles_refuse_bond_targets(tmp_path):
+def test_an_ensemble_of_bond_models_scores_its_mean_probabilities(tmp_path):
     from graphormer.cli.train import settings_from
+    from graphormer.training.evaluation import evaluate
     from graphormer.training.experiment import fit
 
-    path = _write(tmp_path, _rows())
-    for extra in ("ensemble.size=2",):
-        cfg = compose_train(
-            [
-                "dataset=smiles_csv",
-                f"dataset.path={path}",
-                "dataset.targets=[]",
-                "dataset.bond_targets=[rotatable]",
-                "dataset.bond_task_type=binary",
-                f"output_dir={tmp_path / 'run'}",
-                extra,
-                *TINY,
-            ]
-        )
-        with pytest.raises(ConfigError, match="bond targets"):
-            fit(settings_from(cfg))
+    csv = tmp_path / "rotatable.csv"
+    nci_rotatable_bonds(120).drop(columns=["bond_type", "heavy"]).to_csv(csv, index=False)
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={csv}",
+            "dataset.targets=[]",
+            "dataset.bond_targets=[rotatable]",
+            "dataset.bond_task_type=binary",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "ensemble.size=2",
+            "trainer.max_epochs=2",
+            "~logger",
+            *TINY,
+            "optim.lr=2e-3",
+        ]
+    )
+    found = fit(settings_from(cfg))
+    assert found["metric"] == "bond_rocauc" and found["ensemble_size"] == 2
+    assert set(found["test"]) == {"bond_rocauc", "num_graphs"}
+    assert found["calibration"] is None  # binary bonds: no intervals, no probability map
+    members = [m["test"]["bond_rocauc"] for m in found["members"]]
+    assert found["members_mean"]["test"]["bond_rocauc"] == pytest.approx(np.mean(members))
+    assert 0.5 < found["test"]["bond_rocauc"] <= 1
+    # The mean probabilities' calibration error, per bond target.
+    assert 0 <= found["uncertainty"]["test"]["bond"]["ece_before"]["rotatable"] <= 1
+    scored = evaluate(tmp_path / "run", split="test", output=tmp_path / "eval.json")
+    assert scored["test"]["bond_rocauc"] == pytest.approx(found["test"]["bond_rocauc"])
+    # Predictions per bond: the members' mean probability and its spread.
+    from graphormer.inference import Predictor
+
+    predictor = Predictor.from_checkpoint(tmp_path / "run", device="cpu")
+    smiles = pd.read_csv(csv).smiles[:6].tolist()
+    wide = predictor.predict(smiles)
+    assert list(wide.columns) == ["smiles", "rotatable", "rotatable_std", "error"]
+    long = predictor.predict(smiles, layout="long")
+    assert len(long) == sum(Chem.MolFromSmiles(s).GetNumBonds() for s in smiles)
+    assert (long.rotatable_std >= 0).all() and long.rotatable_std.max() > 0
+    assert long.rotatable.between(0, 1).all()
+    with pytest.raises(ConfigError, match="interval"):
+        predictor.run(smiles, interval=0.9)  # binary bonds: probabilities, no intervals
 
 
 def test_explain_colours_bonds_by_their_predicted_values(bond_run, tmp_path):

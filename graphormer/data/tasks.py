@@ -152,6 +152,15 @@ class Level:
             return ()
         return tuple(f"{self.name}_{m}" for m in self.metrics[self.task_type(task)])
 
+    def as_task(self, task: TaskInfo) -> TaskInfo:
+        """``task``'s targets at this level as a task of their own, each item one example
+        (what an ensemble's spread and intervals of atoms or bonds are reported as)."""
+        task_type = self.task_type(task)
+        metric = self.metrics[task_type][0]
+        return TaskInfo(
+            f"{task.name} ({self.noun}s)", USER_TASK_TYPES[task_type], self.tasks(task), metric
+        )
+
     def check_task_type(self, task_type: str | None, error: type[Exception], key: str) -> None:
         """Raises ``error`` naming ``key`` when ``task_type`` is not one of this level's."""
         if task_type not in self.metrics:

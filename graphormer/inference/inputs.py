@@ -151,7 +151,7 @@ def conformer_mean(
     conformers: list | None,
     embeddings: bool,
 ) -> tuple:
-    """``predict(graphs, embeddings)`` (values, std, states, per-level arrays, as
+    """``predict(graphs, embeddings)`` (values, std, states, per-level arrays and their spread, as
     ``Predictor._predict_batch`` gives them) of each conformer ``[C, N, 3]`` of the graphs in
     turn, averaged: a prediction from SMILES is the mean over its conformers. ``conformers``
     None: the graphs as they are."""
@@ -166,11 +166,16 @@ def conformer_mean(
     def mean(parts: Sequence[Any]) -> Any:
         return None if parts[0] is None else np.mean(np.stack(parts), axis=0)
 
-    levels = {
-        name: [mean([f[3][name][k] for f in found]) for k in range(len(arrays))]
-        for name, arrays in found[0][3].items()
-    }
-    return (*(mean([f[k] for f in found]) for k in range(3)), levels)
+    def per_level(k: int) -> dict[str, list] | None:
+        if found[0][k] is None:
+            return None
+        return {
+            name: [mean([f[k][name][i] for f in found]) for i in range(len(arrays))]
+            for name, arrays in found[0][k].items()
+        }
+
+    # values, std, states; then the per-level arrays and their spread, each averaged
+    return (*(mean([f[k] for f in found]) for k in range(3)), per_level(3), per_level(4))
 
 
 def size_batches(featurized: FeaturizedMolecules, batch_size: int) -> Iterator[Tensor]:

@@ -40,7 +40,6 @@ from graphormer.inference.tables import LAYOUTS, OutputNames, Predictions, forma
 from graphormer.runner import (
     ModelRunner,
     check_mc_dropout,
-    item_arrays,
     probabilities,
     resolve_device,
 )
@@ -53,7 +52,7 @@ from graphormer.training.tasknames import (
     stored_source,
 )
 from graphormer.uncertainty.calibration import Calibration, calibration_of
-from graphormer.uncertainty.intervals import calibrated, check_interval
+from graphormer.uncertainty.intervals import calibrated, check_interval, item_intervals
 
 __all__ = [
     "LAYOUTS",
@@ -149,11 +148,6 @@ class Predictor:
         )
         self.conformers = int(conformers)
         task = self.names.task
-        if task.item_levels and (members or mc_dropout):
-            raise ConfigError(
-                "ensembles and MC dropout predict molecule targets only: give one checkpoint of "
-                "a model of atom or bond targets (issue #18), without mc_dropout"
-            )
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         if max_atoms is not None and max_atoms < 1:
@@ -388,6 +382,8 @@ class Predictor:
         )
         if bounds is not None:
             result.lower, result.upper = bounds
+        if interval is not None:
+            item_intervals(result, self.task, self.calibration, interval, self.spread)
         return result
 
     def _check_interval(self, interval: float) -> None:
@@ -444,11 +440,11 @@ class Predictor:
 
     def _predict_batch(
         self, graphs: list, embeddings: bool
-    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, list[np.ndarray]]]:
+    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, dict[str, list], dict | None]:
         """The mean prediction of a batch, its spread (members or MC passes; None for one
         deterministic model), the first model's graph states and, for a model of atom (bond)
         targets, each graph's ``[n_atoms, T_atom]`` (``[n_bonds, T_bond]``) predictions by
-        level (``atom``, ``bond``)."""
+        level (``atom``, ``bond``) and their spread alike (None for one deterministic model)."""
         begin = time.perf_counter()
         batch = self.collator(graphs)
         middle = time.perf_counter()
@@ -466,17 +462,13 @@ class Predictor:
             hook = self.module.model.head_transform.register_forward_pre_hook(
                 lambda _, args: captured.append(args[0])
             )
-        std = None
+        item_std = None
         try:
             with self._inference():
                 batch = batch.to(self.device, non_blocking=True)
+                mean, std = self._runner.predict(batch, self.task)
                 if self.task.item_levels:
-                    # One model (checked when built): every level at once.
-                    levels = self.module.forward_levels(batch)
-                    mean = self._outputs(levels["molecule"])
-                    per_level = item_arrays(self.task, levels, batch)
-                else:
-                    mean, std = self._runner.predict(batch, self.task)
+                    per_level, item_std = self._runner.predict_items(batch, self.task)
                 states = captured[0].float().cpu().numpy() if embeddings else None
         finally:
             if hook is not None:
@@ -484,7 +476,7 @@ class Predictor:
         end = time.perf_counter()
         self.timings["featurize_s"] += middle - begin
         self.timings["model_s"] += end - middle
-        return mean, std, states, per_level
+        return mean, std, states, per_level, item_std
 
     def _outputs(self, out: Tensor) -> np.ndarray:
         return probabilities(self.task, out).cpu().numpy()

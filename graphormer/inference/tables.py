@@ -14,6 +14,7 @@ from rdkit import Chem
 
 from graphormer.data.tasks import ATOM, ATOM_VECTOR, BOND, Level, TaskInfo
 from graphormer.errors import ConfigError
+from graphormer.portable.columns import molecule_columns
 
 __all__ = ["LAYOUTS", "OutputNames", "Predictions", "format_atom_list", "format_vector_list"]
 
@@ -42,6 +43,10 @@ class Predictions:
             molecule in RDKit's bond order (per listed edge for graphs); None otherwise.
         atom_vectors: for a model of per-atom vectors (forces), one ``[n_atoms, T_vec, 3]``
             float32 array per molecule in atom order; None otherwise.
+        item_extras: per item level (``atom``, ``bond``) and column suffix (``std``: the
+            spread over an ensemble's members or MC-dropout passes; ``lower``, ``upper``: the
+            calibrated intervals), one ``[n_items, T]`` array per molecule (None where there
+            is no prediction); empty for a single model without intervals.
     """
 
     values: np.ndarray
@@ -68,12 +73,28 @@ class Predictions:
             **{f"{level.name}s": [None] * n for level in task.item_levels},
         )
 
-    def fill(self, rows: np.ndarray, out, std, states, per_level: dict[str, list]) -> None:
-        """Puts a batch's predictions at its input ``rows``."""
+    item_extras: dict[str, dict[str, list[np.ndarray | None]]] = field(default_factory=dict)
+
+    def fill(
+        self,
+        rows: np.ndarray,
+        out,
+        std,
+        states,
+        per_level: dict[str, list],
+        item_std: dict[str, list] | None = None,
+    ) -> None:
+        """Puts a batch's predictions at its input ``rows`` (``item_std``: each level's
+        spread, per graph)."""
         self.values[rows] = out
         for name, arrays in per_level.items():
             found = getattr(self, f"{name}s")  # None: a level the predictions leave out
             for i, array in zip(rows.tolist(), arrays if found is not None else (), strict=False):
+                found[i] = array
+        for name, arrays in (item_std or {}).items():
+            level = self.item_extras.setdefault(name, {})
+            found = level.setdefault("std", [None] * len(self.errors))
+            for i, array in zip(rows.tolist(), arrays, strict=True):
                 found[i] = array
         if self.std is not None:
             self.std[rows] = std
@@ -174,9 +195,9 @@ class OutputNames:
         placeholder &= table["error"].astype(str).eq("")
         table = table[~(failed | placeholder)].reset_index(drop=True)
         columns = ["row", "level", "atom_index", "element", "bond_index", "begin_atom"]
-        columns += ["end_atom", "bond_type", *self.level_columns(ATOM)]
-        columns += [*self.level_columns(ATOM_VECTOR), *self.bond_task_names]
-        return table[[*columns, "error"]]
+        columns += ["end_atom", "bond_type"]
+        targets = [c for c in [*atoms.columns, *bonds.columns] if c not in {*columns, "error"}]
+        return table[[*columns, *dict.fromkeys(targets), "error"]]
 
     def _bond_rows(self, smiles: Sequence[str], result: Predictions) -> pd.DataFrame:
         """One row per bond of every molecule (see :meth:`long_table`)."""
@@ -204,7 +225,9 @@ class OutputNames:
         arrays = getattr(result, f"{level.name}s")
         names = self.level_columns(level)
         spec = _ITEM_COLUMNS[level.name]
+        extras = result.item_extras.get(level.name, {})
         rows, indices, values, errors = [], [], [], []
+        extra_values: dict[str, list] = {suffix: [] for suffix in extras}
         described: dict[str, list] = {column: [] for column, _ in spec}
         for position, (text, items) in enumerate(zip(smiles, arrays, strict=True)):
             # A molecule without a prediction, or without bonds (an ion, one atom), keeps a row.
@@ -214,6 +237,8 @@ class OutputNames:
                 for column, kind in spec:
                     described[column].append(pd.NA if kind == "Int64" else None)
                 values.append(np.full(len(names), np.nan, dtype=np.float32))
+                for suffix in extras:
+                    extra_values[suffix].append(np.full(len(names), np.nan, dtype=np.float32))
                 errors.append(result.errors[position])
                 continue
             mol = text if isinstance(text, Chem.Mol) else Chem.MolFromSmiles(text)
@@ -223,6 +248,8 @@ class OutputNames:
             for column, _ in spec:
                 described[column] += found[column]
             values += [item.reshape(-1) for item in items]  # a vector's [T, 3] -> [3 T]
+            for suffix, arrays in extras.items():
+                extra_values[suffix] += list(arrays[position])
             errors += [""] * len(items)
         stacked = np.stack(values) if values else np.zeros((0, len(names)))
         index = "bond_index" if level is BOND else "atom_index"  # a vector's items are atoms
@@ -236,6 +263,8 @@ class OutputNames:
         table = pd.DataFrame(columns)
         for t, name in enumerate(names):
             table[name] = stacked[:, t]
+            for suffix, found in extra_values.items():
+                table[f"{name}_{suffix}"] = np.stack(found)[:, t] if found else np.zeros(0)
         table["error"] = pd.Series(errors, dtype=object)
         return table
 
@@ -246,25 +275,21 @@ class OutputNames:
         if len(inputs) != len(result.errors):
             raise ValueError(f"{len(inputs)} input rows but {len(result.errors)} results")
         out = inputs
-        added = self.outputs(result.values)
-        names = (
-            [f"{self.task_names[0]}_prob_{k}" for k in range(self.task.num_classes)]
-            if self.task.is_multiclass
-            else self.task_names
-        )
-        for j, name in enumerate(names):
-            if result.std is not None:
-                added[f"{name}_std"] = result.std[:, j]
-            if result.lower is not None:
-                added[f"{name}_lower"] = result.lower[:, j]
-                added[f"{name}_upper"] = result.upper[:, j]
-        if result.atoms is not None:
-            # One list per molecule and atom target, written as the training CSV reads them.
-            for t, name in enumerate(self.atom_task_names):
-                added[name] = np.array(
-                    [None if a is None else format_atom_list(a[:, t]) for a in result.atoms],
-                    dtype=object,
-                )
+        spread = (result.std, result.lower, result.upper)
+        added = molecule_columns(self.task_names, result.values, *spread, self._classes)
+        for level, level_names in ((ATOM, self.atom_task_names), (BOND, self.bond_task_names)):
+            arrays = getattr(result, f"{level.name}s")
+            if arrays is None:
+                continue
+            # One list per molecule and target (RDKit's atom or bond order), written as the
+            # training CSV reads them; its spread and bounds beside it, as a molecule's.
+            found = {"": arrays, **result.item_extras.get(level.name, {})}
+            for t, name in enumerate(level_names):
+                for suffix, lists in found.items():
+                    added[f"{name}_{suffix}" if suffix else name] = np.array(
+                        [None if a is None else format_atom_list(a[:, t]) for a in lists],
+                        dtype=object,
+                    )
         if result.atom_vectors is not None:
             # One list of [x, y, z] per atom, per molecule and vector target.
             for t, name in enumerate(self.atom_vector_task_names):
@@ -273,13 +298,6 @@ class OutputNames:
                         None if a is None else format_vector_list(a[:, t])
                         for a in result.atom_vectors
                     ],
-                    dtype=object,
-                )
-        if result.bonds is not None:
-            # Likewise per bond target, in RDKit's bond order.
-            for t, name in enumerate(self.bond_task_names):
-                added[name] = np.array(
-                    [None if a is None else format_atom_list(a[:, t]) for a in result.bonds],
                     dtype=object,
                 )
         added["error"] = np.array(result.errors, dtype=object)
@@ -309,17 +327,11 @@ class OutputNames:
         """The output columns of predictions ``values``: one per task, named after it; for a
         multi-class task ``<task>_prob_<k>`` (the probability of class ``k``, one per class) and
         ``<task>``, the predicted class (empty where there is no prediction)."""
-        if not self.task.is_multiclass:
-            return {name: values[:, j] for j, name in enumerate(self.task_names)}
-        name = self.task_names[0]
-        columns: dict[str, Any] = {
-            f"{name}_prob_{k}": values[:, k] for k in range(self.task.num_classes)
-        }
-        predicted = pd.array([pd.NA] * len(values), dtype="Int64")
-        valid = ~np.isnan(values).any(-1)
-        predicted[valid] = values[valid].argmax(-1)
-        columns[name] = predicted
-        return columns
+        return molecule_columns(self.task_names, values, num_classes=self._classes)
+
+    @property
+    def _classes(self) -> int | None:
+        return self.task.num_classes if self.task.is_multiclass else None
 
 
 # What the long layout says of each item beside its index: column and dtype.

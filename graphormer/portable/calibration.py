@@ -262,6 +262,28 @@ class Calibration:
         half = radius[None, :] * (std if kind != "residual" else np.ones_like(mean))
         return mean - half, mean + half
 
+    # -- item levels (atoms, bonds) ----------------------------------------------------------
+
+    def fit_level(
+        self, name: str, y: np.ndarray, mean: np.ndarray, std: np.ndarray | None = None
+    ) -> None:
+        """Adds the regression scores of an item level ``name`` (``atom``, ``bond``): ``y`` and
+        ``mean`` ``[n_items, T]`` over every item of the validation split, ``std`` an
+        ensemble's spread; each labelled item is one exchangeable score."""
+        fitted = Calibration.fit("regression", self.members, y, mean, std)
+        scores = {"residual": fitted.residual, "normalized": fitted.normalized}
+        self.extra.setdefault("levels", {})[name] = scores
+
+    def level(self, name: str) -> Calibration | None:
+        """The regression calibration of item level ``name`` (its intervals), None when the
+        run fitted none (a binary level, or a run before item levels were calibrated)."""
+        values = (self.extra.get("levels") or {}).get(name)
+        if values is None:
+            return None
+        found = Calibration("regression", self.members, **values)
+        found._check_values()
+        return found
+
     # -- the file ---------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> Path:
@@ -318,6 +340,11 @@ class Calibration:
             raise ValueError(f"mc_passes {passes!r}")
         if (passes is None) != (self.mc_normalized is None) or (passes is not None and passes < 2):
             raise ValueError(f"mc_passes {passes!r} with mc_normalized")
+        levels = self.extra.get("levels") or {}
+        if not isinstance(levels, dict):
+            raise ValueError("extra.levels is not a table of item levels")
+        for name in levels:
+            self.level(name)  # each level's scores checked as a regression calibration's
         if self.temperature is not None:
             values = np.asarray(self.temperature, dtype=np.float64)
             if values.ndim != 1 or not np.isfinite(values).all() or (values <= 0).any():

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from graphormer.errors import ConfigError, DataError
+from graphormer.portable.columns import molecule_columns, value_names
 from graphormer.portable.dense import INPUT_NAMES, dense_inputs
 from graphormer.portable.molecules import blocked_rdkit_logs, featurize_one
 
@@ -155,28 +156,15 @@ class OnnxPredictor:
 
         result = self.run(smiles, interval)
         columns: dict[str, Any] = {"smiles": pd.Series(list(smiles), dtype=object)}
-        names = self.output_names()
-        for j, name in enumerate(names):
-            columns[name] = result.values[:, j]
-        if self.is_multiclass:
-            predicted = pd.array([pd.NA] * len(result.values), dtype="Int64")
-            valid = ~np.isnan(result.values).any(-1)
-            predicted[valid] = result.values[valid].argmax(-1)
-            columns[self.task_names[0]] = predicted
-        for j, name in enumerate(names):
-            if result.std is not None:
-                columns[f"{name}_std"] = result.std[:, j]
-            if result.lower is not None:
-                columns[f"{name}_lower"] = result.lower[:, j]
-                columns[f"{name}_upper"] = result.upper[:, j]
+        classes = self.num_classes if self.is_multiclass else None
+        values = (result.values, result.std, result.lower, result.upper)
+        columns.update(molecule_columns(self.task_names, *values, num_classes=classes))
         columns["error"] = np.array(result.errors, dtype=object)
         return pd.DataFrame(columns)
 
     def output_names(self) -> list[str]:
         """The value columns: the task names, or ``<task>_prob_<k>`` for a multi-class task."""
-        if self.is_multiclass:
-            return [f"{self.task_names[0]}_prob_{k}" for k in range(self.num_classes)]
-        return list(self.task_names)
+        return value_names(self.task_names, self.num_classes if self.is_multiclass else None)
 
     def _check_interval(self, interval: Any) -> None:
         if not self.is_regression:

@@ -15,12 +15,12 @@ import torch
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
-from graphormer.data.tasks import score, score_reported
+from graphormer.data.tasks import ITEM_LEVELS, score, score_level, score_reported
 from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
 from graphormer.outputs import atomic_path
 from graphormer.portable.calibration import CALIBRATION_FILE, Calibration
-from graphormer.runner import ModelRunner, has_dropout, probabilities
+from graphormer.runner import ModelRunner, has_dropout, level_probabilities, probabilities
 from graphormer.training.members import (
     Members,
     check_members,
@@ -36,7 +36,7 @@ from graphormer.training.run import (
     is_terminal,
     quiet_third_parties,
 )
-from graphormer.training.tasknames import read_task_names
+from graphormer.training.tasknames import level_task_names, read_task_names
 from graphormer.uncertainty.calibration import calibration_of
 
 __all__ = [
@@ -46,8 +46,10 @@ __all__ = [
     "format_table",
     "format_uncertainty",
     "has_dropout",
+    "member_item_outputs",
     "member_outputs",
     "predict_split",
+    "predict_split_items",
     "score_members",
 ]
 
@@ -128,6 +130,62 @@ def member_outputs(
         return probabilities(module.task, pred).numpy()
 
     return np.stack(list(runner.passes(run)))
+
+
+def predict_split_items(
+    trainer: pl.Trainer,
+    module,
+    datamodule,
+    split: str,
+    dropout: bool = False,
+    scored: Any | None = None,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per item level of the module's task (``atom``, ``bond``): the predictions ``[n, T]``
+    (probabilities for binary levels) and labels ``[n, T]`` (NaN: unlabelled) of every real
+    item of ``split``, ordered by graph then by the item's position (RDKit's order), so that
+    members' outputs line up; ``dropout`` as :func:`predict_split`; ``scored``: the task whose
+    levels are read (default: the module's without auxiliary atom targets)."""
+    device = trainer.strategy.root_device
+    module = module.to(device).eval()
+    if dropout:
+        module.model.train()
+    parts: dict[str, list] = {}
+    levels = (scored if scored is not None else module.task.without_auxiliary()).item_levels
+    with torch.inference_mode(), trainer.precision_plugin.forward_context():
+        for batch in datamodule.eval_dataloader(split):
+            batch = batch.to(device)
+            outputs = module.forward_levels(batch)
+            for level in levels:
+                mask = getattr(batch, level.mask)  # [B, N]: real items only
+                positions = torch.arange(mask.size(1), device=mask.device).expand_as(mask)
+                graphs = batch.index.view(-1, 1).expand_as(mask)
+                values = level_probabilities(module.task, level, outputs[level.name])[mask]
+                labels = getattr(batch, level.label)[mask].float()
+                found = (graphs[mask], positions[mask], values, labels)
+                parts.setdefault(level.name, []).append([t.cpu() for t in found])
+    module.eval()
+    items = {}
+    for name, found in parts.items():
+        graphs, positions, values, labels = (torch.cat(t).numpy() for t in zip(*found, strict=True))
+        order = np.lexsort((positions, graphs))
+        items[name] = (values[order], labels[order])
+    return items
+
+
+def member_item_outputs(
+    modules: Sequence[Any], datamodule: Any, split: str, trainer: Any, scored: Any | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per item level: every member's predictions ``[M, n, T]`` of ``split``'s items and their
+    labels ``[n, T]`` (:func:`predict_split_items`); none for a task without item levels."""
+    if not (scored if scored is not None else modules[0].task.without_auxiliary()).item_levels:
+        return {}
+    runner = ModelRunner(modules, device=trainer.strategy.root_device)
+
+    def run(module: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        return predict_split_items(trainer, module, datamodule, split, scored=scored)
+
+    found = list(runner.passes(run))
+    return {name: (np.stack([f[name][0] for f in found]), found[0][name][1]) for name in found[0]}
 
 
 def _datamodule_of(
@@ -238,12 +296,6 @@ def score_members(
     check_members(records, modules)
     module = modules[0]
     results = module.task.without_auxiliary()  # auxiliary atom targets are never scored
-    if results.item_levels and len(modules) > 1:
-        raise ConfigError(
-            "ensembles score molecule targets only: atom and bond targets (issue #18) are "
-            "trained and evaluated one model at a time; set ensemble.size=1 (or give eval.py "
-            "one checkpoint)"
-        )
     datamodule = _datamodule_of(
         paths[0], module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
     )
@@ -253,62 +305,115 @@ def score_members(
     datamodule.setup("validate")
     task = module.task
     names = read_task_names(module)
-    found: dict[str, Any] = {"dataset": task.name, "metric": task.metric, "uncertainty": {}}
+    metric = task.monitor.removeprefix("val/")  # an atom model's is its first atom metric
+    found: dict[str, Any] = {"dataset": task.name, "metric": metric, "uncertainty": {}}
     ensemble = len(modules) > 1
+    # Intervals per atom (bond) from the validation residuals of that level (regression).
+    interval_levels = [v for v in results.item_levels if v.task_type(results) == "regression"]
+    molecules = task.num_tasks > 0 and not task.is_multiclass
     calibration = None
+    if not task.num_tasks and fit_calibration not in (None, "none"):
+        # Binary calibration is of molecule probabilities (issue #19).
+        raise ConfigError(
+            f"calibration={fit_calibration} calibrates molecule targets, and this model "
+            "predicts atom or bond targets alone: set calibration=none"
+        )
     if task.is_multiclass:
         pass  # class probabilities are not calibrated (issue #19 calibrates binary and regression)
-    elif not task.num_tasks:
-        # Atom (bond) targets alone: calibration is of molecule predictions (issue #19).
-        if fit_calibration not in (None, "none"):
-            raise ConfigError(
-                f"calibration={fit_calibration} calibrates molecule targets, and this model "
-                "predicts atom or bond targets alone: set calibration=none"
-            )
-        found["calibration"] = None
-        splits = []
-    elif fit_calibration is not None:
+    elif fit_calibration is not None and (molecules or interval_levels):
         members = [
             {"checkpoint": str(Path(p).resolve()), "weights_sha256": r.meta.get("weights_sha256")}
             for p, r in zip(paths, records, strict=True)
         ]
-        outputs = member_outputs(modules, datamodule, "valid", trainer)
-        y = datamodule.split_targets("valid").float().numpy()
-        mc_std = None
-        if not ensemble and not task.is_classification and has_dropout(module.config):
-            mc = member_outputs(modules, datamodule, "valid", trainer, MC_CALIBRATION_PASSES)
-            mc_std = mc.std(0)
-        calibration = Calibration.fit(
-            "binary classification" if task.is_classification else "regression",
-            members,
-            y,
-            outputs.mean(0),
-            outputs.std(0) if ensemble else None,
-            method=fit_calibration,
-            mc_std=mc_std,
-            mc_passes=MC_CALIBRATION_PASSES if mc_std is not None else None,
-        )
+        if molecules:
+            outputs = member_outputs(modules, datamodule, "valid", trainer)
+            y = datamodule.split_targets("valid").float().numpy()
+            mc_std = None
+            if not ensemble and not task.is_classification and has_dropout(module.config):
+                mc = member_outputs(modules, datamodule, "valid", trainer, MC_CALIBRATION_PASSES)
+                mc_std = mc.std(0)
+            calibration = Calibration.fit(
+                "binary classification" if task.is_classification else "regression",
+                members,
+                y,
+                outputs.mean(0),
+                outputs.std(0) if ensemble else None,
+                method=fit_calibration,
+                mc_std=mc_std,
+                mc_passes=MC_CALIBRATION_PASSES if mc_std is not None else None,
+            )
+        else:  # atom (bond) targets alone: the file holds their levels' scores only
+            calibration = Calibration("regression", members, residual=[])
+        if interval_levels:
+            items = member_item_outputs(modules, datamodule, "valid", trainer)
+            for level in interval_levels:
+                outputs, y = items[level.name]
+                std = outputs.std(0) if ensemble else None
+                calibration.fit_level(level.name, y, outputs.mean(0), std)
         file = calibration.save(Path(calibration_dir) / CALIBRATION_FILE)
         found["calibration"] = {"file": str(file.resolve()), "method": calibration.method}
         if calibration.ece_before is not None:
             found["calibration"].update(_calibration_report(calibration, names))
+    elif fit_calibration is not None:
+        found["calibration"] = None  # binary atom (bond) targets alone: nothing to calibrate
     else:
         calibration = calibration_of(calibration_dir, records)
     for split in splits:
         if not datamodule.is_labelled(split):
             continue
+        found[split], found["uncertainty"][split] = score_split(
+            modules, datamodule, split, trainer, calibration
+        )
+    return found
+
+
+def score_split(
+    modules: Sequence[Any],
+    datamodule: Any,
+    split: str,
+    trainer: pl.Trainer,
+    calibration: Calibration | None,
+    scored: Any | None = None,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """The mean prediction of ``modules`` (one, or an ensemble's members) on labelled
+    ``split``: every level's metrics (and ``num_graphs``), and how sure it was per level
+    (:func:`uncertainty_report`; the members' spread for an ensemble). ``scored``: the task
+    whose levels are scored (default: the module's without auxiliary atom targets)."""
+    module, ensemble = modules[0], len(modules) > 1
+    task = module.task
+    levels = scored if scored is not None else task.without_auxiliary()
+    spread = "ensemble" if ensemble else None
+    metrics: dict[str, float] = {}
+    report: dict[str, Any] = {}
+    if task.num_tasks:
         outputs = member_outputs(modules, datamodule, split, trainer)
         y = datamodule.split_targets(split).float().numpy()
         mean = outputs.mean(0)
         std = outputs.std(0) if ensemble else None
-        value = score(task, task.evaluator(), torch.from_numpy(y), torch.from_numpy(mean), split)
+        y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
+        metrics[task.metric] = score(task, task.evaluator(), y_true, y_pred, split)
         # Reported metrics (accuracy) read logits: a probability's 0.5 is a logit's 0.
-        beside = score_reported(task, torch.from_numpy(y), torch.from_numpy(mean) - 0.5)
-        found[split] = {task.metric: value, **beside, "num_graphs": len(y)}
-        found["uncertainty"][split] = uncertainty_report(
-            task, names, y, mean, std, calibration, "ensemble" if ensemble else None
+        metrics.update(score_reported(task, y_true, y_pred - 0.5))
+        names = read_task_names(module)
+        report = uncertainty_report(task, names, y, mean, std, calibration, spread)
+    items = member_item_outputs(modules, datamodule, split, trainer, levels)
+    for level in levels.item_levels:
+        outputs, y = items[level.name]
+        mean = outputs.mean(0)
+        std = outputs.std(0) if ensemble else None
+        y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
+        metrics.update(score_level(levels, level, y_true, y_pred, split))
+        report[level.name] = uncertainty_report(
+            level.as_task(levels),
+            level_task_names(module, level),
+            y,
+            mean,
+            std,
+            calibration.level(level.name) if calibration is not None else None,
+            spread,
         )
-    return found
+    metrics["num_graphs"] = datamodule.split_size(split)
+    return metrics, report
 
 
 def evaluate(
@@ -385,7 +490,6 @@ def evaluate(
     }
     output = Path(output) if output else Path("eval_metrics.json")
     calibration = calibration_of(members.folder, [record])
-    names = read_task_names(module)
     scored = []
     for split in splits:
         if not datamodule.is_labelled(split):
@@ -395,20 +499,14 @@ def evaluate(
             path = datamodule.source.write_predictions(split, pred, output.parent)
             results[split] = {"submission": str(path.resolve()), "num_graphs": len(pred)}
             continue
-        if split == "valid":
-            scores = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
-            results[split] = {name: float(scores[f"val/{name}"]) for name in levels}
-        else:
-            scores = trainer.test(module, datamodule=datamodule, verbose=False)[0]
-            results[split] = {name: float(scores[f"test/{name}"]) for name in levels}
-        results[split]["num_graphs"] = datamodule.split_size(split)
-        molecules = module.task.num_tasks > 0
-        if molecules and (calibration is not None or module.task.is_classification):
-            outputs = member_outputs([module], datamodule, split, trainer)
-            y = datamodule.split_targets(split).float().numpy()
-            results.setdefault("uncertainty", {})[split] = uncertainty_report(
-                module.task, names, y, outputs[0], None, calibration, None
-            )
+        # The module's whole task: a model trained with auxiliary atom targets reports them.
+        metrics, found = score_split(
+            [module], datamodule, split, trainer, calibration, scored=module.task
+        )
+        # As training logged them (Lightning logs float32), so that eval reproduces its numbers.
+        results[split] = {k: v if k == "num_graphs" else _logged(v) for k, v in metrics.items()}
+        if any(found.values()) and (calibration is not None or module.task.is_classification):
+            results.setdefault("uncertainty", {})[split] = found
         scored.append(split)
 
     with atomic_path(output) as partial:
@@ -418,6 +516,10 @@ def evaluate(
         report(format_uncertainty(results.get("uncertainty") or {}))
     report(f"results: {output.resolve()}")
     return results
+
+
+def _logged(value: float) -> float:
+    return float(np.float32(value))
 
 
 def _evaluate_members(members: Members, *, split: str, output, **kwargs: Any) -> dict[str, Any]:
@@ -444,27 +546,43 @@ def _evaluate_members(members: Members, *, split: str, output, **kwargs: Any) ->
     with atomic_path(output) as partial:
         partial.write_text(json.dumps(results, indent=2) + "\n")
     if scored:
-        report(format_table(results, scored, results["metric"]))
+        metrics = [m for m in _level_metric_names(results) if m in results[scored[0]]]
+        report(format_table(results, scored, metrics))
         report(format_uncertainty(results.get("uncertainty") or {}))
     report(f"results: {output.resolve()}")
     return results
 
 
+def _level_metric_names(results: dict[str, Any]) -> list[str]:
+    """The metrics a scored split holds, the selecting one first."""
+    split = next(s for s in ("valid", "test") if s in results)
+    names = [k for k in results[split] if k != "num_graphs"]
+    return [results["metric"], *(n for n in names if n != results["metric"])]
+
+
 def format_uncertainty(uncertainty: dict[str, Any]) -> str:
     """The uncertainty report as lines: interval coverage and width, spread-error
-    correlation, ECE before and after calibration."""
+    correlation, ECE before and after calibration (molecules, then each item level's)."""
     lines = []
     for split, found in uncertainty.items():
-        for level, tasks in (found.get("intervals") or {}).items():
-            for name, v in tasks.items():
-                lines.append(
-                    f"{split} {name}: {float(level):.0%} intervals cover {v['coverage']:.1%}, "
-                    f"mean width {v['mean_width']:.4g}"
-                )
-        for name, rho in (found.get("std_error_spearman") or {}).items():
-            lines.append(f"{split} {name}: Spearman(std, |error|) {rho:.3f}")
-        for name, before in (found.get("ece_before") or {}).items():
-            after = (found.get("ece_after") or {}).get(name)
-            text = f", after {found['calibration']} {after:.4f}" if after is not None else ""
-            lines.append(f"{split} {name}: ECE {before:.4f}{text}")
+        lines += _uncertainty_lines(split, found)
+        for level in ITEM_LEVELS:
+            lines += _uncertainty_lines(f"{split} {level.noun}s", found.get(level.name) or {})
     return "\n".join(lines)
+
+
+def _uncertainty_lines(split: str, found: dict[str, Any]) -> list[str]:
+    lines = []
+    for level, tasks in (found.get("intervals") or {}).items():
+        for name, v in tasks.items():
+            lines.append(
+                f"{split} {name}: {float(level):.0%} intervals cover {v['coverage']:.1%}, "
+                f"mean width {v['mean_width']:.4g}"
+            )
+    for name, rho in (found.get("std_error_spearman") or {}).items():
+        lines.append(f"{split} {name}: Spearman(std, |error|) {rho:.3f}")
+    for name, before in (found.get("ece_before") or {}).items():
+        after = (found.get("ece_after") or {}).get(name)
+        text = f", after {found['calibration']} {after:.4f}" if after is not None else ""
+        lines.append(f"{split} {name}: ECE {before:.4f}{text}")
+    return lines

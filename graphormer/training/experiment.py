@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from graphormer.data.sources import build_source
-from graphormer.data.tasks import TaskInfo
+from graphormer.data.tasks import ATOM_VECTOR, TaskInfo
 from graphormer.errors import ConfigError
 from graphormer.training.crossval import cross_validate
 from graphormer.training.ensemble import train_calibrated, train_ensemble
@@ -34,25 +34,20 @@ def fit(
                 f"{task.name} is a {task.task_type} task: drop calibration= (regression runs "
                 "always store their conformal intervals' calibration)"
             )
-    if settings.ensemble.size > 1:
-        _refuse_atom_targets(source.task_info())
     if settings.cv.enabled:
         return cross_validate(settings, lambda one: fit(one, loggers_for))
     if settings.ensemble.size > 1:
+        _refuse_vector_targets(source.task_info())
         return train_ensemble(settings, loggers_for, source=source)
     loggers = loggers_for(Path(settings.output_dir)) if loggers_for else None
     return train_calibrated(settings, loggers, source=source)
 
 
-def _refuse_atom_targets(task: TaskInfo) -> None:
-    """Ensembles score molecule predictions (#19); atom and bond targets (#18) are trained one
-    model at a time, so far (a cross-validation's folds are single models: it takes them)."""
-    # Auxiliary atom targets (issue #22) serve the molecule targets: every member trains them.
-    task = task.without_auxiliary()
-    if task.item_levels:
-        level = task.item_levels[0].name
+def _refuse_vector_targets(task: TaskInfo) -> None:
+    """Ensembles average scalar predictions per molecule, atom or bond; members' per-atom
+    vectors are not combined yet (a single model of them trains and predicts)."""
+    if any(level.name == ATOM_VECTOR.name for level in task.item_levels):
         raise ConfigError(
-            f"ensemble.size > 1 trains molecule targets only: a model of {level} targets "
-            f"(dataset.{level}_targets) is trained one at a time; set ensemble.size=1 (cv.* "
-            "resamples such a model)"
+            "ensemble.size > 1 does not combine per-atom vector targets "
+            "(dataset.atom_vector_targets) yet: train such a model with ensemble.size=1"
         )

@@ -2,16 +2,16 @@
 :mod:`graphormer.runner`), calibration (temperature, isotonic) and conformal intervals, and the
 report of how sure predictions were (coverage, Spearman, ECE)."""
 
-from graphormer.uncertainty.calibration import (
+from graphormer.portable.calibration import (
     CALIBRATION_FILE,
     CALIBRATIONS,
     Calibration,
-    calibration_of,
     conformal_radius,
     expected_calibration_error,
     fit_isotonic,
     fit_temperature,
 )
+from graphormer.uncertainty.calibration import calibration_of
 from graphormer.uncertainty.intervals import calibrated, check_interval
 from graphormer.uncertainty.report import (
     REPORTED_LEVELS,

@@ -1,18 +1,17 @@
 """Calibration of a run's outputs: temperature scaling and isotonic regression of binary
 probabilities, conformal intervals of regression values. The numpy core lives in
 :mod:`graphormer.portable.calibration` (torch-free, so that the ONNX predictor reads a run's
-calibration without torch); this is its home in the uncertainty package."""
+calibration without torch; :mod:`graphormer.uncertainty` re-exports it); this module adds what
+reads a run's calibration beside its checkpoints."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from graphormer.console import report
-from graphormer.portable import calibration as _core
-from graphormer.portable.calibration import *  # noqa: F403 (the numpy core's names)
 from graphormer.portable.calibration import CALIBRATION_FILE, Calibration
 
-__all__ = [*_core.__all__, "calibration_of"]
+__all__ = ["calibration_of"]
 
 
 def calibration_of(folder: Path | None, records: list) -> Calibration | None:

@@ -11,20 +11,24 @@ import numpy as np
 from graphormer.errors import ConfigError
 from graphormer.portable.calibration import Calibration, conformal_radius
 
-__all__ = ["calibrated", "check_interval"]
+__all__ = ["calibrated", "check_interval", "item_intervals"]
 
 
 def check_interval(
     task: Any, calibration: Calibration | None, interval: Any, mc_dropout: int = 0
 ) -> None:
     """Raises :class:`ConfigError` naming ``interval`` (and the fix) when a model of ``task``
-    with ``calibration`` cannot give intervals at that level."""
-    if task.is_classification or task.is_multiclass:
+    with ``calibration`` cannot give intervals at that level (of its regression molecule
+    targets, and of each regression atom or bond level)."""
+    molecules = task.num_tasks > 0 and not (task.is_classification or task.is_multiclass)
+    levels = [v for v in task.item_levels if v.task_type(task) == "regression"]
+    if not molecules and not levels:
         raise ConfigError(
             f"interval={interval} is for regression models; this one predicts "
             "probabilities (calibrated with the run's calibration, if it has one)"
         )
-    if calibration is None or calibration.residual is None:
+    found = [calibration.level(v.name) if calibration is not None else None for v in levels]
+    if calibration is None or (molecules and calibration.residual is None) or None in found:
         raise ConfigError(
             f"interval={interval} needs the run's calibration (calibration.json beside "
             "checkpoints/, written at the end of training, for these very weights): give "
@@ -41,8 +45,36 @@ def check_interval(
             f"were calibrated with {passes} MC-dropout passes; give mc_dropout={passes}, or "
             "drop mc_dropout for intervals from the plain residuals"
         )
-    # Too few validation molecules for this level: said before anything is computed.
-    conformal_radius(np.asarray(calibration.residual[0]), float(interval))
+    # Too few validation molecules (atoms, bonds) for this level: said before anything runs.
+    for scores in [
+        *(calibration.residual[:1] if molecules else []),
+        *(f.residual[0] for f in found),
+    ]:
+        conformal_radius(np.asarray(scores), float(interval))
+
+
+def item_intervals(
+    result: Any, task: Any, calibration: Calibration | None, interval: float, spread: str | None
+) -> None:
+    """Adds each regression atom (bond) level's intervals at ``interval`` to ``result``'s
+    ``item_extras`` (``lower``, ``upper``: one ``[n_items, T]`` array per molecule), from that
+    level's validation scores (normalised by the spread where they were fitted with one)."""
+    for level in task.item_levels:
+        fitted = calibration.level(level.name) if calibration is not None else None
+        if fitted is None:
+            continue
+        extras = result.item_extras.setdefault(level.name, {})
+        spreads = extras.get("std") or [None] * len(result.errors)
+        lower, upper = [], []
+        for values, std in zip(getattr(result, f"{level.name}s"), spreads, strict=True):
+            if values is None:
+                lower.append(None)
+                upper.append(None)
+                continue
+            low, high = fitted.intervals(values, std, interval, spread if std is not None else None)
+            lower.append(low.astype(np.float32))
+            upper.append(high.astype(np.float32))
+        extras["lower"], extras["upper"] = lower, upper
 
 
 def calibrated(
@@ -54,7 +86,7 @@ def calibrated(
 ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """``values`` with the run's calibration applied (binary probabilities), and the intervals
     ``(lower, upper)`` at level ``interval`` (regression; None when not asked for), float32."""
-    if interval is not None:
+    if interval is not None and calibration.task_type == "regression":
         lower, upper = calibration.intervals(values, std, interval, spread)
         bounds = (lower.astype(np.float32), upper.astype(np.float32))
     else:

@@ -8,7 +8,7 @@ import os.path as osp
 import shutil
 
 from graphormer.errors import DataError, UserFacingError
-from graphormer.safe_io import load_data
+from graphormer.safe_io import download_timeout, load_data
 
 __all__ = [
     "DatasetCacheError",
@@ -16,6 +16,8 @@ __all__ = [
     "check_pyg_markers",
     "check_release",
     "corrupt_cache_message",
+    "download_failed",
+    "fetch_zip",
     "remove_empty_tree",
 ]
 
@@ -79,3 +81,50 @@ def remove_empty_tree(folder: str) -> bool:
             return False
     shutil.rmtree(folder)
     return True
+
+
+def download_failed(
+    what: str, raw_dir: str, url: str, error: Exception, fix: str
+) -> DatasetNotFoundError:
+    """The one error of a download that failed (no network, DNS, HTTP, a timeout, a bad zip):
+    what is missing and where, the URL and why (the error's first line), and ``fix``, how to
+    put the files there by hand."""
+    reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+    return DatasetNotFoundError(
+        f"{what} is not in {osp.abspath(raw_dir)} and could not be downloaded from {url} "
+        f"({type(error).__name__}: {reason}). Fix: {fix}"
+    )
+
+
+def fetch_zip(
+    url: str,
+    folder: str,
+    unpacked: str,
+    raw_dir: str,
+    *,
+    lacks: str,
+    what: str,
+    fix: str,
+    leftover: str,
+) -> None:
+    """Downloads the zip ``url`` into ``folder``, unpacks it there and moves its ``unpacked``
+    folder to ``raw_dir``. A ``raw_dir`` holding files already is never replaced (an error
+    says it ``lacks`` the expected ones); a failed download removes ``leftover`` if it holds
+    no file and is :func:`download_failed` of ``what`` with ``fix``."""
+    if osp.isdir(raw_dir) and os.listdir(raw_dir):
+        raise DatasetNotFoundError(
+            f"{osp.abspath(raw_dir)} lacks {lacks}; put the files of {url} there (or delete "
+            "the folder to download them again)"
+        )
+    from torch_geometric.data import download_url, extract_zip
+
+    try:
+        with download_timeout():
+            path = download_url(url, folder, log=False)
+        extract_zip(path, folder, log=False)
+        os.unlink(path)
+        os.makedirs(osp.dirname(raw_dir), exist_ok=True)
+        os.replace(osp.join(folder, unpacked), raw_dir)
+    except Exception as error:  # no network, DNS failure, HTTP error, timeout, bad zip ...
+        remove_empty_tree(leftover)
+        raise download_failed(what, raw_dir, url, error, fix) from error

@@ -11,7 +11,6 @@ the OGB way (9 atom and 3 bond columns, the model's default tables). They are re
 
 from __future__ import annotations
 
-import os
 import os.path as osp
 
 import torch
@@ -19,13 +18,13 @@ from torch import Tensor
 from torch_geometric.data import Data, InMemoryDataset
 
 from graphormer.data.sources.base import LoadedDataset, Source
-from graphormer.data.sources.folders import DatasetNotFoundError, remove_empty_tree
+from graphormer.data.sources.folders import fetch_zip
 from graphormer.data.sources.graph_cache import GraphCache, input_digest
 from graphormer.data.sources.pyg_file import GraphFile
 from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import TaskInfo
 from graphormer.errors import ConfigError, DataError
-from graphormer.safe_io import download_timeout, load_data, unpickling_reason
+from graphormer.safe_io import load_data, unpickling_reason
 
 __all__ = ["LRGB_URLS", "LRGBSource"]
 
@@ -99,30 +98,18 @@ class LRGBSource(Source):
         if all(osp.isfile(f) for f in files):
             return
         url = LRGB_URLS[self.key]
-        if osp.isdir(self.raw_dir) and os.listdir(self.raw_dir):
-            raise DatasetNotFoundError(
-                f"{osp.abspath(self.raw_dir)} lacks some of train.pt, val.pt, test.pt; put the "
-                f"files of {url} there (or delete the folder to download them again)"
-            )
-        from torch_geometric.data import download_url, extract_zip
-
-        try:
-            with download_timeout():
-                path = download_url(url, self.root, log=False)
-            extract_zip(path, self.root, log=False)
-            os.unlink(path)
-            os.makedirs(osp.dirname(self.raw_dir), exist_ok=True)
-            os.replace(osp.join(self.root, _ZIP_FOLDERS[self.key]), self.raw_dir)
-        except Exception as error:  # no network, DNS failure, HTTP error, timeout, bad zip ...
-            remove_empty_tree(osp.join(self.root, self.key))
-            reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-            raise DatasetNotFoundError(
-                f"{self.name} is not in {osp.abspath(self.raw_dir)} and could not be downloaded "
-                f"from {url} ({type(error).__name__}: {reason}). Fix: download {url} on a "
-                f"machine with network access, unzip it and put its train.pt, val.pt and "
-                f"test.pt into {osp.abspath(self.raw_dir)}, or point dataset.root= at the "
-                f"folder that holds {self.key}/raw/"
-            ) from error
+        fetch_zip(
+            url,
+            self.root,
+            _ZIP_FOLDERS[self.key],
+            self.raw_dir,
+            lacks="some of train.pt, val.pt, test.pt",
+            what=self.name,
+            fix=f"download {url} on a machine with network access, unzip it and put its "
+            f"train.pt, val.pt and test.pt into {osp.abspath(self.raw_dir)}, or point "
+            f"dataset.root= at the folder that holds {self.key}/raw/",
+            leftover=osp.join(self.root, self.key),
+        )
 
     def _read(self) -> tuple[GraphFile, dict]:
         """The three split files' graphs, flattened, and each split's size."""

@@ -24,7 +24,7 @@ from torch_geometric.io.tu import read_file, read_tu_data
 
 from graphormer.data.features import check_finite
 from graphormer.data.sources.base import LoadedDataset, Source
-from graphormer.data.sources.folders import DatasetNotFoundError, remove_empty_tree
+from graphormer.data.sources.folders import fetch_zip
 from graphormer.data.sources.graph_cache import GraphCache, input_digest
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
 from graphormer.data.splits import (
@@ -36,7 +36,6 @@ from graphormer.data.splits import (
 from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import TaskInfo, user_task, warn_absent_classes, with_accuracy
 from graphormer.errors import ConfigError, DataError
-from graphormer.safe_io import download_timeout
 
 __all__ = ["TU_URL", "TUSource", "read_tu_graphs"]
 
@@ -286,29 +285,18 @@ class TUSource(Source):
             return
         url = f"{TU_URL}/{self.name}.zip"
         folder = osp.join(self.root, self.name)
-        if osp.isdir(self.raw_dir) and os.listdir(self.raw_dir):
-            raise DatasetNotFoundError(
-                f"{osp.abspath(self.raw_dir)} lacks {self.name}_A.txt; put the files of {url} "
-                f"there (or delete the folder to download them again)"
-            )
-        from torch_geometric.data import download_url, extract_zip
-
-        try:
-            with download_timeout():
-                path = download_url(url, folder, log=False)
-            extract_zip(path, folder, log=False)
-            os.unlink(path)
-            os.replace(osp.join(folder, self.name), self.raw_dir)
-        except Exception as error:  # no network, DNS failure, HTTP error, timeout, bad zip ...
-            remove_empty_tree(folder)
-            reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-            raise DatasetNotFoundError(
-                f"TU dataset {self.name} is not in {osp.abspath(self.raw_dir)} and could not be "
-                f"downloaded from {url} ({type(error).__name__}: {reason}). Fix: download {url} "
-                f"on a machine with network access and unzip its {self.name}/ folder's files "
-                f"into {osp.abspath(self.raw_dir)}, or point dataset.root= at the folder that "
-                f"holds {self.name}/raw/"
-            ) from error
+        fetch_zip(
+            url,
+            folder,
+            self.name,
+            self.raw_dir,
+            lacks=f"{self.name}_A.txt",
+            what=f"TU dataset {self.name}",
+            fix=f"download {url} on a machine with network access and unzip its {self.name}/ "
+            f"folder's files into {osp.abspath(self.raw_dir)}, or point dataset.root= at the "
+            f"folder that holds {self.name}/raw/",
+            leftover=folder,
+        )
 
     def task_info(self) -> TaskInfo:
         self.graphs()

@@ -36,6 +36,7 @@ from graphormer.data.sources.folders import (
     DatasetNotFoundError,
     check_pyg_markers,
     corrupt_cache_message,
+    download_failed,
     remove_empty_tree,
 )
 from graphormer.data.structure import StructuralFeatures, add_structural_features
@@ -271,14 +272,16 @@ class ZINCDataset(ZINC):
                 if osp.isfile(osp.join(self.root, leftover)):
                     os.unlink(osp.join(self.root, leftover))
             remove_empty_tree(self.root)
-            reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-            raise DatasetNotFoundError(
-                f"ZINC is not in {osp.abspath(self.raw_dir)} and could not be downloaded from "
-                f"{self.url} ({type(error).__name__}: {reason}). Fix: on a machine with network "
-                f"access download {self.url}, unzip it into {osp.abspath(self.root)} and rename "
-                f"its molecules/ folder to raw/ (giving raw/train.pickle, val.pickle, "
-                f"test.pickle), add {self.split_url.format('{train,val,test}')} to raw/, or point "
-                "dataset.root= at the folder that holds ZINC/"
+            raise download_failed(
+                "ZINC",
+                self.raw_dir,
+                self.url,
+                error,
+                f"on a machine with network access download {self.url}, unzip it into "
+                f"{osp.abspath(self.root)} and rename its molecules/ folder to raw/ (giving "
+                f"raw/train.pickle, val.pickle, test.pickle), add "
+                f"{self.split_url.format('{train,val,test}')} to raw/, or point dataset.root= at "
+                "the folder that holds ZINC/",
             ) from error
 
     def process(self) -> None:
