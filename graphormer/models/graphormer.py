@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -238,7 +239,8 @@ class GraphormerConfig:
             )
         probs = self.channel_probs
         if (
-            not isinstance(probs, list | tuple)
+            isinstance(probs, str)
+            or not isinstance(probs, Sequence)  # a list, or Hydra's ListConfig
             or len(probs) != 3
             or not all(isinstance(p, int | float) and not isinstance(p, bool) for p in probs)
             or min(probs) < 0
