@@ -243,6 +243,16 @@ def test_train_energy_and_forces_then_eval_and_resume(tmp_path):
     call_script("predict.py", [*common, f"output={tmp_path / 'wide.csv'}"], cwd=tmp_path)
     wide = pd.read_csv(tmp_path / "wide.csv")
     assert list(wide.columns) == ["graph", "energy", "forces", "error"] and len(wide) == 30
+    # Intervals are the energy's: the vectors have none, and do not stop the energy's.
+    banded = [*common, "interval=0.5", f"output={tmp_path / 'banded.csv'}"]
+    call_script("predict.py", banded, cwd=tmp_path)
+    banded = pd.read_csv(tmp_path / "banded.csv")
+    assert list(banded.columns) == [
+        "graph", "energy", "energy_lower", "energy_upper", "forces", "error"
+    ]  # fmt: skip
+    assert (banded.energy_lower < banded.energy).all() and (
+        banded.energy < banded.energy_upper
+    ).all()
     vectors = [np.array(json.loads(cell)) for cell in wide.forces]
     assert [v.shape for v in vectors] == [(len(a), 3) for a in frames]
     long_args = [*common, "layout=long", f"output={tmp_path / 'long.csv'}"]

@@ -38,6 +38,7 @@ from graphormer.training.run import (
 )
 from graphormer.training.tasknames import level_task_names, read_task_names
 from graphormer.uncertainty.calibration import calibration_of
+from graphormer.uncertainty.intervals import interval_levels
 
 __all__ = [
     "calibration_lines",
@@ -309,7 +310,7 @@ def score_members(
     found: dict[str, Any] = {"dataset": task.name, "metric": metric, "uncertainty": {}}
     ensemble = len(modules) > 1
     # Intervals per atom (bond) from the validation residuals of that level (regression).
-    interval_levels = [v for v in results.item_levels if v.task_type(results) == "regression"]
+    item_levels = interval_levels(results)
     molecules = task.num_tasks > 0 and not task.is_multiclass
     calibration = None
     if not task.num_tasks and fit_calibration not in (None, "none"):
@@ -320,7 +321,7 @@ def score_members(
         )
     if task.is_multiclass:
         pass  # class probabilities are not calibrated (issue #19 calibrates binary and regression)
-    elif fit_calibration is not None and (molecules or interval_levels):
+    elif fit_calibration is not None and (molecules or item_levels):
         members = [
             {"checkpoint": str(Path(p).resolve()), "weights_sha256": r.meta.get("weights_sha256")}
             for p, r in zip(paths, records, strict=True)
@@ -344,9 +345,9 @@ def score_members(
             )
         else:  # atom (bond) targets alone: the file holds their levels' scores only
             calibration = Calibration("regression", members, residual=[])
-        if interval_levels:
+        if item_levels:
             items = member_item_outputs(modules, datamodule, "valid", trainer)
-            for level in interval_levels:
+            for level in item_levels:
                 outputs, y = items[level.name]
                 std = outputs.std(0) if ensemble else None
                 calibration.fit_level(level.name, y, outputs.mean(0), std)

@@ -11,7 +11,13 @@ import numpy as np
 from graphormer.errors import ConfigError
 from graphormer.portable.calibration import Calibration, conformal_radius
 
-__all__ = ["calibrated", "check_interval", "item_intervals"]
+__all__ = ["calibrated", "check_interval", "interval_levels", "item_intervals"]
+
+
+def interval_levels(task: Any) -> list:
+    """The item levels of ``task`` that get intervals: its regression atom (bond) levels of one
+    value an item (per-atom vectors have none yet)."""
+    return [v for v in task.item_levels if v.task_type(task) == "regression" and v.components == 1]
 
 
 def check_interval(
@@ -21,7 +27,7 @@ def check_interval(
     with ``calibration`` cannot give intervals at that level (of its regression molecule
     targets, and of each regression atom or bond level)."""
     molecules = task.num_tasks > 0 and not (task.is_classification or task.is_multiclass)
-    levels = [v for v in task.item_levels if v.task_type(task) == "regression"]
+    levels = interval_levels(task)
     if not molecules and not levels:
         raise ConfigError(
             f"interval={interval} is for regression models; this one predicts "
