@@ -24,7 +24,7 @@ from graphormer.data.sources.graph_cache import GraphCache, input_digest
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
 from graphormer.data.splits import column_split, file_split, file_split_setting, random_split
 from graphormer.data.structure import StructuralFeatures
-from graphormer.data.tasks import TaskInfo, user_task
+from graphormer.data.tasks import user_task
 from graphormer.errors import ConfigError, DataError
 
 __all__ = [
@@ -263,17 +263,10 @@ class AseSource(Source):
         self.path = str(path)
         self.targets = [str(t) for t in targets]
         self.atom_vector_targets = [str(t) for t in atom_vector_targets or ()]
-        self.split = split
-        self.split_ratios = tuple(split_ratios)
-        self.split_seed = split_seed
-        self.split_column = split_column
-        self.split_file = split_file
+        self._keep_split(split, split_ratios, split_seed, split_file, split_column)
         self.root = root
         self.name = name
         self._graphs: GraphFile | None = None
-
-    def task_info(self) -> TaskInfo:
-        return self._task
 
     def task_names(self) -> list[str]:
         return list(self.targets)

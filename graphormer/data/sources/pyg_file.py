@@ -425,11 +425,11 @@ class PygFileSource(Source):
         self.categorical_node_columns = [int(c) for c in categorical_node_columns]
         self.categorical_edge_columns = [int(c) for c in categorical_edge_columns]
         self.num_classes = num_classes
-        self.split_ratios = tuple(split_ratios)
-        self.split_seed = split_seed
+        self._keep_split(
+            "file" if split_file is not None else "random", split_ratios, split_seed, split_file
+        )
         self.root = root
         self.name = name
-        self.split_file = split_file
         self._graphs: GraphFile | None = None
         self._task: TaskInfo | None = None
         self._graph_cache: GraphCache | None = None

@@ -704,11 +704,13 @@ class SmilesCsvSource(Source):
         self.path = path
         self.targets = list(targets)
         self.smiles_column_name = smiles_column
-        self.split = split
-        self.split_ratios = tuple(split_ratios)
-        self.split_seed = split_seed
-        self.split_column = split_column
-        self.split_file = resolve_path(split_file) if split_file else None
+        self._keep_split(
+            split,
+            split_ratios,
+            split_seed,
+            resolve_path(split_file) if split_file else None,
+            split_column,
+        )
         self.root = root
         self.name = name
         self.columns = list(columns) if columns else None

@@ -228,13 +228,10 @@ class TUSource(Source):
                 raise ConfigError(f"dataset.{key} must be true or false, got {value!r}")
         self.name = name
         self.root = root
-        self.split = split
-        self.split_ratios = tuple(split_ratios)
-        self.split_seed = split_seed
+        self._keep_split(split, split_ratios, split_seed, split_file)
         self.use_node_attr = use_node_attr
         self.use_edge_attr = use_edge_attr
         self.metric = metric
-        self.split_file = split_file
         self._graphs: GraphFile | None = None
         self._task: TaskInfo | None = None
         self._graph_cache: GraphCache | None = None
