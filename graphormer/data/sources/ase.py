@@ -267,6 +267,7 @@ class AseSource(Source):
         self.root = root
         self.name = name
         self._graphs: GraphFile | None = None
+        self._graph_cache: GraphCache | None = None
 
     def task_names(self) -> list[str]:
         return list(self.targets)
@@ -312,18 +313,19 @@ class AseSource(Source):
         return GraphFile(data, slices, splits, [ELEMENTS], [1], 0, 0), {}
 
     def _cache(self) -> GraphCache:
-        read_structures_exists(self.path)
-        settings = ["ase", self.targets, self.atom_vector_targets, self.split_column]
-        digest = input_digest([self.path], settings)
-        stem = osp.splitext(osp.basename(self.path))[0]
-        return GraphCache(osp.join(self.root, "ase", f"{stem}_{digest}"))
+        # Named once: the name hashes the whole file.
+        if self._graph_cache is None:
+            read_structures_exists(self.path)
+            settings = ["ase", self.targets, self.atom_vector_targets, self.split_column]
+            digest = input_digest([self.path], settings)
+            stem = osp.splitext(osp.basename(self.path))[0]
+            self._graph_cache = GraphCache(osp.join(self.root, "ase", f"{stem}_{digest}"))
+        return self._graph_cache
 
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         task = self.task_info()
         graphs = self.graphs()
-        if pre_transform is not None:
-            self._cache().add_structure(graphs, pre_transform)
-        dataset = InMemoryGraphs(graphs)
+        dataset = InMemoryGraphs.structured(graphs, self._cache(), pre_transform)
         n = graphs.num_graphs
         if self.split == "file":
             split = file_split(self.split_file, n, range(n), unit="graph")

@@ -347,6 +347,16 @@ class InMemoryGraphs(InMemoryDataset):
         super().__init__(None, log=False)
         self.data, self.slices = graphs.data, graphs.slices
 
+    @classmethod
+    def structured(
+        cls, graphs: GraphFile, cache: GraphCache, pre_transform: StructuralFeatures | None
+    ) -> InMemoryGraphs:
+        """``graphs`` as a dataset, with ``pre_transform``'s structure computed once and kept in
+        ``cache`` beside them (keyed by the file's content: a changed file is read again)."""
+        if pre_transform is not None:
+            cache.add_structure(graphs, pre_transform)
+        return cls(graphs)
+
 
 class PygFileSource(Source):
     """A user's own graphs from a ``torch.save`` file of PyG ``Data``.
@@ -523,10 +533,7 @@ class PygFileSource(Source):
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         graphs = self.graphs()
         task = self.task_info()
-        # Cached beside the graphs, keyed by the file's content: a changed file is read again.
-        if pre_transform is not None:
-            self._cache().add_structure(graphs, pre_transform)
-        dataset = InMemoryGraphs(graphs)
+        dataset = InMemoryGraphs.structured(graphs, self._cache(), pre_transform)
         if self.split_file is not None:
             n = graphs.num_graphs
             split = file_split(self.split_file, n, range(n), unit="graph")

@@ -321,8 +321,7 @@ class TUSource(Source):
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         graphs = self.graphs()
         task = self._task
-        if pre_transform is not None:
-            self._cache().add_structure(graphs, pre_transform)
+        dataset = InMemoryGraphs.structured(graphs, self._cache(), pre_transform)
         y = graphs.data.y.view(-1)
         if self.split == "file":
             n = graphs.num_graphs
@@ -338,7 +337,7 @@ class TUSource(Source):
             split = random_split(graphs.num_graphs, self.split_ratios, self.split_seed)
         if task.is_multiclass:
             warn_absent_classes(y[split["train"]], task.num_classes, self.name)
-        return LoadedDataset(InMemoryGraphs(graphs), split, task)
+        return LoadedDataset(dataset, split, task)
 
     def smiles_refusal(self) -> str:
         return (
