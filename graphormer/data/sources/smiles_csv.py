@@ -31,6 +31,7 @@ from graphormer.data.descriptors import (
     auxiliary_atoms_apply,
     rdkit2d_names,
     rdkit2d_values,
+    require_columns,
 )
 from graphormer.data.featurize import featurize_smiles, molecule_bond_edges
 from graphormer.data.sources.base import LoadedDataset, Source
@@ -254,14 +255,14 @@ class SmilesCsvDataset(InMemoryDataset):
     def process(self) -> None:
         table = self._read()
         self._refuse_duplicate_columns(table)
-        read = [self.smiles_column, *self._read_columns()]
-        missing = [c for c in read if c not in table.columns]
-        if missing:
-            raise DataError(
-                f"{self.csv_path} has no column(s) {missing}; its columns are "
-                f"{list(table.columns)}. Set dataset.smiles_column / dataset.targets / "
-                "dataset.atom_targets / dataset.bond_targets / dataset.feature_columns."
-            )
+        require_columns(
+            table,
+            [self.smiles_column, *self._read_columns()],
+            self.csv_path,
+            role="",
+            fix=". Set dataset.smiles_column / dataset.targets / dataset.atom_targets / "
+            "dataset.bond_targets / dataset.feature_columns.",
+        )
         atom_lists = [
             [
                 _parse_list(cell, row, column, self.csv_path)
