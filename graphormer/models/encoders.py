@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from graphormer.models.init import bert_init_
+
 __all__ = [
     "CategoricalEmbedding",
     "ContinuousProjection",
@@ -99,8 +101,7 @@ class ContinuousProjection(nn.Module):
         self.linear = nn.Linear(in_dim, out_dim)
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.linear.weight, std=0.02)
-        nn.init.zeros_(self.linear.bias)
+        bert_init_(self.linear)
 
     def set_statistics(self, mean: Tensor, std: Tensor) -> None:
         """Standardise with ``mean`` and ``std`` ``[in_dim]`` (a zero spread counts as 1)."""
