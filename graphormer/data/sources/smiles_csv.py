@@ -36,7 +36,13 @@ from graphormer.data.descriptors import (
 from graphormer.data.featurize import featurize_smiles, molecule_bond_edges
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
-from graphormer.data.splits import column_split, file_split, group_split, random_split
+from graphormer.data.splits import (
+    column_split,
+    file_split,
+    file_split_setting,
+    group_split,
+    random_split,
+)
 from graphormer.data.structure import StructuralFeatures, add_structural_features
 from graphormer.data.tasks import (
     ATOM,
@@ -654,15 +660,8 @@ class SmilesCsvSource(Source):
         self.bond_task_type = bond_task_type
         self.atom_targets = [str(t) for t in atom_targets or ()]
         self.atom_task_type = atom_task_type
-        if split_file is not None and split in ("scaffold", "file"):
-            split = "file"  # the file is the split; scaffold is only the config's default
-        elif split_file is not None:
-            raise ConfigError(
-                f"dataset.split_file={split_file} and dataset.split={split} both choose the "
-                "split: give one (split_file alone implies dataset.split=file)"
-            )
-        if split == "file" and split_file is None:
-            raise ConfigError("dataset.split=file needs dataset.split_file=FILE.json")
+        # The file is the split; scaffold is only the config's default.
+        split = file_split_setting(split, split_file, default="scaffold")
         if split == "column" and not split_column:
             raise ConfigError(
                 "dataset.split=column needs dataset.split_column=NAME (a column holding train, "
