@@ -29,6 +29,7 @@ __all__ = [
     "auxiliary_atoms_apply",
     "rdkit2d_names",
     "rdkit2d_values",
+    "require_columns",
 ]
 
 T = TypeVar("T")
@@ -233,6 +234,23 @@ class MoleculeFeatures:
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(smiles), 0), np.float32)
 
 
+def require_columns(
+    table: pd.DataFrame, columns: Sequence[str], where: str, role: str, fix: str
+) -> None:
+    """Refuse a table lacking any of ``columns``: one error naming the absent ones, what they are
+    read as (``role``), the columns the table has, and ``fix``.
+
+    Raises:
+        DataError: ``{where} has no column(s) [...]{role}; its columns are [...]{fix}``.
+    """
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise DataError(
+            f"{where} has no column(s) {missing}{role}; its columns are "
+            f"{list(map(str, table.columns))}{fix}"
+        )
+
+
 def read_feature_columns(
     table: pd.DataFrame | None, columns: Sequence[str], where: str, rows: int
 ) -> np.ndarray:
@@ -246,13 +264,13 @@ def read_feature_columns(
             f"the model reads feature column(s) {list(columns)} (dataset.feature_columns) but "
             f"{where} gives only SMILES: give a CSV holding those columns"
         )
-    missing = [c for c in columns if c not in table.columns]
-    if missing:
-        raise DataError(
-            f"{where} has no column(s) {missing}, which the model reads as molecule features "
-            f"(dataset.feature_columns); its columns are {list(map(str, table.columns))}: add "
-            "them"
-        )
+    require_columns(
+        table,
+        columns,
+        where,
+        role=", which the model reads as molecule features (dataset.feature_columns)",
+        fix=": add them",
+    )
     if len(table) != rows:
         raise ValueError(f"{len(table)} table rows for {rows} molecules")
     out = np.empty((rows, len(columns)), dtype=np.float32)

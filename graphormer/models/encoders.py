@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from graphormer.models.init import bert_init_
+
 __all__ = [
     "CategoricalEmbedding",
     "ContinuousProjection",
@@ -99,8 +101,7 @@ class ContinuousProjection(nn.Module):
         self.linear = nn.Linear(in_dim, out_dim)
 
     def reset_parameters(self) -> None:
-        nn.init.normal_(self.linear.weight, std=0.02)
-        nn.init.zeros_(self.linear.bias)
+        bert_init_(self.linear)
 
     def set_statistics(self, mean: Tensor, std: Tensor) -> None:
         """Standardise with ``mean`` and ``std`` ``[in_dim]`` (a zero spread counts as 1)."""
@@ -113,6 +114,29 @@ class ContinuousProjection(nn.Module):
             weight.dtype
         )
         return self.linear(standard)
+
+
+def _feature_inputs(
+    feature_dims: Sequence[int],
+    continuous_dim: int,
+    out_dim: int,
+    stride: int | None,
+    reduce: str,
+) -> tuple[CategoricalEmbedding | None, ContinuousProjection | None, nn.Parameter | None]:
+    """The embeddings of one kind of input (nodes' or edges'): a categorical table when there are
+    categorical features, a continuous projection when there are float ones, and a learned
+    constant (left uninitialised for ``reset_parameters``) only when there are neither, so that
+    featureless graphs still have an input."""
+    categorical = (
+        CategoricalEmbedding(feature_dims, out_dim, stride=stride, reduce=reduce)
+        if len(feature_dims)
+        else None
+    )
+    continuous = ContinuousProjection(continuous_dim, out_dim) if continuous_dim else None
+    constant = None
+    if categorical is None and continuous is None:
+        constant = nn.Parameter(torch.empty(out_dim))
+    return categorical, continuous, constant
 
 
 def _input_width(name: str, values: Tensor | None, expected: int) -> None:
@@ -156,18 +180,10 @@ class NodeEncoder(nn.Module):
         super().__init__()
         self.max_degree = max_degree
         self.continuous_dim = continuous_dim
-        self.atom = (
-            CategoricalEmbedding(atom_feature_dims, hidden_dim, stride=feature_stride)
-            if len(atom_feature_dims)
-            else None
+        self.atom, self.continuous, constant = _feature_inputs(
+            atom_feature_dims, continuous_dim, hidden_dim, feature_stride, "sum"
         )
-        self.continuous = (
-            ContinuousProjection(continuous_dim, hidden_dim) if continuous_dim else None
-        )
-        if self.atom is None and self.continuous is None:
-            self.node_embedding = nn.Parameter(torch.empty(hidden_dim))
-        else:
-            self.register_parameter("node_embedding", None)
+        self.register_parameter("node_embedding", constant)
         self.in_degree = nn.Embedding(max_degree + 1, hidden_dim)
         self.out_degree = nn.Embedding(max_degree + 1, hidden_dim)
 
@@ -267,18 +283,10 @@ class GraphAttentionBias(nn.Module):
         # Rows: distances 0..max_distance, then "farther", then "unreachable" (unless it is "far").
         self.spatial = nn.Embedding(max_distance + (2 if unreachable_as_far else 3), num_heads)
         self.continuous_dim = continuous_dim
-        self.edge = (
-            CategoricalEmbedding(bond_feature_dims, num_heads, stride=feature_stride, reduce="mean")
-            if len(bond_feature_dims)
-            else None
+        self.edge, self.edge_continuous, constant = _feature_inputs(
+            bond_feature_dims, continuous_dim, num_heads, feature_stride, "mean"
         )
-        self.edge_continuous = (
-            ContinuousProjection(continuous_dim, num_heads) if continuous_dim else None
-        )
-        if self.edge is None and self.edge_continuous is None:
-            self.edge_embedding = nn.Parameter(torch.empty(num_heads))
-        else:
-            self.register_parameter("edge_embedding", None)
+        self.register_parameter("edge_embedding", constant)
         if edge_encoding == "multi_hop":
             self.hop_weight = nn.Parameter(torch.empty(multi_hop_max_dist, num_heads, num_heads))
         else:

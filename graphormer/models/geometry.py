@@ -10,6 +10,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from graphormer.models.init import bert_init_
+
 __all__ = ["GaussianDistanceEncoding", "VectorHead", "pair_distances"]
 
 
@@ -81,9 +83,7 @@ class GaussianDistanceEncoding(nn.Module):
         # Spread over the 0-3 A of bonded and near neighbours, as Graphormer-3D initialises them.
         nn.init.uniform_(self.means, 0, 3)
         nn.init.uniform_(self.stds, 0, 3)
-        for layer in (*self.bias_mlp[::2], self.centrality):
-            nn.init.normal_(layer.weight, std=0.02)
-            nn.init.zeros_(layer.bias)
+        bert_init_(*self.bias_mlp[::2], self.centrality)
 
     def kernels(self, dist: Tensor, atom_type: Tensor, pair_mask: Tensor) -> Tensor:
         """``[B, N, N, K]`` kernel values in ``dist``'s dtype (float32 or wider), zero where
@@ -146,10 +146,7 @@ class VectorHead(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for layer in (self.q, self.k, self.v, self.out):
-            nn.init.normal_(layer.weight, std=0.02)
-            if layer.bias is not None:
-                nn.init.zeros_(layer.bias)
+        bert_init_(self.q, self.k, self.v, self.out)
 
     def forward(self, h: Tensor, pos: Tensor, attn_bias: Tensor) -> Tensor:
         b, n, d = h.shape

@@ -19,6 +19,7 @@ from graphormer.models.dropout import Dropout
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder, touch
 from graphormer.models.geometry import GaussianDistanceEncoding, VectorHead
 from graphormer.models.heads import BondHead, NodeHead
+from graphormer.models.init import bert_init_
 from graphormer.models.layers import GraphormerLayer
 from graphormer.models.molecule_features import MoleculeFeatureInput
 
@@ -495,9 +496,7 @@ class Graphormer(nn.Module):
         # BERT-style initialisation, as in Microsoft's Graphormer: N(0, 0.02) weights, zero biases.
         for module in self.modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+                bert_init_(module)
             elif isinstance(module, nn.LayerNorm):
                 module.reset_parameters()
         self.node_encoder.reset_parameters()

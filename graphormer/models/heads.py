@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphormer.models.encoders import CategoricalEmbedding
+from graphormer.models.init import bert_init_
 
 __all__ = ["BondHead", "NodeHead"]
 
@@ -34,9 +35,7 @@ class NodeHead(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for layer in (self.transform, self.out):
-            nn.init.normal_(layer.weight, std=0.02)
-            nn.init.zeros_(layer.bias)
+        bert_init_(self.transform, self.out)
         self.norm.reset_parameters()
 
     def forward(self, h: Tensor) -> Tensor:
@@ -82,9 +81,7 @@ class BondHead(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for layer in (self.pair, self.out):
-            nn.init.normal_(layer.weight, std=0.02)
-            nn.init.zeros_(layer.bias)
+        bert_init_(self.pair, self.out)
         if self.edge is not None:
             self.edge.reset_parameters()
         self.norm.reset_parameters()

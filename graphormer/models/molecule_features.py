@@ -4,7 +4,9 @@ rule that turns raw values into model inputs, and their learned projection."""
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+
+from graphormer.models.encoders import ContinuousProjection
 
 __all__ = ["MOLECULE_FEATURE_RULE", "MoleculeFeatureInput"]
 
@@ -18,11 +20,12 @@ MOLECULE_FEATURE_RULE = (
 )
 
 
-class MoleculeFeatureInput(nn.Module):
+class MoleculeFeatureInput(ContinuousProjection):
     """Raw molecule features ``[B, D]`` -> a learned vector ``[B, out_dim]``, after
     :data:`MOLECULE_FEATURE_RULE` with statistics of the training split (buffers ``fill``,
     ``mean``, ``std``, ``keep``: saved with the weights, so that evaluation and prediction
-    transform exactly as training did).
+    transform exactly as training did): a :class:`ContinuousProjection` whose standardisation
+    also fills, drops and clips, since descriptors are missing, constant or heavy-tailed.
 
     Args:
         in_dim (int): raw features per molecule.
@@ -35,19 +38,10 @@ class MoleculeFeatureInput(nn.Module):
     """
 
     def __init__(self, in_dim: int, out_dim: int, clip: float = 5.0) -> None:
-        super().__init__()
-        if in_dim < 1:
-            raise ValueError(f"in_dim must be >= 1, got {in_dim}")
+        super().__init__(in_dim, out_dim)  # mean, std and the linear layer
         self.clip = float(clip)
         self.register_buffer("fill", torch.zeros(in_dim))
-        self.register_buffer("mean", torch.zeros(in_dim))
-        self.register_buffer("std", torch.ones(in_dim))
         self.register_buffer("keep", torch.ones(in_dim))
-        self.linear = nn.Linear(in_dim, out_dim)
-
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.linear.weight, std=0.02)
-        nn.init.zeros_(self.linear.bias)
 
     @torch.no_grad()
     def fit(self, rows: Tensor) -> dict[str, list[int]]:

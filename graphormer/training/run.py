@@ -290,12 +290,6 @@ def train(
     if settings.ckpt_path:
         checkpoints.load(settings.ckpt_path)  # a missing, corrupt or altered file fails now
     trainer_settings = settings.trainer
-    flag = settings.flag
-    if flag.enabled and trainer_settings.accumulate_grad_batches > 1:
-        raise ConfigError(
-            "flag.m > 0 (FLAG) takes its own gradient steps and cannot accumulate gradients over "
-            "batches: set trainer.accumulate_grad_batches=1, or use a larger datamodule.batch_size"
-        )
     pl.seed_everything(settings.seed, workers=True, verbose=False)
     torch.set_float32_matmul_precision("high")
     output_dir = Path(settings.output_dir)

@@ -682,6 +682,12 @@ class RunSettings:
                     "loss_weights", self.loss_weights, "{molecule: W, atom: W, bond: W} or null"
                 )
             object.__setattr__(self, "loss_weights", dict(self.loss_weights))
+        if self.flag.enabled and self.trainer.accumulate_grad_batches > 1:
+            raise ConfigError(
+                "flag.m > 0 (FLAG) takes its own gradient steps and cannot accumulate gradients "
+                "over batches: set trainer.accumulate_grad_batches=1, or use a larger "
+                "datamodule.batch_size"
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:

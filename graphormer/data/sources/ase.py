@@ -24,7 +24,7 @@ from graphormer.data.sources.graph_cache import GraphCache, input_digest
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
 from graphormer.data.splits import column_split, file_split, file_split_setting, random_split
 from graphormer.data.structure import StructuralFeatures
-from graphormer.data.tasks import TaskInfo, user_task
+from graphormer.data.tasks import user_task
 from graphormer.errors import ConfigError, DataError
 
 __all__ = [
@@ -263,17 +263,11 @@ class AseSource(Source):
         self.path = str(path)
         self.targets = [str(t) for t in targets]
         self.atom_vector_targets = [str(t) for t in atom_vector_targets or ()]
-        self.split = split
-        self.split_ratios = tuple(split_ratios)
-        self.split_seed = split_seed
-        self.split_column = split_column
-        self.split_file = split_file
+        self._keep_split(split, split_ratios, split_seed, split_file, split_column)
         self.root = root
         self.name = name
         self._graphs: GraphFile | None = None
-
-    def task_info(self) -> TaskInfo:
-        return self._task
+        self._graph_cache: GraphCache | None = None
 
     def task_names(self) -> list[str]:
         return list(self.targets)
@@ -319,18 +313,19 @@ class AseSource(Source):
         return GraphFile(data, slices, splits, [ELEMENTS], [1], 0, 0), {}
 
     def _cache(self) -> GraphCache:
-        read_structures_exists(self.path)
-        settings = ["ase", self.targets, self.atom_vector_targets, self.split_column]
-        digest = input_digest([self.path], settings)
-        stem = osp.splitext(osp.basename(self.path))[0]
-        return GraphCache(osp.join(self.root, "ase", f"{stem}_{digest}"))
+        # Named once: the name hashes the whole file.
+        if self._graph_cache is None:
+            read_structures_exists(self.path)
+            settings = ["ase", self.targets, self.atom_vector_targets, self.split_column]
+            digest = input_digest([self.path], settings)
+            stem = osp.splitext(osp.basename(self.path))[0]
+            self._graph_cache = GraphCache(osp.join(self.root, "ase", f"{stem}_{digest}"))
+        return self._graph_cache
 
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         task = self.task_info()
         graphs = self.graphs()
-        if pre_transform is not None:
-            self._cache().add_structure(graphs, pre_transform)
-        dataset = InMemoryGraphs(graphs)
+        dataset = InMemoryGraphs.structured(graphs, self._cache(), pre_transform)
         n = graphs.num_graphs
         if self.split == "file":
             split = file_split(self.split_file, n, range(n), unit="graph")

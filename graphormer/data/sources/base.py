@@ -10,6 +10,7 @@ prediction ask, so that they never name a concrete dataset.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,10 +51,30 @@ class Source(ABC):
     # The dataset's own split that published results are compared on (a phrase naming it), or
     # None when the split is the user's to choose: cross-validation refuses to resample it.
     official_split: str | None = None
+    _task: TaskInfo
 
-    @abstractmethod
     def task_info(self) -> TaskInfo:
-        """The task (type, number of targets, metric), without reading the data."""
+        """The task (type, number of targets, metric), without reading the data: by default the
+        one the constructor decided (``_task``); a source that learns it from its files
+        overrides this."""
+        return self._task
+
+    def _keep_split(
+        self,
+        split: str,
+        split_ratios: Sequence[float],
+        split_seed: int,
+        split_file: str | None,
+        split_column: str | None = None,
+    ) -> None:
+        """Keep the user's split settings (``dataset.split``, ``split_ratios``, ``split_seed``,
+        ``split_file``, ``split_column``), checked by the caller, under the names :meth:`load`
+        reads, for a source whose split is the user's to choose."""
+        self.split = split
+        self.split_ratios = tuple(split_ratios)
+        self.split_seed = split_seed
+        self.split_file = split_file
+        self.split_column = split_column
 
     @abstractmethod
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:

@@ -86,9 +86,6 @@ class LRGBSource(Source):
         task_type, num_tasks, metric = _TASKS[key]
         self._task = TaskInfo(name, task_type, num_tasks, metric)
 
-    def task_info(self) -> TaskInfo:
-        return self._task
-
     @property
     def raw_dir(self) -> str:
         return osp.join(self.root, self.key, "raw")

@@ -219,9 +219,6 @@ class OGBSource(Source):
         """The molecule-level input features (issue #22), or None."""
         return self.features if self.features.enabled else None
 
-    def task_info(self) -> TaskInfo:
-        return self._task
-
     def atom_task_names(self) -> list[str]:
         """The auxiliary per-atom descriptors' names, when they are trained."""
         return list(ATOM_DESCRIPTORS) if self.auxiliary_atom_descriptors else []

@@ -16,7 +16,7 @@ from graphormer.data.features import check_finite
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.ogb import OGBGraphDataset, ogb_task_info
 from graphormer.data.structure import StructuralFeatures
-from graphormer.data.tasks import TaskInfo, warn_absent_classes
+from graphormer.data.tasks import warn_absent_classes
 from graphormer.errors import ConfigError, DataError
 
 __all__ = ["PPA_EDGE_FEATURES", "PPADataset", "PPASource"]
@@ -69,9 +69,6 @@ class PPASource(Source):
         self.name = _NAME
         self.root = root
         self._task = ogb_task_info(_NAME)
-
-    def task_info(self) -> TaskInfo:
-        return self._task
 
     def feature_dims(self) -> tuple[list[int], list[int]]:
         return [], []  # no categorical node or edge feature

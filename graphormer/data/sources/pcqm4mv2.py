@@ -204,9 +204,6 @@ class PCQM4Mv2Source(Source):
         self.processes = processes
         self._task = TaskInfo(name, "regression", 1, "mae")
 
-    def task_info(self) -> TaskInfo:
-        return self._task
-
     def node_counts(self, dataset: PCQM4Mv2Graphs) -> torch.Tensor:
         return dataset.node_counts
 

@@ -291,18 +291,7 @@ def _per_item(graphs: list[Data], key: str, counts: Tensor, where: str, kind: st
                 + (" (graph-level labels: leave dataset.y_level=graph)" if key == "y" else "")
             )
         rows.append(value.double())
-    widths = {r.size(1) for r in rows}
-    if len(widths) != 1:
-        raise DataError(
-            f"{where}: graphs hold {sorted(widths)} {kind}-level targets ({key}) each; every "
-            "graph needs the same number (NaN for a missing one)"
-        )
-    values = torch.cat(rows)
-    if torch.isinf(values).any():
-        row = int(torch.isinf(values).any(-1).nonzero()[0])
-        graph = int(torch.searchsorted(counts.cumsum(0), row, right=True))
-        raise DataError(f"{where}: graph {graph} has an infinite {key} label")
-    return values.float()
+    return _stacked(rows, counts, where, f"{kind}-level targets ({key})", "", f"{key} label")
 
 
 def _labels(graphs: list[Data], where: str) -> Tensor:
@@ -313,18 +302,34 @@ def _labels(graphs: list[Data], where: str) -> Tensor:
             y = torch.tensor([float(y)])
         if not isinstance(y, Tensor) or y.numel() == 0:
             raise DataError(f"{where}: graph {i} has no label y (a tensor of its targets)")
-        rows.append(y.double().reshape(-1))
-    widths = {len(r) for r in rows}
+        rows.append(y.double().reshape(1, -1))
+    hint = "; a y of one row per node: dataset.y_level=node"
+    return _stacked(rows, torch.ones(len(rows), dtype=torch.long), where, "targets", hint, "label")
+
+
+def _stacked(
+    rows: list[Tensor], counts: Tensor, where: str, targets: str, hint: str, label: str
+) -> Tensor:
+    """Graph i's label rows ``rows[i]`` (``[counts[i], T]``: one per node, per edge, or its one
+    row) as one ``[sum(counts), T]`` float tensor; NaN (missing) stays, while graphs of different
+    widths T or an infinite label are refused, naming the graph.
+
+    Raises:
+        DataError: ``{where}: graphs hold [...] {targets} each; ...{hint})`` or
+            ``{where}: graph G has an infinite {label}``.
+    """
+    widths = {r.size(1) for r in rows}
     if len(widths) != 1:
         raise DataError(
-            f"{where}: graphs hold {sorted(widths)} targets each; every graph needs the same "
-            "number (NaN for a missing one; a y of one row per node: dataset.y_level=node)"
+            f"{where}: graphs hold {sorted(widths)} {targets} each; every graph needs the same "
+            f"number (NaN for a missing one{hint})"
         )
-    y = torch.stack(rows)
-    if torch.isinf(y).any():
-        graph = int(torch.isinf(y).any(-1).nonzero()[0])
-        raise DataError(f"{where}: graph {graph} has an infinite label")
-    return y.float()
+    values = torch.cat(rows)
+    if torch.isinf(values).any():
+        row = int(torch.isinf(values).any(-1).nonzero()[0])
+        graph = int(torch.searchsorted(counts.cumsum(0), row, right=True))
+        raise DataError(f"{where}: graph {graph} has an infinite {label}")
+    return values.float()
 
 
 def _splits(graphs: list[Data], where: str) -> list[str] | None:
@@ -346,6 +351,16 @@ class InMemoryGraphs(InMemoryDataset):
     def __init__(self, graphs: GraphFile) -> None:
         super().__init__(None, log=False)
         self.data, self.slices = graphs.data, graphs.slices
+
+    @classmethod
+    def structured(
+        cls, graphs: GraphFile, cache: GraphCache, pre_transform: StructuralFeatures | None
+    ) -> InMemoryGraphs:
+        """``graphs`` as a dataset, with ``pre_transform``'s structure computed once and kept in
+        ``cache`` beside them (keyed by the file's content: a changed file is read again)."""
+        if pre_transform is not None:
+            cache.add_structure(graphs, pre_transform)
+        return cls(graphs)
 
 
 class PygFileSource(Source):
@@ -425,11 +440,11 @@ class PygFileSource(Source):
         self.categorical_node_columns = [int(c) for c in categorical_node_columns]
         self.categorical_edge_columns = [int(c) for c in categorical_edge_columns]
         self.num_classes = num_classes
-        self.split_ratios = tuple(split_ratios)
-        self.split_seed = split_seed
+        self._keep_split(
+            "file" if split_file is not None else "random", split_ratios, split_seed, split_file
+        )
         self.root = root
         self.name = name
-        self.split_file = split_file
         self._graphs: GraphFile | None = None
         self._task: TaskInfo | None = None
         self._graph_cache: GraphCache | None = None
@@ -523,10 +538,7 @@ class PygFileSource(Source):
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         graphs = self.graphs()
         task = self.task_info()
-        # Cached beside the graphs, keyed by the file's content: a changed file is read again.
-        if pre_transform is not None:
-            self._cache().add_structure(graphs, pre_transform)
-        dataset = InMemoryGraphs(graphs)
+        dataset = InMemoryGraphs.structured(graphs, self._cache(), pre_transform)
         if self.split_file is not None:
             n = graphs.num_graphs
             split = file_split(self.split_file, n, range(n), unit="graph")

@@ -31,11 +31,18 @@ from graphormer.data.descriptors import (
     auxiliary_atoms_apply,
     rdkit2d_names,
     rdkit2d_values,
+    require_columns,
 )
 from graphormer.data.featurize import featurize_smiles, molecule_bond_edges
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import check_pyg_markers, corrupt_cache_message
-from graphormer.data.splits import column_split, file_split, group_split, random_split
+from graphormer.data.splits import (
+    column_split,
+    file_split,
+    file_split_setting,
+    group_split,
+    random_split,
+)
 from graphormer.data.structure import StructuralFeatures, add_structural_features
 from graphormer.data.tasks import (
     ATOM,
@@ -254,14 +261,14 @@ class SmilesCsvDataset(InMemoryDataset):
     def process(self) -> None:
         table = self._read()
         self._refuse_duplicate_columns(table)
-        read = [self.smiles_column, *self._read_columns()]
-        missing = [c for c in read if c not in table.columns]
-        if missing:
-            raise DataError(
-                f"{self.csv_path} has no column(s) {missing}; its columns are "
-                f"{list(table.columns)}. Set dataset.smiles_column / dataset.targets / "
-                "dataset.atom_targets / dataset.bond_targets / dataset.feature_columns."
-            )
+        require_columns(
+            table,
+            [self.smiles_column, *self._read_columns()],
+            self.csv_path,
+            role="",
+            fix=". Set dataset.smiles_column / dataset.targets / dataset.atom_targets / "
+            "dataset.bond_targets / dataset.feature_columns.",
+        )
         atom_lists = [
             [
                 _parse_list(cell, row, column, self.csv_path)
@@ -653,15 +660,8 @@ class SmilesCsvSource(Source):
         self.bond_task_type = bond_task_type
         self.atom_targets = [str(t) for t in atom_targets or ()]
         self.atom_task_type = atom_task_type
-        if split_file is not None and split in ("scaffold", "file"):
-            split = "file"  # the file is the split; scaffold is only the config's default
-        elif split_file is not None:
-            raise ConfigError(
-                f"dataset.split_file={split_file} and dataset.split={split} both choose the "
-                "split: give one (split_file alone implies dataset.split=file)"
-            )
-        if split == "file" and split_file is None:
-            raise ConfigError("dataset.split=file needs dataset.split_file=FILE.json")
+        # The file is the split; scaffold is only the config's default.
+        split = file_split_setting(split, split_file, default="scaffold")
         if split == "column" and not split_column:
             raise ConfigError(
                 "dataset.split=column needs dataset.split_column=NAME (a column holding train, "
@@ -704,11 +704,13 @@ class SmilesCsvSource(Source):
         self.path = path
         self.targets = list(targets)
         self.smiles_column_name = smiles_column
-        self.split = split
-        self.split_ratios = tuple(split_ratios)
-        self.split_seed = split_seed
-        self.split_column = split_column
-        self.split_file = resolve_path(split_file) if split_file else None
+        self._keep_split(
+            split,
+            split_ratios,
+            split_seed,
+            resolve_path(split_file) if split_file else None,
+            split_column,
+        )
         self.root = root
         self.name = name
         self.columns = list(columns) if columns else None

@@ -228,13 +228,10 @@ class TUSource(Source):
                 raise ConfigError(f"dataset.{key} must be true or false, got {value!r}")
         self.name = name
         self.root = root
-        self.split = split
-        self.split_ratios = tuple(split_ratios)
-        self.split_seed = split_seed
+        self._keep_split(split, split_ratios, split_seed, split_file)
         self.use_node_attr = use_node_attr
         self.use_edge_attr = use_edge_attr
         self.metric = metric
-        self.split_file = split_file
         self._graphs: GraphFile | None = None
         self._task: TaskInfo | None = None
         self._graph_cache: GraphCache | None = None
@@ -324,8 +321,7 @@ class TUSource(Source):
     def load(self, pre_transform: StructuralFeatures | None = None) -> LoadedDataset:
         graphs = self.graphs()
         task = self._task
-        if pre_transform is not None:
-            self._cache().add_structure(graphs, pre_transform)
+        dataset = InMemoryGraphs.structured(graphs, self._cache(), pre_transform)
         y = graphs.data.y.view(-1)
         if self.split == "file":
             n = graphs.num_graphs
@@ -341,7 +337,7 @@ class TUSource(Source):
             split = random_split(graphs.num_graphs, self.split_ratios, self.split_seed)
         if task.is_multiclass:
             warn_absent_classes(y[split["train"]], task.num_classes, self.name)
-        return LoadedDataset(InMemoryGraphs(graphs), split, task)
+        return LoadedDataset(dataset, split, task)
 
     def smiles_refusal(self) -> str:
         return (

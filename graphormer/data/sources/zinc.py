@@ -357,9 +357,6 @@ class ZINCSource(Source):
         self.subset = subset
         self._task = TaskInfo(name, "regression", 1, "mae")
 
-    def task_info(self) -> TaskInfo:
-        return self._task
-
     def feature_dims(self) -> tuple[list[int], list[int]]:
         """Vocabulary sizes of the node and edge features: one atom-type column (28 types) and
         one bond-type column (4 rows: "no bond" stays unused), not OGB's 9 and 3 columns."""
