@@ -61,7 +61,12 @@ def test_the_defaults_and_every_recipe_are_accepted(tmp_path):
     from helpers import options
 
     # Recipes over the user's own file (issue #22's descriptor pre-training) need its path.
-    needs = {"descriptor_pretrain": ["dataset.path=smiles.csv"]}
+    # Fine-tuning recipes need the checkpoint they start from (refused without one).
+    needs = {
+        "descriptor_pretrain": ["dataset.path=smiles.csv"],
+        "molhiv_finetune": ["pretrained=pre.ckpt"],
+        "molpcba_finetune": ["pretrained=pre.ckpt"],
+    }
     for name in options("experiment"):
         given = [f"output_dir={tmp_path}", f"experiment={name}", *needs.get(name, [])]
         settings = settings_from(compose_train(given))

@@ -86,8 +86,8 @@ def _assign_folds_by_class(groups: Sequence[str], folds: int, classes: np.ndarra
     return fold_of
 
 
-def _resampled_source(settings: Any) -> Any:
-    source = build_source(settings.dataset)
+def _check_resampled(settings: Any, source: Any) -> None:
+    """Refuses a cross-validation of a dataset whose split cannot (or must not) change."""
     cv = settings.cv
     key = "cv.folds" if cv.folds is not None else "cv.replicates"
     if source.official_split is not None:
@@ -103,7 +103,6 @@ def _resampled_source(settings: Any) -> Any:
             f"{key}: dataset.source={settings.dataset.get('source')} cannot take another split "
             f"(it has no dataset.{needed}); cross-validate a smiles_csv, tu or pyg_file dataset"
         )
-    return source
 
 
 def _fold_splits(settings: Any, source: Any, folder: Path) -> tuple[list[dict[str, Any]], bool]:
@@ -181,14 +180,18 @@ def _check_fold(settings: Any, dataset: dict[str, Any], fold: int) -> None:
         ) from error
 
 
-def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+def cross_validate(
+    settings: Any, fit: Callable[[Any], dict[str, Any]], source: Any | None = None
+) -> dict[str, Any]:
     """Trains one run (or ensemble) per fold or replicate into ``output_dir/folds/<k>`` with
     ``fit`` (settings -> metrics) and writes ``cv_metrics.json``: each fold's metrics, their
-    mean and standard deviation."""
+    mean and standard deviation. ``source``: the dataset's source, when the caller built it
+    already (each fold builds its own, with its split)."""
     from graphormer.training.settings import CrossValidationSettings
 
     output_dir = Path(settings.output_dir)
-    source = _resampled_source(settings)
+    source = source if source is not None else build_source(settings.dataset)
+    _check_resampled(settings, source)
     cv = settings.cv
     if cv.folds is not None:
         datasets, grouped = _fold_splits(settings, source, output_dir)
@@ -228,7 +231,7 @@ def cross_validate(settings: Any, fit: Callable[[Any], dict[str, Any]]) -> dict[
     # Every level's metrics: the first (the molecule metric, or an atom or bond model's first
     # level metric) heads the table, the others are reported beside it. Auxiliary atom targets
     # (issue #22) are trained, never a result.
-    task = build_source(settings.dataset).task_info().without_auxiliary()
+    task = source.task_info().without_auxiliary()
     metric, *beside = task.level_metrics
     summary: dict[str, Any] = {"kind": kind, "metric": metric, "folds": rows}
     for split in ("valid", "test"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from graphormer.uncertainty.calibration import calibration_of
 from graphormer.uncertainty.intervals import interval_levels
 
 __all__ = [
+    "DataOverrides",
     "calibration_lines",
     "calibration_of",
     "evaluate",
@@ -189,45 +191,61 @@ def member_item_outputs(
     return {name: (np.stack([f[name][0] for f in found]), found[0][name][1]) for name in found[0]}
 
 
-def _datamodule_of(
-    checkpoint, module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
-):
-    """The data a checkpoint was trained on, where it lives now, batched for evaluation."""
-    stored = module.run_record
-    if not stored.has_data:
-        raise CheckpointError(
-            f"checkpoint {checkpoint} records no dataset to evaluate on (a converted or hand-made "
-            "checkpoint?): fine-tune it with train.py pretrained=... and evaluate that run"
-        )
-    dataset_cfg = dict(stored.dataset)
-    # Where the data lives now, if it moved since training (the task must stay the same).
-    moved = {k: str(v) for k, v in (("root", dataset_root), ("path", dataset_path)) if v}
-    dataset_cfg.update(absolute_paths(moved))
-    datamodule_cfg = dict(stored.datamodule)
-    if batch_size:
-        datamodule_cfg["eval_batch_size"] = batch_size
-    if max_tokens is not None:
-        datamodule_cfg["max_tokens"] = max_tokens
-    if num_workers is not None:
-        datamodule_cfg["num_workers"] = num_workers
-    try:
-        datamodule = build_datamodule(dataset_cfg, datamodule_cfg)
-    except ConfigError as error:
-        # Settings read from a checkpoint: it names something graphormer does not build.
-        raise CheckpointError(
-            f"checkpoint {checkpoint} has unusable data settings: {error}"
-        ) from error
-    mismatch = feature_mismatch(module.config, datamodule.source)
-    if mismatch:
-        raise CheckpointError(
-            f"the dataset of checkpoint {checkpoint} no longer fits its model: {mismatch}"
-        )
-    if not datamodule.task.same_task(module.task):
-        raise CheckpointError(
-            f"checkpoint {checkpoint} was trained for {module.task} but its dataset settings now "
-            f"describe {datamodule.task}"
-        )
-    return datamodule
+@dataclass(frozen=True)
+class DataOverrides:
+    """Where a checkpoint's data lives now and how to batch it for scoring; ``None`` keeps what
+    the training run recorded.
+
+    Attributes:
+        root, path (str | None): the dataset's ``root`` / ``path``, if the data moved since
+            training (the task must stay the same).
+        batch_size, max_tokens, num_workers (int | None): the evaluation batching.
+    """
+
+    root: str | None = None
+    path: str | None = None
+    batch_size: int | None = None
+    max_tokens: int | None = None
+    num_workers: int | None = None
+
+    def datamodule(self, checkpoint, module):
+        """The data ``checkpoint`` (whose model is ``module``) was trained on, where it lives
+        now, batched for evaluation."""
+        stored = module.run_record
+        if not stored.has_data:
+            raise CheckpointError(
+                f"checkpoint {checkpoint} records no dataset to evaluate on (a converted or "
+                "hand-made checkpoint?): fine-tune it with train.py pretrained=... and evaluate "
+                "that run"
+            )
+        dataset_cfg = dict(stored.dataset)
+        moved = {k: str(v) for k, v in (("root", self.root), ("path", self.path)) if v}
+        dataset_cfg.update(absolute_paths(moved))
+        datamodule_cfg = dict(stored.datamodule)
+        if self.batch_size:
+            datamodule_cfg["eval_batch_size"] = self.batch_size
+        if self.max_tokens is not None:
+            datamodule_cfg["max_tokens"] = self.max_tokens
+        if self.num_workers is not None:
+            datamodule_cfg["num_workers"] = self.num_workers
+        try:
+            datamodule = build_datamodule(dataset_cfg, datamodule_cfg)
+        except ConfigError as error:
+            # Settings read from a checkpoint: it names something graphormer does not build.
+            raise CheckpointError(
+                f"checkpoint {checkpoint} has unusable data settings: {error}"
+            ) from error
+        mismatch = feature_mismatch(module.config, datamodule.source)
+        if mismatch:
+            raise CheckpointError(
+                f"the dataset of checkpoint {checkpoint} no longer fits its model: {mismatch}"
+            )
+        if not datamodule.task.same_task(module.task):
+            raise CheckpointError(
+                f"checkpoint {checkpoint} was trained for {module.task} but its dataset "
+                f"settings now describe {datamodule.task}"
+            )
+        return datamodule
 
 
 def _eval_trainer(accelerator: str, precision: str) -> pl.Trainer:
@@ -276,16 +294,13 @@ def score_members(
     splits: list[str],
     accelerator: str = "auto",
     precision: str | None = None,
-    dataset_root: str | None = None,
-    dataset_path: str | None = None,
-    batch_size: int | None = None,
-    max_tokens: int | None = None,
-    num_workers: int | None = None,
+    data: DataOverrides = DataOverrides(),
     fit_calibration: str | None = None,
     calibration_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Scores the mean prediction of the checkpoints ``paths`` (one, or an ensemble's members)
-    on each labelled split of ``splits``, with how sure it was (:func:`uncertainty_report`).
+    on each labelled split of ``splits``, with how sure it was (:func:`uncertainty_report`);
+    ``data`` says where the data lives now and how to batch it.
 
     With ``fit_calibration`` (``none``, ``temperature``, ``isotonic``: the binary method), the
     calibration is first fitted on the validation split and written to
@@ -297,9 +312,7 @@ def score_members(
     check_members(records, modules)
     module = modules[0]
     results = module.task.without_auxiliary()  # auxiliary atom targets are never scored
-    datamodule = _datamodule_of(
-        paths[0], module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
-    )
+    datamodule = data.datamodule(paths[0], module)
     precision = precision or records[0].precision or DEFAULT_PRECISION
     trainer = _eval_trainer(accelerator, precision)
     datamodule.prepare_data()
@@ -454,25 +467,13 @@ def evaluate(
     """
     quiet_third_parties()
     members = resolve_members(checkpoint, allow_missing)
+    data = DataOverrides(dataset_root, dataset_path, batch_size, max_tokens, num_workers)
     if len(members.paths) > 1:
-        return _evaluate_members(
-            members,
-            split=split,
-            output=output,
-            dataset_root=dataset_root,
-            dataset_path=dataset_path,
-            accelerator=accelerator,
-            precision=precision,
-            batch_size=batch_size,
-            max_tokens=max_tokens,
-            num_workers=num_workers,
-        )
+        return _evaluate_members(members, split, output, accelerator, precision, data)
     checkpoint = members.paths[0]
     record = checkpoints.load(checkpoint)
     module = GraphormerModule.from_checkpoint(record)
-    datamodule = _datamodule_of(
-        checkpoint, module, dataset_root, dataset_path, batch_size, max_tokens, num_workers
-    )
+    datamodule = data.datamodule(checkpoint, module)
 
     # The training run's precision by default, so that the recorded numbers are reproduced.
     precision = precision or record.precision or DEFAULT_PRECISION
@@ -523,7 +524,14 @@ def _logged(value: float) -> float:
     return float(np.float32(value))
 
 
-def _evaluate_members(members: Members, *, split: str, output, **kwargs: Any) -> dict[str, Any]:
+def _evaluate_members(
+    members: Members,
+    split: str,
+    output: str | Path | None,
+    accelerator: str,
+    precision: str | None,
+    data: DataOverrides,
+) -> dict[str, Any]:
     """:func:`evaluate` for several checkpoints: the mean prediction's scores."""
     report(
         f"ensemble of {len(members.paths)} member(s): "
@@ -535,7 +543,14 @@ def _evaluate_members(members: Members, *, split: str, output, **kwargs: Any) ->
         splits = [split]
     else:
         raise ConfigError(f"split={split!r}: an ensemble is scored on valid, test or all")
-    found = score_members(members.paths, splits=splits, calibration_dir=members.folder, **kwargs)
+    found = score_members(
+        members.paths,
+        splits=splits,
+        accelerator=accelerator,
+        precision=precision,
+        data=data,
+        calibration_dir=members.folder,
+    )
     scored = [s for s in splits if s in found]
     results = {
         "checkpoints": [str(Path(p).resolve()) for p in members.paths],

@@ -35,7 +35,7 @@ def fit(
                 "always store their conformal intervals' calibration)"
             )
     if settings.cv.enabled:
-        return cross_validate(settings, lambda one: fit(one, loggers_for))
+        return cross_validate(settings, lambda one: fit(one, loggers_for), source)
     if settings.ensemble.size > 1:
         _refuse_vector_targets(source.task_info())
         return train_ensemble(settings, loggers_for, source=source)

@@ -285,8 +285,6 @@ def train(
             built it already; None builds it. (default: :obj:`None`)
     """
     quiet_third_parties()
-    if not settings.pretrained and not settings.ckpt_path:
-        _refuse_fine_tuning_settings(settings)
     if settings.ckpt_path:
         checkpoints.load(settings.ckpt_path)  # a missing, corrupt or altered file fails now
     trainer_settings = settings.trainer
@@ -442,36 +440,6 @@ def _refuse_nonfinite_scores(results: dict[str, Any]) -> None:
                 f"targets overflow); lower optim.lr, rescale extreme targets, or keep "
                 f"trainer.gradient_clip_val set. The checkpoints are in {results['best_checkpoint']}"
             )
-
-
-def _refuse_fine_tuning_settings(settings: RunSettings) -> None:
-    """A run that starts from nothing (no ``pretrained=``, no resume) refuses the settings that
-    only a fine-tuning reads, each with one error line."""
-    if settings.require_pretrained:
-        raise ConfigError(
-            "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
-            "pre-training run's checkpoint, or published weights converted with "
-            "scripts/convert.py; see docs/guide/paper.md)"
-        )
-    if settings.pretrained_head != "random":
-        raise ConfigError(
-            f"pretrained_head={settings.pretrained_head} fits the new output layer of a "
-            "fine-tuning: give pretrained=FILE.ckpt too, or leave pretrained_head=random"
-        )
-    decay = settings.optim.pretrained_decay
-    if decay is not None:
-        raise ConfigError(
-            f"optim.pretrained_decay={decay} pulls the tensors copied by a fine-tuning toward "
-            "their pre-trained values: give pretrained=FILE.ckpt too, or leave "
-            "optim.pretrained_decay=null"
-        )
-    scale = settings.optim.pretrained_lr_scale
-    if scale is not None:
-        raise ConfigError(
-            f"optim.pretrained_lr_scale={scale} sets the learning rate of the tensors a "
-            "fine-tuning copies: give pretrained=FILE.ckpt too, or leave "
-            "optim.pretrained_lr_scale=null"
-        )
 
 
 def _results(trainer: pl.Trainer, checkpoint: RunCheckpoint, task, output_dir: Path) -> dict:

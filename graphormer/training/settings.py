@@ -688,6 +688,37 @@ class RunSettings:
                 "over batches: set trainer.accumulate_grad_batches=1, or use a larger "
                 "datamodule.batch_size"
             )
+        if not self.pretrained and not self.ckpt_path:
+            self._refuse_fine_tuning_settings()
+
+    def _refuse_fine_tuning_settings(self) -> None:
+        """A run that starts from nothing (no ``pretrained=``, no resume) refuses the settings
+        that only a fine-tuning reads, each with one error line."""
+        if self.require_pretrained:
+            raise ConfigError(
+                "this configuration fine-tunes a pre-trained model: pass pretrained=FILE.ckpt (a "
+                "pre-training run's checkpoint, or published weights converted with "
+                "scripts/convert.py; see docs/guide/paper.md)"
+            )
+        if self.pretrained_head != "random":
+            raise ConfigError(
+                f"pretrained_head={self.pretrained_head} fits the new output layer of a "
+                "fine-tuning: give pretrained=FILE.ckpt too, or leave pretrained_head=random"
+            )
+        decay = self.optim.pretrained_decay
+        if decay is not None:
+            raise ConfigError(
+                f"optim.pretrained_decay={decay} pulls the tensors copied by a fine-tuning toward "
+                "their pre-trained values: give pretrained=FILE.ckpt too, or leave "
+                "optim.pretrained_decay=null"
+            )
+        scale = self.optim.pretrained_lr_scale
+        if scale is not None:
+            raise ConfigError(
+                f"optim.pretrained_lr_scale={scale} sets the learning rate of the tensors a "
+                "fine-tuning copies: give pretrained=FILE.ckpt too, or leave "
+                "optim.pretrained_lr_scale=null"
+            )
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RunSettings:
