@@ -404,6 +404,8 @@ def score_split(
         std = outputs.std(0) if ensemble else None
         y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
         metrics.update(score_level(levels, level, y_true, y_pred, split))
+        # A vector's spread is reported per component, as its metrics are.
+        y, mean, std = (None if a is None else _component_rows(level, a) for a in (y, mean, std))
         report[level.name] = uncertainty_report(
             level.as_task(levels),
             level_task_names(module, level),
@@ -415,6 +417,11 @@ def score_split(
         )
     metrics["num_graphs"] = datamodule.split_size(split)
     return metrics, report
+
+
+def _component_rows(level: Any, values: np.ndarray) -> np.ndarray:
+    """Items' ``[n, T]`` values (a vector's ``[n, T, 3]`` as ``[3 n, T]``, :meth:`Level.component_rows`)."""
+    return level.component_rows(torch.from_numpy(values)).numpy()
 
 
 def evaluate(
