@@ -39,4 +39,3 @@ def fit(
         return train_ensemble(settings, loggers_for, source=source)
     loggers = loggers_for(Path(settings.output_dir)) if loggers_for else None
     return train_calibrated(settings, loggers, source=source)
-
