@@ -18,6 +18,7 @@ __all__ = [
     "RandomConformer",
     "embed_conformers",
     "embed_many",
+    "mean_over_repeats",
     "unembedded_message",
 ]
 
@@ -116,3 +117,25 @@ class RandomConformer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def mean_over_repeats(
+    keys: torch.Tensor, values: torch.Tensor, labels: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Rows ``[n, ...]`` sharing a key ``[n]`` as one: a graph read once per conformer
+    (evaluation scores the mean over a molecule's conformers, as prediction does), or evaluated
+    twice by distributed padding. Returns the sorted unique keys, the mean of each key's
+    ``values`` and the first of its ``labels`` (the same for every repeat), on ``values``'
+    device. Summed on the CPU, in the rows' order: the same numbers every run."""
+    unique, inverse, counts = torch.unique(
+        keys.cpu(), sorted=True, return_inverse=True, return_counts=True
+    )
+    sums = torch.zeros((len(unique), *values.shape[1:]), dtype=values.dtype)
+    sums.index_add_(0, inverse, values.cpu())
+    mean = sums / counts.view(-1, *([1] * (values.dim() - 1))).to(values.dtype)
+    first = None
+    if labels is not None:
+        rows = torch.arange(len(keys))
+        start = torch.full((len(unique),), len(keys)).scatter_reduce_(0, inverse, rows, "amin")
+        first = labels[start.to(labels.device)]
+    return unique.to(keys.device), mean.to(values.device), first

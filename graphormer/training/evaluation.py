@@ -15,6 +15,7 @@ import torch
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
+from graphormer.data.conformers import mean_over_repeats
 from graphormer.data.tasks import ITEM_LEVELS, score, score_level, score_reported
 from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
@@ -102,9 +103,8 @@ def predict_split(
             index, pred = module.predict_step(batch.to(device), 0)
             indices.append(index.cpu())
             preds.append(pred.float().cpu())
-    index, pred = torch.cat(indices), torch.cat(preds)
-    order = torch.argsort(index)
-    index, pred = index[order], pred[order]
+    # Ordered by dataset index, each graph once: the mean over its conformers (if several).
+    index, pred, _ = mean_over_repeats(torch.cat(indices), torch.cat(preds))
     expected = datamodule.loaded.split[split]
     if not torch.equal(index, expected.sort().values):
         raise RuntimeError(f"{split} predictions cover {len(index)} graphs, not the split's")
@@ -167,9 +167,11 @@ def predict_split_items(
     module.eval()
     items = {}
     for name, found in parts.items():
-        graphs, positions, values, labels = (torch.cat(t).numpy() for t in zip(*found, strict=True))
-        order = np.lexsort((positions, graphs))
-        items[name] = (values[order], labels[order])
+        graphs, positions, values, labels = (torch.cat(t) for t in zip(*found, strict=True))
+        # Ordered by graph, then item; each the mean over its graph's conformers (if several).
+        key = graphs * (int(positions.max()) + 1 if len(positions) else 1) + positions
+        _, values, labels = mean_over_repeats(key, values, labels)
+        items[name] = (values.numpy(), labels.numpy())
     return items
 
 
