@@ -12,10 +12,13 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from graphormer.errors import ConfigError
+
 __all__ = [
     "CONFORMER_METHODS",
     "CONFORMER_SEED",
     "RandomConformer",
+    "check_conformer_settings",
     "embed_conformers",
     "embed_many",
     "mean_over_repeats",
@@ -26,6 +29,24 @@ __all__ = [
 CONFORMER_METHODS = ("rdkit",)
 # ETKDG's random seed: the same SMILES always gets the same conformers.
 CONFORMER_SEED = 0x3D
+
+
+def check_conformer_settings(conformers: str | None, num_conformers: int) -> None:
+    """Raises :class:`ConfigError` naming ``dataset.conformers`` or ``dataset.num_conformers``
+    (and what is allowed) when a source is asked for conformers it cannot make."""
+    if conformers is not None and conformers not in CONFORMER_METHODS:
+        raise ConfigError(
+            f"dataset.conformers={conformers!r} is not allowed: "
+            f"{' or '.join(CONFORMER_METHODS)} (positions from RDKit), or null for none"
+        )
+    if (
+        isinstance(num_conformers, bool)
+        or not isinstance(num_conformers, int)
+        or num_conformers < 1
+    ):
+        raise ConfigError(
+            f"dataset.num_conformers={num_conformers!r} is not allowed: an integer >= 1"
+        )
 
 
 def embed_conformers(
