@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from graphormer.testing import emt_frames
 
@@ -78,6 +79,22 @@ def test_an_ensemble_of_force_models_averages_the_vectors_and_gives_their_spread
     ]  # fmt: skip
     np.testing.assert_allclose(long[xyz].to_numpy(), np.concatenate(forces), atol=1e-5)
     np.testing.assert_allclose(long[spread].to_numpy(), np.concatenate(std), atol=1e-5)
+
+    # the members' mean vector rotates with the molecule (their spread, per axis, does not)
+    from graphormer.data.sources.ase import structure_graphs
+    from graphormer.inference import Predictor
+
+    predictor = Predictor.from_checkpoint(tmp_path / "run", device="cpu")
+    graphs = structure_graphs(str(path))[:5]
+    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(1)))
+    rotation = q * torch.sign(torch.det(q))  # a proper rotation
+    turned = [g.clone() for g in graphs]
+    for g in turned:
+        g.pos = g.pos @ rotation.T
+    plain, rotated = predictor.predict_graphs(graphs), predictor.predict_graphs(turned)
+    for a, b in zip(plain.atom_vectors, rotated.atom_vectors, strict=True):
+        np.testing.assert_allclose(a @ rotation.T.numpy(), b, atol=1e-4)
+    np.testing.assert_allclose(plain.values, rotated.values, rtol=1e-4, atol=1e-4)
 
 
 def test_mc_dropout_gives_a_force_model_a_reproducible_spread(tmp_path):
