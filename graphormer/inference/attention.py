@@ -254,8 +254,8 @@ def _maps(
         if positions is not None:
             for graph, pos in zip(graphs, positions, strict=True):
                 graph.pos = torch.from_numpy(pos[c])  # [N, 3]
-        passes.append(_one_pass(predictor, predictor.collator(graphs)))
-    batch = predictor.collator(graphs)
+        batch = predictor.collator(graphs)  # the same padding for every conformer
+        passes.append(_one_pass(predictor, batch))
 
     def mean(key: str) -> np.ndarray | None:
         return None if passes[0][key] is None else np.mean([p[key] for p in passes], axis=0)
