@@ -191,15 +191,6 @@ class ModelRunner:
     ) -> None:
         self.modules = list(modules)
         self.mc_dropout = int(mc_dropout)
-        task = getattr(self.modules[0], "task", None)
-        vectors = task is not None and any(v.name == "atom_vector" for v in task.item_levels)
-        if vectors and (len(self.modules) > 1 or self.mc_dropout):
-            # Members' and passes' spreads are per scalar output; a vector's is not defined yet.
-            raise ConfigError(
-                "an ensemble or MC dropout (mc_dropout=K) of a model of per-atom vector targets "
-                "(dataset.atom_vector_targets) is not available yet: give one checkpoint and "
-                "no mc_dropout"
-            )
         self.seed = int(seed)
         self.device = device
         self.compute_dtype: torch.dtype | None = None
@@ -257,8 +248,10 @@ class ModelRunner:
         self, batch: Any, task: TaskInfo
     ) -> tuple[dict[str, list[np.ndarray]], dict[str, list[np.ndarray]] | None]:
         """Each item level's mean prediction over members x passes, one ``[n_items, T]`` array
-        per graph (:func:`item_arrays`; of probabilities for binary levels), and the passes'
-        standard deviation alike (None for one deterministic pass)."""
+        per graph (:func:`item_arrays`; of probabilities for binary levels; a vector level's
+        ``[n_atoms, T, 3]``, averaged component by component, which is equivariant: the mean
+        of rotated vectors is the rotated mean), and the passes' standard deviation alike, per
+        component (None for one deterministic pass)."""
 
         def one(member: Any) -> dict[str, list[np.ndarray]]:
             levels = member.forward_levels(batch)
@@ -268,6 +261,6 @@ class ModelRunner:
         means, spread = {}, {}
         for name in found[0]:
             stacked = [np.stack(arrays) for arrays in zip(*(f[name] for f in found), strict=True)]
-            means[name] = [s.mean(0) for s in stacked]  # each [members x passes, n_items, T]
+            means[name] = [s.mean(0) for s in stacked]  # each [passes, n_items, T(, 3)]
             spread[name] = [s.std(0) for s in stacked]
         return means, (spread if len(found) > 1 else None)

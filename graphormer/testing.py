@@ -26,6 +26,7 @@ __all__ = [
     "CONFIGS",
     "NCI_SMILES",
     "NCI_TPSA",
+    "emt_frames",
     "model_preset",
     "nci_graphs",
     "nci_ogb_dataset",
@@ -575,6 +576,26 @@ def write_lrgb_layout(root: Path, key: str, sizes: tuple[int, int, int] = (160, 
         torch.save(graphs, raw / f"{name}.pt")
         start += size
     return raw
+
+
+def emt_frames(count: int) -> list:
+    """``count`` ASE frames of small molecules (CH4, H2O, NH3, C2H6, CH3OH in turn) shaken off
+    their geometry (seeded), with ASE's EMT energy and forces stored as calculator results: a
+    3D data set with per-atom vector targets, in seconds (needs the ``3d`` extra)."""
+    from ase.build import molecule
+    from ase.calculators.emt import EMT
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    rng = np.random.default_rng(0)
+    frames = []
+    for i in range(count):
+        atoms = molecule(("CH4", "H2O", "NH3", "C2H6", "CH3OH")[i % 5])
+        atoms.positions += rng.normal(scale=0.08, size=atoms.positions.shape)
+        atoms.calc = EMT()
+        energy, forces = atoms.get_potential_energy(), atoms.get_forces()
+        atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces)
+        frames.append(atoms)
+    return frames
 
 
 def rotatable_bonds(smiles: str) -> list[int]:

@@ -13,6 +13,7 @@ from graphormer.data.conformers import embed_conformers
 from graphormer.data.sources import build_source
 from graphormer.data.tasks import ATOM_VECTOR
 from graphormer.errors import ConfigError, DataError
+from graphormer.testing import emt_frames
 
 from helpers import (
     TINY,
@@ -167,23 +168,6 @@ def test_train_a_3d_model_on_an_extxyz_file(tmp_path):
     assert torch.isfinite(torch.tensor(result["valid"]["rmse"]))
 
 
-def _emt_frames(count: int) -> list:
-    """Small molecules shaken off their geometry, with EMT's energy and forces stored."""
-    from ase.build import molecule
-    from ase.calculators.emt import EMT
-
-    rng = np.random.default_rng(0)
-    frames = []
-    for i in range(count):
-        atoms = molecule(("CH4", "H2O", "NH3", "C2H6", "CH3OH")[i % 5])
-        atoms.positions += rng.normal(scale=0.08, size=atoms.positions.shape)
-        atoms.calc = EMT()
-        energy, forces = atoms.get_potential_energy(), atoms.get_forces()
-        atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces)
-        frames.append(atoms)
-    return frames
-
-
 def test_vector_statistics_scale_by_the_rms_norm_and_never_shift():
     rows = torch.tensor([[[3.0, 4.0, 0.0]], [[0.0, 0.0, float("nan")]], [[1.0, 0.0, 0.0]]])
     mean, std = ATOM_VECTOR.statistics(rows)  # [T, 1] each: one scale shared by x, y, z
@@ -203,7 +187,7 @@ def test_vector_statistics_scale_by_the_rms_norm_and_never_shift():
 
 def test_train_energy_and_forces_then_eval_and_resume(tmp_path):
     path = tmp_path / "emt.extxyz"
-    ase.io.write(path, _emt_frames(30))
+    ase.io.write(path, emt_frames(30))
     run = tmp_path / "run"
     args = [
         "dataset=ase",

@@ -12,12 +12,16 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
+from graphormer.errors import ConfigError
+
 __all__ = [
     "CONFORMER_METHODS",
     "CONFORMER_SEED",
     "RandomConformer",
+    "check_conformer_settings",
     "embed_conformers",
     "embed_many",
+    "mean_over_repeats",
     "unembedded_message",
 ]
 
@@ -25,6 +29,24 @@ __all__ = [
 CONFORMER_METHODS = ("rdkit",)
 # ETKDG's random seed: the same SMILES always gets the same conformers.
 CONFORMER_SEED = 0x3D
+
+
+def check_conformer_settings(conformers: str | None, num_conformers: int) -> None:
+    """Raises :class:`ConfigError` naming ``dataset.conformers`` or ``dataset.num_conformers``
+    (and what is allowed) when a source is asked for conformers it cannot make."""
+    if conformers is not None and conformers not in CONFORMER_METHODS:
+        raise ConfigError(
+            f"dataset.conformers={conformers!r} is not allowed: "
+            f"{' or '.join(CONFORMER_METHODS)} (positions from RDKit), or null for none"
+        )
+    if (
+        isinstance(num_conformers, bool)
+        or not isinstance(num_conformers, int)
+        or num_conformers < 1
+    ):
+        raise ConfigError(
+            f"dataset.num_conformers={num_conformers!r} is not allowed: an integer >= 1"
+        )
 
 
 def embed_conformers(
@@ -116,3 +138,25 @@ class RandomConformer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def mean_over_repeats(
+    keys: torch.Tensor, values: torch.Tensor, labels: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Rows ``[n, ...]`` sharing a key ``[n]`` as one: a graph read once per conformer
+    (evaluation scores the mean over a molecule's conformers, as prediction does), or evaluated
+    twice by distributed padding. Returns the sorted unique keys, the mean of each key's
+    ``values`` and the first of its ``labels`` (the same for every repeat), on ``values``'
+    device. Summed on the CPU, in the rows' order: the same numbers every run."""
+    unique, inverse, counts = torch.unique(
+        keys.cpu(), sorted=True, return_inverse=True, return_counts=True
+    )
+    sums = torch.zeros((len(unique), *values.shape[1:]), dtype=values.dtype)
+    sums.index_add_(0, inverse, values.cpu())
+    mean = sums / counts.view(-1, *([1] * (values.dim() - 1))).to(values.dtype)
+    first = None
+    if labels is not None:
+        rows = torch.arange(len(keys))
+        start = torch.full((len(unique),), len(keys)).scatter_reduce_(0, inverse, rows, "amin")
+        first = labels[start.to(labels.device)]
+    return unique.to(keys.device), mean.to(values.device), first

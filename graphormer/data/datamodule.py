@@ -28,18 +28,27 @@ log = logging.getLogger(__name__)
 
 
 class IndexedSubset(Dataset):
-    """Items ``(dataset_index, graph)`` of ``dataset`` at ``indices``."""
+    """Items ``(dataset_index, graph)`` of ``dataset`` at ``indices``. With ``conformers`` C > 1
+    (evaluation of graphs holding C conformers ``[N, C, 3]``), every graph C times in a row,
+    item ``i`` reading conformer ``i % C`` as its ``pos``: each conformer once, never a random
+    one, so that the predictions' mean over them is what prediction gives."""
 
-    def __init__(self, dataset: Dataset, indices: Sequence[int] | torch.Tensor) -> None:
+    def __init__(
+        self, dataset: Dataset, indices: Sequence[int] | torch.Tensor, conformers: int = 1
+    ) -> None:
         self.dataset = dataset
         self.indices = torch.as_tensor(indices, dtype=torch.long)
+        self.conformers = conformers
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return len(self.indices) * self.conformers
 
     def __getitem__(self, i: int):
-        index = int(self.indices[i])
-        return index, self.dataset[index]
+        index = int(self.indices[i // self.conformers])
+        graph = self.dataset[index]
+        if self.conformers > 1:
+            graph.pos = graph.conformers[:, i % self.conformers]  # [N, 3]
+        return index, graph
 
 
 class GraphDataModule(pl.LightningDataModule):
@@ -330,9 +339,11 @@ class GraphDataModule(pl.LightningDataModule):
             return 1, 0
         return trainer.world_size, trainer.global_rank
 
-    def _loader(self, index: torch.Tensor, batch_sampler: Sampler[list[int]]) -> DataLoader:
+    def _loader(
+        self, index: torch.Tensor, batch_sampler: Sampler[list[int]], conformers: int = 1
+    ) -> DataLoader:
         return DataLoader(
-            IndexedSubset(self.loaded.dataset, index),
+            IndexedSubset(self.loaded.dataset, index, conformers),
             batch_sampler=batch_sampler,
             collate_fn=self.collator,
             num_workers=self.num_workers,
@@ -404,7 +415,21 @@ class GraphDataModule(pl.LightningDataModule):
             shard = [0]
         if self.max_tokens is not None:
             self._log_alone(split, index, rank)
+        conformers = self.eval_conformers
+        if conformers > 1:
+            # Each graph once per conformer, in a row (IndexedSubset's items); the module and
+            # evaluate() average the predictions of a dataset index.
+            shard = [p * conformers + c for p in shard for c in range(conformers)]
+            batches = self._eval_batches(index.repeat_interleave(conformers), shard)
+            return self._loader(index, batches, conformers)
         return self._loader(index, self._eval_batches(index, shard))
+
+    @property
+    def eval_conformers(self) -> int:
+        """Conformers each graph holds (its source's, ``dataset.num_conformers``; 1: one
+        ``pos`` or none): evaluation reads every one and scores the mean of their
+        predictions, as prediction from SMILES does."""
+        return max(1, int(self.source.prediction_conformers()))
 
     def _eval_batches(self, index: torch.Tensor, positions: list[int]) -> list[list[int]]:
         """``positions`` (into ``index``) in their order, in batches of ``eval_batch_size``

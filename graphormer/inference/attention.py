@@ -11,19 +11,32 @@ import torch
 from rdkit import Chem
 
 from graphormer.errors import DataError
-from graphormer.inference.inputs import attach_molecule_features, featurize
+from graphormer.inference.inputs import (
+    attach_molecule_features,
+    embed_positions,
+    featurize,
+    graph_input,
+)
 from graphormer.runner import item_arrays
 
-__all__ = ["GRAPH_TOKEN", "AttentionMaps", "atom_labels", "attention_maps", "attention_rollout"]
+__all__ = [
+    "GRAPH_TOKEN",
+    "AttentionMaps",
+    "atom_labels",
+    "attention_maps",
+    "attention_rollout",
+    "depict_structure",
+    "structure_attention_maps",
+]
 
 # The label of Graphormer's graph token (row and column 0 of every map).
 GRAPH_TOKEN = "graph"
 
 
-def atom_labels(smiles: str) -> list[str]:
+def atom_labels(smiles: str | Chem.Mol) -> list[str]:
     """``["graph", "C0", "C1", "O2", ...]``: the graph token, then each atom's element and its
-    rdkit index (the numbers RDKit draws with ``addAtomIndices``)."""
-    mol = Chem.MolFromSmiles(smiles)
+    rdkit index (the numbers RDKit draws with ``addAtomIndices``), of a SMILES or a molecule."""
+    mol = smiles if isinstance(smiles, Chem.Mol) else Chem.MolFromSmiles(smiles)
     if mol is None:
         raise ValueError(f"rdkit cannot parse SMILES {smiles!r}")
     return [GRAPH_TOKEN, *(f"{a.GetSymbol()}{a.GetIdx()}" for a in mol.GetAtoms())]
@@ -74,6 +87,10 @@ class AttentionMaps:
             in the target's units (logits for a binary task), by task name (issue #22): the
             prediction is the graph token's part plus their sum; empty for other readouts and
             multi-class tasks.
+        atom_vector_predictions: a model of per-atom vectors' (forces) ``[x, y, z]`` per atom,
+            by vector target name; empty otherwise.
+        molecule: what is drawn when it is not ``smiles`` parsed (a structure's atoms with
+            the bonds their positions imply, in the file's atom order); None otherwise.
     """
 
     smiles: str
@@ -83,6 +100,13 @@ class AttentionMaps:
     atom_predictions: dict[str, list[float]] = field(default_factory=dict)
     bond_predictions: dict[str, list[float]] = field(default_factory=dict)
     atom_contributions: dict[str, list[float]] = field(default_factory=dict)
+    atom_vector_predictions: dict[str, list[list[float]]] = field(default_factory=dict)
+    molecule: Chem.Mol | None = None
+
+    @property
+    def drawn(self) -> str | Chem.Mol:
+        """What the pictures draw: :attr:`molecule`, or the SMILES."""
+        return self.molecule if self.molecule is not None else self.smiles
 
     @property
     def num_layers(self) -> int:
@@ -116,29 +140,84 @@ def attention_maps(predictor: Any, smiles: list[str]) -> list[AttentionMaps]:
     """:meth:`attention` for several molecules, computed in one padded batch; each map is
     cut to its own molecule (no padding). ``predictor``: the
     :class:`~graphormer.inference.predictor.Predictor` whose model, featurisation and runner
-    give them."""
+    give them. A model trained with conformers reads each molecule's, as prediction does
+    (the same method and seed): its maps and values are the mean over them."""
     predictor._check_smiles_allowed()
     featurized = featurize(smiles, predictor.max_atoms, bool(predictor.task.bond_tasks))
+    positions = embed_positions(featurized, smiles, predictor.conformers)
     for i, error in enumerate(featurized.errors):
         if error:
             raise DataError(f"SMILES {smiles[i]!r} (item {i}): {error}")
     attach_molecule_features(predictor.molecule_features, featurized, smiles, None)
-    batch = predictor.collator(featurized.graphs)
-    atoms = bonds = contributions = None
+    return _maps(predictor, featurized.graphs, list(smiles), [None] * len(smiles), positions)
+
+
+def structure_attention_maps(predictor: Any, graphs: list, where: str) -> list[AttentionMaps]:
+    """:func:`attention_maps` of a structure file's frames (``graphs``: elements and
+    positions, as ``predict.py input=FILE`` reads them; ``where`` names the file in errors),
+    each drawn as its atoms with the bonds their positions imply (:func:`depict_structure`)."""
+    from graphormer.data.sources.ase import element_molecules
+
+    inputs = []
+    for i, graph in enumerate(graphs):
+        try:
+            inputs.append(
+                graph_input(
+                    graph,
+                    predictor.module.config,
+                    predictor.categorical_columns,
+                    predictor.max_atoms,
+                    bool(predictor.task.bond_tasks),
+                )
+            )
+        except DataError as error:
+            text = str(error).replace("graph: graph 0", "graph", 1)
+            raise DataError(f"cannot explain frame {i} of {where}: {text}") from error
+    molecules = [
+        depict_structure(mol, graph.pos.numpy())
+        for mol, graph in zip(element_molecules(graphs), graphs, strict=True)
+    ]
+    names = [Chem.MolToSmiles(mol) for mol in molecules]
+    return _maps(predictor, inputs, names, molecules, None)
+
+
+def depict_structure(mol: Chem.Mol, positions: np.ndarray) -> Chem.Mol:
+    """A structure's atoms (``mol``: elements in file order, no bonds) with the bonds RDKit
+    reads from their ``positions`` ``[N, 3]`` (covalent radii), laid out in 2D for drawing;
+    atom ``i`` stays the file's atom ``i``."""
+    from rdkit.Chem import rdDepictor, rdDetermineBonds
+
+    mol = Chem.RWMol(mol)
+    conformer = Chem.Conformer(mol.GetNumAtoms())
+    for i, xyz in enumerate(np.asarray(positions, dtype=np.float64)):
+        conformer.SetAtomPosition(i, xyz.tolist())
+    mol.AddConformer(conformer, assignId=True)
+    rdDetermineBonds.DetermineConnectivity(mol)
+    mol = mol.GetMol()
+    mol.RemoveAllConformers()
+    rdDepictor.Compute2DCoords(mol)
+    return mol
+
+
+def _one_pass(predictor: Any, batch: Any) -> dict[str, Any]:
+    """One forward pass of ``batch`` (on the CPU): the outputs as users read them, every
+    layer's attention ``[B, L, H, N+1, N+1]``, each item level's arrays per graph and a
+    ``token_sum`` model's atom contributions ``[B, N, T]`` (None for other models)."""
+    contributions = None
     model = predictor.module.model
     explains_atoms = (
         model.config.readout == "token_sum"
         and model.head is not None
         and not predictor.task.is_multiclass
     )
+    per_level: dict[str, list] = {}
     with predictor._inference():
         on_device = batch.to(predictor.device)
         h = None
-        if predictor.task.atom_tasks or predictor.task.bond_tasks:
+        if predictor.task.item_levels:
             levels, attention = predictor.module.forward_levels(on_device, return_attention=True)
             out = levels["molecule"]
             per_level = item_arrays(predictor.task, levels, batch)
-            atoms, bonds = per_level.get("atom"), per_level.get("bond")
         elif explains_atoms:
             # One pass: the prediction and the atoms' terms from the same final states.
             h, attention = model.encode(on_device, return_attention=True)
@@ -152,20 +231,53 @@ def attention_maps(predictor: Any, smiles: list[str]) -> list[AttentionMaps]:
             # the target standardisation scales it; its mean is the graph token's part.
             per_atom = model.atom_contributions(h, on_device).float()
             contributions = (per_atom * predictor.module.target_std.float()).cpu().numpy()
-    values = predictor._outputs(out)
-    stacked = torch.stack([a.float() for a in attention], dim=1).cpu()  # [B, L, H, N+1, N+1]
+    return {
+        "values": predictor._outputs(out),
+        "attention": torch.stack([a.float() for a in attention], dim=1).cpu().numpy(),
+        "levels": per_level,
+        "contributions": contributions,
+    }
+
+
+def _maps(
+    predictor: Any,
+    graphs: list,
+    names: list[str],
+    molecules: list[Chem.Mol | None],
+    positions: list[np.ndarray] | None,
+) -> list[AttentionMaps]:
+    """The maps of ``graphs`` (``names``: their SMILES; ``molecules``: what is drawn where
+    not the SMILES), in one padded batch per conformer of ``positions`` (``[C, N, 3]`` per
+    graph; None: the graphs' own positions, if any), averaged over the conformers."""
+    passes = []
+    for c in range(1 if positions is None else len(positions[0])):
+        if positions is not None:
+            for graph, pos in zip(graphs, positions, strict=True):
+                graph.pos = torch.from_numpy(pos[c])  # [N, 3]
+        batch = predictor.collator(graphs)  # the same padding for every conformer
+        passes.append(_one_pass(predictor, batch))
+
+    def mean(key: str) -> np.ndarray | None:
+        return None if passes[0][key] is None else np.mean([p[key] for p in passes], axis=0)
+
+    values, stacked, contributions = mean("values"), mean("attention"), mean("contributions")
+    per_level = {
+        name: [np.mean([p["levels"][name][b] for p in passes], axis=0) for b in range(len(arrays))]
+        for name, arrays in passes[0]["levels"].items()
+    }
+    atoms, bonds, vectors = (per_level.get(k) for k in ("atom", "bond", "atom_vector"))
     node_mask = batch.node_mask
     maps = []
-    for b, text in enumerate(smiles):
+    for b, text in enumerate(names):
         # The graph token (0) and this molecule's atoms, whose rows and columns the collator
         # places first; everything after them is padding.
-        keep = torch.cat([torch.tensor([0]), node_mask[b].nonzero().squeeze(1) + 1])
+        keep = np.concatenate([[0], node_mask[b].nonzero().squeeze(1).numpy() + 1])
         weights = stacked[b][:, :, keep][:, :, :, keep]  # [L, H, n+1, n+1]
         maps.append(
             AttentionMaps(
                 smiles=text,
-                labels=atom_labels(text),
-                weights=weights.numpy(),
+                labels=atom_labels(molecules[b] if molecules[b] is not None else text),
+                weights=weights.astype(np.float32),
                 predictions={
                     k: None if pd.isna(v[0]) else v[0].item()
                     for k, v in predictor.outputs(values[b : b + 1]).items()
@@ -188,6 +300,13 @@ def attention_maps(predictor: Any, smiles: list[str]) -> list[AttentionMaps]:
                 }
                 if contributions is not None
                 else {},
+                atom_vector_predictions={
+                    name: vectors[b][:, t].tolist()
+                    for t, name in enumerate(predictor.names.atom_vector_task_names)
+                }
+                if vectors is not None
+                else {},
+                molecule=molecules[b],
             )
         )
     return maps

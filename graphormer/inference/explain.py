@@ -19,7 +19,7 @@ from graphormer.inference.pictures import (
 )
 from graphormer.outputs import atomic_path
 
-__all__ = ["write_explanation"]
+__all__ = ["norms", "write_explanation"]
 
 
 def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> list[Path]:
@@ -39,7 +39,12 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
       the colour of its predicted value (the same scales), with a legend;
     - for a ``model.readout=token_sum`` model (regression or binary), ``contributions_<task>.png``:
       the molecule with each atom coloured by its additive term of the prediction (target units;
-      logits for binary tasks), blue-white-red centred on zero, with a legend.
+      logits for binary tasks), blue-white-red centred on zero, with a legend;
+    - for a model of per-atom vectors (forces), ``atoms_<target>.png``: each atom coloured by
+      its vector's norm, which the legend says (the vectors are in ``summary.json``).
+
+    A structure's frame is drawn as its atoms with the bonds their positions imply
+    (``maps.molecule``), numbered in the file's atom order.
     """
     check_picture_size(size)
     folder.mkdir(parents=True, exist_ok=True)
@@ -56,7 +61,7 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
     save(
         "rollout.png",
         draw_molecule(
-            maps.smiles,
+            maps.drawn,
             rollout,
             size=size,
             legend=(
@@ -69,7 +74,7 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
     save(
         "layers.png",
         draw_molecules(
-            maps.smiles,
+            maps.drawn,
             [*per_layer, rollout],
             legends=[
                 *(f"layer {i} ({attention_legend(v)})" for i, v in enumerate(per_layer)),
@@ -93,13 +98,19 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
             np.save(partial, array.astype(np.float32))
         written.append(folder / name)
     for name, values in maps.atom_predictions.items():
-        save(f"atoms_{name}.png", draw_atom_values(maps.smiles, np.asarray(values), name, size))
+        save(f"atoms_{name}.png", draw_atom_values(maps.drawn, np.asarray(values), name, size))
     for name, values in maps.bond_predictions.items():
-        save(f"bonds_{name}.png", draw_bond_values(maps.smiles, np.asarray(values), name, size))
+        save(f"bonds_{name}.png", draw_bond_values(maps.drawn, np.asarray(values), name, size))
     for name, values in maps.atom_contributions.items():
         label = f"{name}, each atom's contribution"
-        picture = draw_atom_values(maps.smiles, np.asarray(values), label, size)
+        picture = draw_atom_values(maps.drawn, np.asarray(values), label, size)
         save(f"contributions_{name}.png", picture)
+    for name, vectors in maps.atom_vector_predictions.items():
+        # A vector has no colour: its length does (the direction is in summary.json).
+        label = f"{name}, each atom's vector norm |(x, y, z)|"
+        picture = draw_atom_values(maps.drawn, norms(vectors), label, size)
+        save(f"atoms_{name}.png", picture)
+    vectors = maps.atom_vector_predictions
     summary = {
         "smiles": maps.smiles,
         "labels": maps.labels,
@@ -107,8 +118,19 @@ def write_explanation(maps: AttentionMaps, folder: Path, size: int = 600) -> lis
         **({"atom_predictions": maps.atom_predictions} if maps.atom_predictions else {}),
         **({"bond_predictions": maps.bond_predictions} if maps.bond_predictions else {}),
         **({"atom_contributions": maps.atom_contributions} if maps.atom_contributions else {}),
+        **({"atom_vector_predictions": vectors} if vectors else {}),
+        **(
+            {"atom_vector_norms": {k: norms(v).tolist() for k, v in vectors.items()}}
+            if vectors
+            else {}
+        ),
         "layers": layers,
         "heads": maps.num_heads,
     }
     save("summary.json", (json.dumps(summary, indent=2) + "\n").encode())
     return written
+
+
+def norms(vectors: list) -> np.ndarray:
+    """``[n]``: the length of each atom's ``[x, y, z]``."""
+    return np.linalg.norm(np.asarray(vectors, dtype=np.float64).reshape(-1, 3), axis=-1)

@@ -115,7 +115,9 @@ def check_picture_size(size: object, key: str = "size") -> int:
     return size
 
 
-def draw_molecule(smiles: str, values: np.ndarray, size: int = 600, legend: str = "") -> bytes:
+def draw_molecule(
+    smiles: str | Chem.Mol, values: np.ndarray, size: int = 600, legend: str = ""
+) -> bytes:
     """PNG of the molecule with atom ``i`` shaded by ``values[i]`` relative to a uniform split
     (unshaded at uniform or below, darkest at :data:`SATURATE` x uniform) and numbered with its
     rdkit index."""
@@ -125,7 +127,7 @@ def draw_molecule(smiles: str, values: np.ndarray, size: int = 600, legend: str 
 
 
 def draw_molecules(
-    smiles: str,
+    smiles: str | Chem.Mol,
     values: Sequence[np.ndarray],
     legends: Sequence[str],
     panel: int = 300,
@@ -255,7 +257,9 @@ def atom_value_colours(values: np.ndarray) -> tuple[np.ndarray, float, bool]:
     return colormap(0.72 * (values - low) / span), span, False
 
 
-def draw_atom_values(smiles: str, values: np.ndarray, name: str, size: int = 600) -> bytes:
+def draw_atom_values(
+    smiles: str | Chem.Mol, values: np.ndarray, name: str, size: int = 600
+) -> bytes:
     """PNG of the molecule with atom ``i`` coloured by its predicted value ``values[i]`` of the
     atom target ``name`` (:func:`atom_value_colours`), each atom numbered with its rdkit index,
     and a legend naming the target and what the colours mean, in the target's units."""
@@ -269,12 +273,14 @@ def draw_atom_values(smiles: str, values: np.ndarray, name: str, size: int = 600
     return _draw(mol, legend, colors, {i: 0.42 for i in colors}, size)
 
 
-def draw_bond_values(smiles: str, values: np.ndarray, name: str, size: int = 600) -> bytes:
+def draw_bond_values(
+    smiles: str | Chem.Mol, values: np.ndarray, name: str, size: int = 600
+) -> bytes:
     """PNG of the molecule with bond ``k`` (RDKit's bond order) drawn in the colour of its
     predicted value ``values[k]`` of the bond target ``name``, on the atoms' scale
     (:func:`atom_value_colours`), atoms numbered, and a legend naming the target and the
     colours' values."""
-    mol = Chem.MolFromSmiles(smiles)
+    mol = Chem.Mol(smiles) if isinstance(smiles, Chem.Mol) else Chem.MolFromSmiles(smiles)
     if mol is None:
         raise ValueError(f"rdkit cannot parse SMILES {smiles!r}")
     if mol.GetNumBonds() != len(values):
@@ -293,8 +299,10 @@ def draw_bond_values(smiles: str, values: np.ndarray, name: str, size: int = 600
     return _draw(mol, legend, {}, {}, size, bond_colors=colors)
 
 
-def _molecule(smiles: str, values: np.ndarray) -> Chem.Mol:
-    mol = Chem.MolFromSmiles(smiles)
+def _molecule(smiles: str | Chem.Mol, values: np.ndarray) -> Chem.Mol:
+    """The molecule a SMILES (or an RDKit molecule, a structure's depiction) draws, checked
+    against one value per atom."""
+    mol = Chem.Mol(smiles) if isinstance(smiles, Chem.Mol) else Chem.MolFromSmiles(smiles)
     if mol is None:
         raise ValueError(f"rdkit cannot parse SMILES {smiles!r}")
     if mol.GetNumAtoms() != len(values):

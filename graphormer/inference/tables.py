@@ -43,10 +43,11 @@ class Predictions:
             molecule in RDKit's bond order (per listed edge for graphs); None otherwise.
         atom_vectors: for a model of per-atom vectors (forces), one ``[n_atoms, T_vec, 3]``
             float32 array per molecule in atom order; None otherwise.
-        item_extras: per item level (``atom``, ``bond``) and column suffix (``std``: the
-            spread over an ensemble's members or MC-dropout passes; ``lower``, ``upper``: the
-            calibrated intervals), one ``[n_items, T]`` array per molecule (None where there
-            is no prediction); empty for a single model without intervals.
+        item_extras: per item level (``atom``, ``bond``, ``atom_vector``) and column suffix
+            (``std``: the spread over an ensemble's members or MC-dropout passes; ``lower``,
+            ``upper``: the calibrated intervals, of atoms and bonds), one ``[n_items, T]``
+            array per molecule (a vector's ``[n_atoms, T, 3]``: a std per component; None
+            where there is no prediction); empty for a single model without intervals.
     """
 
     values: np.ndarray
@@ -215,7 +216,8 @@ class OutputNames:
             return None
         table = tables[0]
         for other in tables[1:]:  # the same rows: each molecule's atoms, or its error row
-            for name in self.level_columns(ATOM_VECTOR):
+            # the vectors' columns (and their spread's), between the atoms' and the error
+            for name in other.columns[2 + len(_ITEM_COLUMNS[ATOM_VECTOR.name]) : -1]:
                 table.insert(len(table.columns) - 1, name, other[name])
         return table
 
@@ -249,7 +251,7 @@ class OutputNames:
                 described[column] += found[column]
             values += [item.reshape(-1) for item in items]  # a vector's [T, 3] -> [3 T]
             for suffix, arrays in extras.items():
-                extra_values[suffix] += list(arrays[position])
+                extra_values[suffix] += [item.reshape(-1) for item in arrays[position]]
             errors += [""] * len(items)
         stacked = np.stack(values) if values else np.zeros((0, len(names)))
         index = "bond_index" if level is BOND else "atom_index"  # a vector's items are atoms
@@ -291,15 +293,15 @@ class OutputNames:
                         dtype=object,
                     )
         if result.atom_vectors is not None:
-            # One list of [x, y, z] per atom, per molecule and vector target.
+            # One list of [x, y, z] per atom, per molecule and vector target; an ensemble's or
+            # MC dropout's spread beside it alike (a std per component).
+            found = {"": result.atom_vectors, **result.item_extras.get(ATOM_VECTOR.name, {})}
             for t, name in enumerate(self.atom_vector_task_names):
-                added[name] = np.array(
-                    [
-                        None if a is None else format_vector_list(a[:, t])
-                        for a in result.atom_vectors
-                    ],
-                    dtype=object,
-                )
+                for suffix, lists in found.items():
+                    added[f"{name}_{suffix}" if suffix else name] = np.array(
+                        [None if a is None else format_vector_list(a[:, t]) for a in lists],
+                        dtype=object,
+                    )
         added["error"] = np.array(result.errors, dtype=object)
         taken = set(map(str, out.columns))
         renamed = []

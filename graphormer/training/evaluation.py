@@ -16,6 +16,7 @@ import torch
 from graphormer import checkpoint as checkpoints
 from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
+from graphormer.data.conformers import mean_over_repeats
 from graphormer.data.tasks import ITEM_LEVELS, score, score_level, score_reported
 from graphormer.devices import DEFAULT_PRECISION
 from graphormer.errors import ConfigError
@@ -104,9 +105,8 @@ def predict_split(
             index, pred = module.predict_step(batch.to(device), 0)
             indices.append(index.cpu())
             preds.append(pred.float().cpu())
-    index, pred = torch.cat(indices), torch.cat(preds)
-    order = torch.argsort(index)
-    index, pred = index[order], pred[order]
+    # Ordered by dataset index, each graph once: the mean over its conformers (if several).
+    index, pred, _ = mean_over_repeats(torch.cat(indices), torch.cat(preds))
     expected = datamodule.loaded.split[split]
     if not torch.equal(index, expected.sort().values):
         raise RuntimeError(f"{split} predictions cover {len(index)} graphs, not the split's")
@@ -169,9 +169,11 @@ def predict_split_items(
     module.eval()
     items = {}
     for name, found in parts.items():
-        graphs, positions, values, labels = (torch.cat(t).numpy() for t in zip(*found, strict=True))
-        order = np.lexsort((positions, graphs))
-        items[name] = (values[order], labels[order])
+        graphs, positions, values, labels = (torch.cat(t) for t in zip(*found, strict=True))
+        # Ordered by graph, then item; each the mean over its graph's conformers (if several).
+        key = graphs * (int(positions.max()) + 1 if len(positions) else 1) + positions
+        _, values, labels = mean_over_repeats(key, values, labels)
+        items[name] = (values.numpy(), labels.numpy())
     return items
 
 
@@ -417,6 +419,8 @@ def score_split(
         std = outputs.std(0) if ensemble else None
         y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
         metrics.update(score_level(levels, level, y_true, y_pred, split))
+        # A vector's spread is reported per component, as its metrics are.
+        y, mean, std = (None if a is None else _component_rows(level, a) for a in (y, mean, std))
         report[level.name] = uncertainty_report(
             level.as_task(levels),
             level_task_names(module, level),
@@ -428,6 +432,11 @@ def score_split(
         )
     metrics["num_graphs"] = datamodule.split_size(split)
     return metrics, report
+
+
+def _component_rows(level: Any, values: np.ndarray) -> np.ndarray:
+    """Items' ``[n, T]`` values (a vector's ``[n, T, 3]`` as ``[3 n, T]``, :meth:`Level.component_rows`)."""
+    return level.component_rows(torch.from_numpy(values)).numpy()
 
 
 def evaluate(

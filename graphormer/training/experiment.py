@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from graphormer.data.sources import build_source
-from graphormer.data.tasks import ATOM_VECTOR, TaskInfo
 from graphormer.errors import ConfigError
 from graphormer.training.crossval import cross_validate
 from graphormer.training.ensemble import train_calibrated, train_ensemble
@@ -37,17 +36,6 @@ def fit(
     if settings.cv.enabled:
         return cross_validate(settings, lambda one: fit(one, loggers_for), source)
     if settings.ensemble.size > 1:
-        _refuse_vector_targets(source.task_info())
         return train_ensemble(settings, loggers_for, source=source)
     loggers = loggers_for(Path(settings.output_dir)) if loggers_for else None
     return train_calibrated(settings, loggers, source=source)
-
-
-def _refuse_vector_targets(task: TaskInfo) -> None:
-    """Ensembles average scalar predictions per molecule, atom or bond; members' per-atom
-    vectors are not combined yet (a single model of them trains and predicts)."""
-    if any(level.name == ATOM_VECTOR.name for level in task.item_levels):
-        raise ConfigError(
-            "ensemble.size > 1 does not combine per-atom vector targets "
-            "(dataset.atom_vector_targets) yet: train such a model with ensemble.size=1"
-        )

@@ -15,6 +15,7 @@ from torch import Tensor
 from graphormer import checkpoint as checkpoints
 from graphormer.batch import GraphormerBatch
 from graphormer.console import report
+from graphormer.data.conformers import mean_over_repeats
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.tasks import ITEM_LEVELS, Level, TaskInfo, score, score_level, score_reported
 from graphormer.errors import DataError, UserFacingError
@@ -778,12 +779,9 @@ class GraphormerModule(pl.LightningModule):
             target = torch.zeros(0, num_tasks, device=self.device)
         if self.trainer.world_size > 1:
             index, pred, target = _all_gather_rows(self, index, pred, target)
-        # Order by dataset index and drop any repeat, so the metric sees each graph once.
-        order = torch.argsort(index)
-        index, pred, target = index[order], pred[order], target[order]
-        keep = torch.ones_like(index, dtype=torch.bool)
-        keep[1:] = index[1:] != index[:-1]
-        return index[keep], pred[keep], target[keep]
+        # Ordered by dataset index, each graph once: the mean of its reads (one per conformer;
+        # a repeat from distributed padding is the same prediction again).
+        return mean_over_repeats(index, pred, target)
 
     def _gather_items(self, outputs: list, shape: tuple[int, ...]) -> tuple[Tensor, Tensor] | None:
         """Every evaluated atom (bond) once, ordered by graph then RDKit's atom (bond) order:
@@ -799,13 +797,10 @@ class GraphormerModule(pl.LightningModule):
             graphs, positions, pred, target = _all_gather_rows(
                 self, graphs, positions, pred, target
             )
-        # Unique (graph, item) keys: a graph evaluated twice (distributed padding) counts once.
+        # Unique (graph, item) keys, each the mean of its graph's reads (as the graphs').
         key = graphs * (int(positions.max()) + 1 if len(positions) else 1) + positions
-        order = torch.argsort(key)
-        key, pred, target = key[order], pred[order], target[order]
-        keep = torch.ones_like(key, dtype=torch.bool)
-        keep[1:] = key[1:] != key[:-1]
-        return pred[keep], target[keep]
+        _, pred, target = mean_over_repeats(key, pred, target)
+        return pred, target
 
     # -- optimisation ---------------------------------------------------------------------------
 

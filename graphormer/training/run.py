@@ -151,8 +151,9 @@ def positions_mismatch(channels: str, source: Any) -> str | None:
         return None
     return (
         f"the model reads atom positions and the graphs of {source.name} carry none: give them "
-        "conformers (dataset.conformers=rdkit for a SMILES CSV) or read a structure file "
-        "(dataset=ase), or use model.channels=both (positions when there are, bonds always)"
+        "conformers (dataset.conformers=rdkit for a SMILES CSV or an OGB molecule set) or read a "
+        "structure file (dataset=ase), or use model.channels=both (positions when there are, "
+        "bonds always)"
     )
 
 

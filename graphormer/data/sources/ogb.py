@@ -26,6 +26,13 @@ import torch
 from ogb.graphproppred import PygGraphPropPredDataset
 from torch_geometric.data import Data, InMemoryDataset
 
+from graphormer.data.conformers import (
+    CONFORMER_SEED,
+    RandomConformer,
+    check_conformer_settings,
+    embed_many,
+    unembedded_message,
+)
 from graphormer.data.descriptors import (
     ATOM_DESCRIPTORS,
     MoleculeFeatures,
@@ -192,6 +199,15 @@ class OGBSource(Source):
             molecule dataset, False off. Logged and scored (``atom_mae``), never a
             result: OGB's metric alone selects checkpoints, and predictions are of molecules.
             (default: :obj:`False`: checkpoints made before it rebuild unchanged)
+        conformers (str | None, optional): ``"rdkit"``: atom positions for the molecule sets,
+            embedded from ``mapping/mol.csv.gz``'s SMILES as ``dataset=smiles_csv`` embeds
+            them (:mod:`graphormer.data.conformers`), in the graphs' atom order (OGB's graphs
+            are ``smiles2graph`` of the same SMILES: heavy atoms in RDKit's order), cached
+            beside the processed graphs. A molecule RDKit cannot embed is named in one warning
+            and left out of every split, never given zero positions. (default: :obj:`None`)
+        num_conformers (int, optional): conformers kept per molecule (a random one each time
+            training reads a graph; evaluation and prediction take their mean).
+            (default: :obj:`1`)
     """
 
     official_split = "OGB's official split (the one its leaderboard compares)"
@@ -202,9 +218,19 @@ class OGBSource(Source):
         root: str = "data",
         molecule_features: str | None = None,
         auxiliary_atom_descriptors: bool | str = False,
+        conformers: str | None = None,
+        num_conformers: int = 1,
     ) -> None:
         self.name = name
         self.root = root
+        check_conformer_settings(conformers, num_conformers)
+        if conformers is not None and name not in OGB_MOLECULE_DATASETS:
+            raise ConfigError(
+                f"dataset.conformers={conformers} embeds molecules from their SMILES, and "
+                f"{name} is not a molecule dataset: drop dataset.conformers"
+            )
+        self.conformers = conformers
+        self.num_conformers = num_conformers
         self.features = MoleculeFeatures(molecule_features)
         task = ogb_task_info(name)
         blockers = [] if name in OGB_MOLECULE_DATASETS else [f"{name} is not a molecule dataset"]
@@ -230,8 +256,68 @@ class OGBSource(Source):
             self._attach_molecule_features(dataset)
         if self.auxiliary_atom_descriptors:
             self._attach_atom_descriptors(dataset)
+        split = {k: split[k] for k in ("train", "valid", "test")}
+        if self.conformers is not None:
+            split = self._attach_conformers(dataset, split)
         dataset._data_list = None  # graphs built before would lack the new attributes
-        return LoadedDataset(dataset, {k: split[k] for k in ("train", "valid", "test")}, self._task)
+        return LoadedDataset(dataset, split, self._task)
+
+    def has_positions(self) -> bool:
+        return self.conformers is not None
+
+    def prediction_conformers(self) -> int:
+        """``dataset.num_conformers`` RDKit conformers per SMILES (their mean is predicted)."""
+        return self.num_conformers if self.conformers is not None else 0
+
+    def _attach_conformers(
+        self, dataset: OGBGraphDataset, split: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Gives every graph ``pos`` ``[atoms, 3]`` (and, with several, ``conformers``
+        ``[atoms, C, 3]``, read at random by the dataset's transform): RDKit's conformers of the
+        folder's SMILES, computed once and cached (NaN for a molecule RDKit cannot embed, or
+        whose SMILES do not parse to its graph's atoms in order). Returns ``split`` without
+        those molecules, named in one warning."""
+        setting, count = "dataset.conformers", self.num_conformers
+        names = [str(self.conformers), str(count), str(CONFORMER_SEED)]
+        path = self._cache_path("conformers", names, setting)
+        nodes = dataset.slices["x"]
+        sizes = nodes.diff()
+
+        def compute() -> torch.Tensor:
+            smiles, mapping = self._mapping_smiles(setting)
+            if len(smiles) != len(dataset):
+                raise DataError(
+                    f"{mapping} holds {len(smiles)} SMILES for {len(dataset)} graphs: "
+                    f"re-download the dataset (delete its folder), or drop {setting}"
+                )
+            # OGB's first atom feature is the atomic number's index (atomic number - 1).
+            elements = (dataset._data.x[:, 0] + 1).split(sizes.tolist())
+            values = []
+            for text, pos, atoms in zip(smiles, embed_many(smiles, count), elements, strict=True):
+                if pos is None or pos.shape[1] != len(atoms) or not _same_elements(text, atoms):
+                    values.append(np.full((len(atoms), count, 3), np.nan, dtype=np.float32))
+                else:
+                    values.append(pos.transpose(1, 0, 2))  # [C, N, 3] -> [N, C, 3]
+            return torch.from_numpy(np.concatenate(values))
+
+        values = self._cached(path, compute)
+        if values.shape != (int(nodes[-1]), count, 3):
+            raise DataError(corrupt_cache_message(path, ValueError(f"shape {tuple(values.shape)}")))
+        dataset._data.pos = values[:, 0].contiguous()  # [atoms, 3]
+        dataset.slices["pos"] = nodes.clone()
+        if count > 1:
+            dataset._data.conformers = values
+            dataset.slices["conformers"] = nodes.clone()
+            dataset.transform = RandomConformer()  # a random conformer each read in training
+        graph_of_node = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
+        unembedded = torch.zeros(len(sizes), dtype=torch.bool)
+        unembedded[graph_of_node[torch.isnan(values).flatten(1).any(1)]] = True
+        if not unembedded.any():
+            return split
+        smiles, mapping = self._mapping_smiles(setting)
+        rows = torch.nonzero(unembedded).view(-1).tolist()
+        warnings.warn(unembedded_message(mapping, rows, [smiles[r] for r in rows]), stacklevel=2)
+        return {k: index[~unembedded[index]] for k, index in split.items()}
 
     def _mapping_smiles(self, setting: str) -> tuple[list[str], str]:
         """Every molecule's SMILES, in graph order, from the folder's ``mapping/mol.csv.gz``."""

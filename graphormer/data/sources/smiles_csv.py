@@ -19,8 +19,8 @@ from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import InMemoryDataset
 
 from graphormer.data.conformers import (
-    CONFORMER_METHODS,
     RandomConformer,
+    check_conformer_settings,
     embed_many,
     unembedded_message,
 )
@@ -605,19 +605,7 @@ class SmilesCsvSource(Source):
         conformers: str | None = None,
         num_conformers: int = 1,
     ) -> None:
-        if conformers is not None and conformers not in CONFORMER_METHODS:
-            raise ConfigError(
-                f"dataset.conformers={conformers!r} is not allowed: "
-                f"{' or '.join(CONFORMER_METHODS)} (positions from RDKit), or null for none"
-            )
-        if (
-            isinstance(num_conformers, bool)
-            or not isinstance(num_conformers, int)
-            or (num_conformers < 1)
-        ):
-            raise ConfigError(
-                f"dataset.num_conformers={num_conformers!r} is not allowed: an integer >= 1"
-            )
+        check_conformer_settings(conformers, num_conformers)
         self.conformers = conformers
         self.num_conformers = num_conformers
         self.features = MoleculeFeatures(molecule_features, list(feature_columns or ()))
