@@ -167,11 +167,11 @@ class Level:
             raise error(f"{key} must be one of {' | '.join(self.metrics)}, got {task_type!r}")
 
 
-ATOM = Level("atom", "y_atom", "node_mask", ATOM_METRICS, "atom")
+ATOM = Level("atom", "y_atom", "atom_mask", ATOM_METRICS, "atom")
 BOND = Level("bond", "y_bond", "bond_mask", BOND_METRICS, "bond")
 # Per-atom 3-vectors (forces, position changes) of Graphormer-3D's vector head.
 ATOM_VECTOR = Level(
-    "atom_vector", "y_atom_vector", "node_mask", VECTOR_METRICS, "atom vector", components=3
+    "atom_vector", "y_atom_vector", "atom_mask", VECTOR_METRICS, "atom vector", components=3
 )
 # The item levels, in the order their outputs, metrics and columns come (after molecules).
 ITEM_LEVELS = (ATOM, BOND, ATOM_VECTOR)
