@@ -25,6 +25,7 @@ from torch_geometric.data import Data
 __all__ = [
     "CONFIGS",
     "NCI_SMILES",
+    "emt_slabs",
     "NCI_TPSA",
     "model_preset",
     "nci_graphs",
@@ -676,3 +677,55 @@ def running_server(
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         log.close()
+
+
+# EMT's metals (ase.calculators.emt) and small adsorbates it treats roughly.
+SLAB_METALS = ("Cu", "Ag", "Au", "Ni", "Pd", "Pt", "Al")
+ADSORBATES = ("H", "C", "N", "O", "OH", "CO")
+
+
+def emt_slabs(count: int, seed: int = 0, relax_steps: int = 0, size: int = 2) -> list:
+    """``count`` catalyst-like structures built offline with ASE: fcc(100) or fcc(111) slabs of
+    EMT's metals (``size`` x ``size``, 3 layers, 6 A of vacuum, periodic in x and y) with an
+    adsorbate at a random site, shaken off their lattice. Tags as OC20's (0 the fixed bottom
+    layer, 1 the others, 2 the adsorbate); EMT's energy and forces stored as the calculator's
+    results. With ``relax_steps``, a BFGS relaxation of the moving atoms (the bottom layer
+    fixed) of at most that many steps: ``arrays["pos_relaxed"]`` and ``info["energy_relaxed"]``
+    (IS2RE's targets), the frame keeping its initial positions."""
+    from ase.build import add_adsorbate, fcc100, fcc111, molecule
+    from ase.calculators.emt import EMT
+    from ase.calculators.singlepoint import SinglePointCalculator
+    from ase.constraints import FixAtoms
+    from ase.optimize import BFGS
+
+    rng = np.random.default_rng(seed)
+    frames = []
+    for _ in range(count):
+        metal = SLAB_METALS[rng.integers(len(SLAB_METALS))]
+        build = (fcc100, fcc111)[rng.integers(2)]
+        slab = build(metal, size=(size, size, 3), vacuum=6.0)
+        tags = slab.get_tags()  # ASE: 1 top layer .. 3 bottom layer
+        bottom = tags == tags.max()
+        name = ADSORBATES[rng.integers(len(ADSORBATES))]
+        adsorbate = molecule(name) if len(name) > 1 else name
+        offset = rng.uniform(0, 1, size=2) * slab.cell.lengths()[:2]
+        add_adsorbate(slab, adsorbate, float(rng.uniform(1.4, 2.0)), position=tuple(offset))
+        slab.info.pop("adsorbate_info", None)  # ASE's site table: not a frame's value
+        n_slab = len(bottom)
+        oc20 = np.full(len(slab), 2)
+        oc20[:n_slab] = np.where(bottom, 0, 1)
+        slab.set_tags(oc20)
+        slab.wrap()
+        slab.positions += rng.normal(scale=0.05, size=slab.positions.shape) * (oc20 > 0)[:, None]
+        slab.calc = EMT()
+        energy, forces = slab.get_potential_energy(), slab.get_forces()
+        if relax_steps:
+            relaxed = slab.copy()
+            relaxed.set_constraint(FixAtoms(mask=oc20 == 0))
+            relaxed.calc = EMT()
+            BFGS(relaxed, logfile=None).run(fmax=0.05, steps=relax_steps)
+            slab.arrays["pos_relaxed"] = relaxed.positions.copy()
+            slab.info["energy_relaxed"] = float(relaxed.get_potential_energy())
+        slab.calc = SinglePointCalculator(slab, energy=energy, forces=forces)
+        frames.append(slab)
+    return frames
