@@ -394,7 +394,8 @@ def score_split(
         y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
         metrics[task.metric] = score(task, task.evaluator(), y_true, y_pred, split)
         # Reported metrics (accuracy) read logits: a probability's 0.5 is a logit's 0.
-        metrics.update(score_reported(task, y_true, y_pred - 0.5))
+        logits = y_pred - 0.5 if task.is_classification else y_pred
+        metrics.update(score_reported(task, y_true, logits))
         names = read_task_names(module)
         report = uncertainty_report(task, names, y, mean, std, calibration, spread)
     items = member_item_outputs(modules, datamodule, split, trainer, levels)

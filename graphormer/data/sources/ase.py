@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os.path as osp
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -255,6 +256,8 @@ class AseSource(Source):
         relaxed_positions (str | None, optional): an ``arrays`` key holding each atom's
             relaxed position (IS2RE): the change from the frame's positions becomes the per-atom
             vector target ``position_change`` of the atoms that move (tag > 0). (default: None)
+        reported (Sequence[str], optional): metrics logged beside ``metric``: ``ewt`` (OC20's
+            energy within 0.02 of the label). (default: :obj:`()`)
     """
 
     _METRICS = {"regression": ("rmse", "mae")}
@@ -275,6 +278,7 @@ class AseSource(Source):
         name: str = "ase",
         pbc_cutoff: float = PBC_CUTOFF,
         relaxed_positions: str | None = None,
+        reported: Sequence[str] = (),
     ) -> None:
         targets = [targets] if isinstance(targets, str) else list(targets or ())
         if isinstance(atom_vector_targets, str):
@@ -311,6 +315,11 @@ class AseSource(Source):
             self._METRICS,
             atom_vector_tasks=len(atom_vector_targets or ()) + bool(self.relaxed_positions),
         )
+        if reported:
+            try:
+                self._task = replace(self._task, reported=tuple(reported))
+            except ValueError as error:
+                raise ConfigError(f"dataset.reported={list(reported)}: {error}") from error
         self.path = str(path)
         self.targets = [str(t) for t in targets]
         self.atom_vector_targets = [str(t) for t in atom_vector_targets or ()]
