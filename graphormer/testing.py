@@ -26,6 +26,7 @@ __all__ = [
     "CONFIGS",
     "NCI_SMILES",
     "emt_slabs",
+    "write_oc20_layout",
     "NCI_TPSA",
     "model_preset",
     "nci_graphs",
@@ -729,3 +730,35 @@ def emt_slabs(count: int, seed: int = 0, relax_steps: int = 0, size: int = 2) ->
         slab.calc = SinglePointCalculator(slab, energy=energy, forces=forces)
         frames.append(slab)
     return frames
+
+
+def oc20_record(atoms) -> Data:
+    """An ASE frame of :func:`emt_slabs` (relaxed) as one record of OC20's IS2RE LMDBs: a PyG
+    ``Data`` with OC20's field names."""
+    return Data(
+        atomic_numbers=torch.tensor(atoms.numbers, dtype=torch.float32),
+        pos=torch.tensor(atoms.positions, dtype=torch.float32),
+        pos_relaxed=torch.tensor(atoms.arrays["pos_relaxed"], dtype=torch.float32),
+        cell=torch.tensor(np.asarray(atoms.cell), dtype=torch.float32).view(1, 3, 3),
+        tags=torch.tensor(atoms.get_tags(), dtype=torch.long),
+        y_relaxed=float(atoms.info["energy_relaxed"]),
+        natoms=len(atoms),
+        sid=int(abs(hash(atoms.get_chemical_formula())) % 10**6),
+    )
+
+
+def write_oc20_layout(root: Path, splits: dict[str, list]) -> Path:
+    """OC20's IS2RE folder layout (``root/<split>/data.lmdb``) holding ``splits``' records,
+    each value ``pickle.dumps`` of a record (OC20's own format: a PyG ``Data`` from
+    :func:`oc20_record`, or any object a test wants refused), keyed ``"0"``, ``"1"``, ..."""
+    import lmdb
+
+    for split, records in splits.items():
+        folder = Path(root) / split
+        folder.mkdir(parents=True, exist_ok=True)
+        env = lmdb.open(str(folder / "data.lmdb"), subdir=False, map_size=2**30, lock=False)
+        with env.begin(write=True) as txn:
+            for index, record in enumerate(records):
+                txn.put(str(index).encode(), pickle.dumps(record, protocol=4))
+        env.close()
+    return Path(root)

@@ -75,7 +75,7 @@ def _chosen_splits(split: str, datamodule) -> list[str]:
     """The splits ``split=`` names: one split, or ``all`` the labelled evaluation splits."""
     available = list(datamodule.loaded.split)
     if split == "all":
-        return [k for k in ("valid", "test") if datamodule.is_labelled(k)]
+        return [k for k in datamodule.loaded.evaluated if datamodule.is_labelled(k)]
     if split == "train" or split not in available:
         choices = [k for k in available if k != "train"]
         raise ConfigError(

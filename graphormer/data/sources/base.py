@@ -34,6 +34,8 @@ class LoadedDataset:
     task: TaskInfo
     # The splits with labels (metrics); the others (PCQM4Mv2's test-dev) only get predictions.
     labelled: tuple[str, ...] = ("train", "valid", "test")
+    # The splits eval.py's split=all scores, each on its own (OC20's validation folders).
+    evaluated: tuple[str, ...] = ("valid", "test")
 
 
 class Source(ABC):
