@@ -145,3 +145,46 @@ def test_train_then_evaluate_each_validation_folder(tmp_path, slabs):
     for folder in FOLDERS[1:]:
         assert folder in log and np.isfinite(scores[folder]["mae"])
         assert 0 <= scores[folder]["ewt"] <= 1
+
+
+def test_the_oc20_recipe_is_microsofts_script(tmp_path):
+    from omegaconf import OmegaConf
+
+    from graphormer.models import Graphormer, GraphormerConfig
+    from graphormer.training.settings import RunSettings
+
+    cfg = compose_train(["experiment=oc20_is2re", "dataset.path=/oc20", f"output_dir={tmp_path}"])
+    settings = RunSettings.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    model = settings.model
+    assert (model["num_layers"], model["blocks"], model["hidden_dim"], model["ffn_dim"]) == (
+        12,
+        4,
+        768,
+        768,
+    )
+    assert (model["num_heads"], model["num_kernels"], model["channels"]) == (48, 128, "3d")
+    assert (model["num_tags"], model["readout_min_tag"]) == (3, 1)
+    optim, trainer = settings.optim, settings.trainer
+    assert (optim.lr, optim.warmup_steps, optim.total_steps) == (3e-4, 10000, 1_000_000)
+    assert optim.betas == (0.9, 0.98) and optim.eps == 1e-6 and optim.weight_decay == 0.001
+    assert (trainer.max_steps, trainer.precision, trainer.gradient_clip_val) == (
+        1_000_000,
+        "16-mixed",
+        5.0,
+    )
+    assert settings.datamodule.batch_size == 2 and settings.seed == 1
+    assert settings.loss == "l1" and settings.item_loss == "l1"
+    assert settings.loss_weights == {"atom_vector": 15.0}
+    assert settings.loss_weights_end == {"atom_vector": 1.0}
+    assert settings.dataset["source"] == "oc20" and settings.dataset["pbc_cutoff"] == 8.0
+    network = Graphormer(
+        GraphormerConfig.from_dict(
+            {
+                **model,
+                "atom_feature_dims": [119],
+                "bond_feature_dims": [1],
+                "atom_vector_tasks": 1,
+            }
+        )
+    )
+    assert len(network.layers) == 12  # 48 layer passes, 12 layers' weights
