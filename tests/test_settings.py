@@ -61,7 +61,10 @@ def test_the_defaults_and_every_recipe_are_accepted(tmp_path):
     from helpers import options
 
     # Recipes over the user's own file (issue #22's descriptor pre-training) need its path.
-    needs = {"descriptor_pretrain": ["dataset.path=smiles.csv"]}
+    needs = {
+        "descriptor_pretrain": ["dataset.path=smiles.csv"],
+        "oc20_is2re": ["dataset.path=is2re/all"],  # OC20's folders
+    }
     for name in options("experiment"):
         given = [f"output_dir={tmp_path}", f"experiment={name}", *needs.get(name, [])]
         settings = settings_from(compose_train(given))
