@@ -2,15 +2,17 @@
 the IS2RE position-change target, and the errors of a flat cell and an atom outside the cell."""
 
 import numpy as np
+import pandas as pd
 import pytest
 from torch_geometric.data import Data
 from torch_geometric.data.separate import separate
 
 from graphormer.data.sources import build_source
 from graphormer.errors import ConfigError, DataError
+from graphormer.inference import Predictor
 from graphormer.testing import emt_slabs
 
-from helpers import TINY, call_failing, compose_train, train_config
+from helpers import TINY, call_failing, call_script, compose_train, train_config
 
 pytest.importorskip("ase", reason="dataset=ase needs the 3d extra (pip install ase)")
 import ase.db  # noqa: E402
@@ -104,9 +106,10 @@ def test_a_flat_cell_and_an_atom_outside_the_cell_are_errors(tmp_path):
     assert len(lines) == 1 and "atoms.wrap()" in lines[0]
 
 
-def test_train_a_tagged_periodic_model(tmp_path):
+def test_train_a_tagged_periodic_model_then_predict_its_real_atoms(tmp_path):
     path = tmp_path / "slabs.extxyz"
-    _write(path, emt_slabs(30, seed=5))
+    frames = emt_slabs(30, seed=5)
+    _write(path, frames)
     cfg = compose_train(
         [
             "dataset=ase",
@@ -114,6 +117,7 @@ def test_train_a_tagged_periodic_model(tmp_path):
             f"dataset.root={tmp_path / 'data'}",
             f"output_dir={tmp_path / 'run'}",
             "dataset.pbc_cutoff=5.0",
+            "dataset.atom_vector_targets=[forces]",
             "model.channels=3d",
             "model.num_kernels=16",
             "model.num_tags=3",
@@ -123,4 +127,14 @@ def test_train_a_tagged_periodic_model(tmp_path):
         ]
     )
     result = train_config(cfg)
-    assert np.isfinite(result["test"]["rmse"])
+    assert np.isfinite(result["test"]["rmse"]) and np.isfinite(result["test"]["atom_vector_mae"])
+    best = result["best_checkpoint"]
+    predictor = Predictor.from_checkpoint(best)
+    assert predictor.periodic_cutoff == 5.0  # structure files get training's images
+    out = tmp_path / "long.csv"
+    args = [f"ckpt={best}", f"input={path}", "layout=long", f"output={out}"]
+    call_script("predict.py", [*args, f"hydra.run.dir={tmp_path / 'p'}"], cwd=tmp_path)
+    long = pd.read_csv(out)
+    # one row per real atom, never per image
+    assert long.groupby("row").size().tolist() == [len(a) for a in frames]
+    assert long.forces_x.notna().all()

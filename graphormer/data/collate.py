@@ -10,6 +10,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from graphormer.batch import GraphormerBatch
+from graphormer.data.periodic import ATOM_INTEGER_KEYS
 from graphormer.data.structure import STRUCTURAL_KEYS, structural_features
 
 __all__ = ["GraphormerBatch", "GraphormerCollator", "padded_length"]
@@ -147,8 +148,10 @@ class GraphormerCollator:
             y_atom_vector = vectors.new_full((batch_size * n_max, *vectors.shape[1:]), float("nan"))
             y_atom_vector = y_atom_vector.index_copy_(0, node_dest, vectors)
             y_atom_vector = y_atom_vector.view(batch_size, n_max, *vectors.shape[1:])
-        tags = _node_integers(stores, "tags", node_dest, batch_size * n_max, 0)
-        image_of = _node_integers(stores, "image_of", node_dest, batch_size * n_max, -1)
+        tags, image_of = (
+            _node_integers(stores, key, node_dest, batch_size * n_max, fill)
+            for key, fill in zip(ATOM_INTEGER_KEYS, (0, -1), strict=True)
+        )
         return GraphormerBatch(
             x=x_pad.view(batch_size, n_max, x.size(-1)),
             in_degree=in_degree.view(batch_size, n_max),

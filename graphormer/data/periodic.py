@@ -23,6 +23,7 @@ from graphormer.errors import DataError
 
 __all__ = [
     "ADSORBATE_TAG",
+    "ATOM_INTEGER_KEYS",
     "PBC_CUTOFF",
     "cell_offsets",
     "check_cell",
@@ -30,6 +31,8 @@ __all__ = [
     "with_images",
 ]
 
+# Per-node integers a periodic structure's graph carries beside x (the collator pads them).
+ATOM_INTEGER_KEYS = ("tags", "image_of")
 # OC20's tags: 0 fixed subsurface slab atoms, 1 surface atoms, 2 adsorbate atoms.
 ADSORBATE_TAG = 2
 # Microsoft's PBCDataset.cutoff (Angstrom).

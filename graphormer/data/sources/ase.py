@@ -349,6 +349,9 @@ class AseSource(Source):
     def has_positions(self) -> bool:
         return True
 
+    def periodic_cutoff(self) -> float:
+        return self.pbc_cutoff
+
     def smiles_refusal(self) -> str:
         return (
             f"was trained on structures from a file ({self.path}), which carry positions, not "

@@ -162,6 +162,12 @@ class Source(ABC):
         ``model.channels=3d`` read)."""
         return False
 
+    def periodic_cutoff(self) -> float | None:
+        """The distance (Angstrom) within which its periodic structures' images join as nodes
+        (:mod:`graphormer.data.periodic`), which structure files read for prediction must use
+        too; None for a source without periodic structures."""
+        return None
+
     def prediction_conformers(self) -> int:
         """Conformers to embed per SMILES when a model trained on this source predicts (its
         graphs' positions came from SMILES: the same method, seed and count); 0: none."""

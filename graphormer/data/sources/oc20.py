@@ -240,6 +240,9 @@ class Oc20Source(Source):
     def has_positions(self) -> bool:
         return True
 
+    def periodic_cutoff(self) -> float:
+        return self.pbc_cutoff
+
     def smiles_refusal(self) -> str:
         return (
             f"was trained on OC20's structures ({self.path}), not on molecules from SMILES: "
