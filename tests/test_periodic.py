@@ -216,3 +216,10 @@ def test_blocks_repeat_the_layers_with_the_same_weights():
     batch = _batch([graph])
     torch.testing.assert_close(twice(batch), four(batch))
     assert not torch.allclose(twice(batch), once(batch))
+
+
+def test_fine_tuning_takes_the_tags_and_blocks_with_the_architecture():
+    from graphormer.training.pretrained import architecture
+
+    stored = {"num_layers": 2, "num_tags": 3, "blocks": 4, "readout_min_tag": 1, "dropout": 0.1}
+    assert architecture(stored) == {"num_layers": 2, "num_tags": 3, "blocks": 4}

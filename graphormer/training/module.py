@@ -77,6 +77,7 @@ _SIZE_SETTINGS = (
     "molecule_features_dim",
     "channels",
     "num_kernels",
+    "num_tags",
 )
 
 
