@@ -26,6 +26,7 @@ __all__ = [
     "CONFIGS",
     "NCI_SMILES",
     "emt_slabs",
+    "write_aselmdb",
     "write_oc20_layout",
     "NCI_TPSA",
     "model_preset",
@@ -762,3 +763,39 @@ def write_oc20_layout(root: Path, splits: dict[str, list]) -> Path:
                 txn.put(str(index).encode(), pickle.dumps(record, protocol=4))
         env.close()
     return Path(root)
+
+
+def write_aselmdb(path: Path, frames: list) -> Path:
+    """``frames`` as fairchem's ASE-LMDB file (``*.aselmdb``): row ids 1..N, each value the
+    zlib-compressed JSON (ASE's encoding) of the row's fields (``numbers``, ``positions``,
+    ``cell``, ``pbc``, ``tags``, the stored ``energy`` and ``forces``, ``key_value_pairs``
+    from ``info``), and ``nextid``."""
+    import zlib
+
+    import lmdb
+    from ase.io.jsonio import encode
+
+    def packed(value) -> bytes:
+        return zlib.compress(encode(value).encode("utf-8"))
+
+    env = lmdb.open(str(path), subdir=False, map_size=2**30, lock=False)
+    with env.begin(write=True) as txn:
+        for index, atoms in enumerate(frames, start=1):
+            row = {
+                "numbers": atoms.numbers,
+                "positions": atoms.positions,
+                "cell": np.asarray(atoms.cell),
+                "pbc": atoms.pbc,
+                "tags": atoms.get_tags(),
+                "key_value_pairs": {
+                    k: v for k, v in atoms.info.items() if isinstance(v, int | float | str)
+                },
+                "data": {},
+            }
+            if atoms.calc is not None:
+                row["energy"] = atoms.get_potential_energy()
+                row["forces"] = atoms.get_forces()
+            txn.put(str(index).encode("ascii"), packed(row))
+        txn.put(b"nextid", packed(len(frames) + 1))
+    env.close()
+    return Path(path)

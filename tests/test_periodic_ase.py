@@ -10,7 +10,7 @@ from torch_geometric.data.separate import separate
 from graphormer.data.sources import build_source
 from graphormer.errors import ConfigError, DataError
 from graphormer.inference import Predictor
-from graphormer.testing import emt_slabs
+from graphormer.testing import emt_slabs, write_aselmdb
 
 from helpers import TINY, call_failing, call_script, compose_train, train_config
 
@@ -28,7 +28,9 @@ def _graph(graphs, i):
 
 
 def _write(path, frames):
-    if str(path).endswith(".db"):
+    if str(path).endswith(".aselmdb"):
+        write_aselmdb(path, frames)
+    elif str(path).endswith(".db"):
         with ase.db.connect(path, append=False) as db:
             for atoms in frames:
                 db.write(atoms)
@@ -36,7 +38,7 @@ def _write(path, frames):
         ase.io.write(path, frames)
 
 
-@pytest.mark.parametrize("suffix", ["extxyz", "db", "traj"])
+@pytest.mark.parametrize("suffix", ["extxyz", "db", "traj", "aselmdb"])
 def test_each_file_kind_gives_images_tags_and_real_atoms_first(tmp_path, suffix):
     frames = emt_slabs(3, seed=1)
     path = tmp_path / f"slabs.{suffix}"
@@ -50,6 +52,7 @@ def test_each_file_kind_gives_images_tags_and_real_atoms_first(tmp_path, suffix)
         assert g.tags[:n].tolist() == atoms.get_tags().tolist()
         assert (g.tags[n:] == g.tags[g.image_of[n:]]).all()
         np.testing.assert_allclose(g.pos[:n].numpy(), atoms.positions, atol=1e-5)
+        assert float(g.y) == pytest.approx(atoms.get_potential_energy(), abs=1e-4)
 
 
 def test_the_cutoff_decides_the_images_and_names_the_cache(tmp_path):
@@ -138,3 +141,20 @@ def test_train_a_tagged_periodic_model_then_predict_its_real_atoms(tmp_path):
     # one row per real atom, never per image
     assert long.groupby("row").size().tolist() == [len(a) for a in frames]
     assert long.forces_x.notna().all()
+
+
+def test_an_aselmdb_file_without_lmdb_names_the_extra(tmp_path, monkeypatch):
+    import builtins
+
+    path = tmp_path / "slabs.aselmdb"
+    _write(path, emt_slabs(2, seed=6))
+    real_import = builtins.__import__
+
+    def no_lmdb(name, *args, **kwargs):
+        if name == "lmdb":
+            raise ImportError("no lmdb")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_lmdb)
+    with pytest.raises(ConfigError, match="pip install 'graphormer\\[oc20\\]'"):
+        _source(path, tmp_path).graphs()

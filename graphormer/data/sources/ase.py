@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 # The structure files this source reads (what predict.py's input= takes as structures).
-STRUCTURE_SUFFIXES = (".extxyz", ".xyz", ".db", ".traj")
+STRUCTURE_SUFFIXES = (".extxyz", ".xyz", ".db", ".traj", ".aselmdb")
 
 # Atom types: atomic numbers 1-118 as OGB's first atom feature (Z - 1) holds them, plus its
 # "misc" entry; the model's element table has these rows.
@@ -68,6 +68,8 @@ def read_structures(path: str, key: str = "dataset.path") -> list:
     try:
         if path.endswith(".db"):
             frames = _read_database(path)
+        elif path.endswith(".aselmdb"):
+            frames = _read_aselmdb(path)
         else:
             frames = ase.io.read(path, index=":")
     except Exception as error:  # ASE raises many kinds for a file it cannot parse
@@ -119,6 +121,34 @@ def _read_database(path: str) -> list:
             atoms.info.update(row.key_value_pairs)
             frames.append(atoms)
     return frames
+
+
+# The entries of fairchem's ASE-LMDB files that are not rows.
+_ASELMDB_RESERVED = (b"nextid", b"deleted_ids", b"metadata")
+
+
+def _read_aselmdb(path: str) -> list:
+    """The rows of fairchem's ASE-LMDB file (``*.aselmdb``), in the order of their ids: each
+    value is zlib-compressed JSON in ASE's encoding (``ase.io.jsonio``, which builds arrays and
+    a fixed set of ASE objects, never code), a row of an ASE database with its key-value pairs
+    in ``info``."""
+    import zlib
+
+    from ase.db.row import AtomsRow
+    from ase.io.jsonio import decode
+
+    from graphormer.data.sources.oc20 import open_lmdb
+
+    rows = []
+    with open_lmdb(path) as txn:
+        for key, value in txn.cursor():
+            if key in _ASELMDB_RESERVED:
+                continue
+            row = AtomsRow(decode(zlib.decompress(value).decode("utf-8")))
+            atoms = row.toatoms()
+            atoms.info.update(row.key_value_pairs)
+            rows.append((int(key.decode("ascii")), atoms))
+    return [atoms for _, atoms in sorted(rows, key=lambda pair: pair[0])]
 
 
 def _frame_value(atoms, key: str) -> Any:
@@ -423,3 +453,7 @@ def read_structures_exists(path: str, key: str = "dataset.path") -> None:
         raise DataError(
             f"{key}={path!r} does not exist; give an extended XYZ, ASE .db or .traj file"
         )
+    if path.endswith(".aselmdb"):
+        from graphormer.data.sources.oc20 import lmdb_module
+
+        lmdb_module()  # one error naming the extra, before the file is read

@@ -22,8 +22,10 @@ present is a split of its own, scored by ``eval.py split=all`` (or ``split=val_o
 from __future__ import annotations
 
 import os.path as osp
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,15 +50,37 @@ OC20_SPLITS = ("train", *VALIDATION_FOLDERS)
 _FIELDS = ("atomic_numbers", "pos", "cell", "tags")
 
 
-def _lmdb():
+def lmdb_module():
+    """The ``lmdb`` package.
+
+    Raises:
+        ConfigError: it is not installed (naming the extra that installs it).
+    """
     try:
         import lmdb
     except ImportError as error:
         raise ConfigError(
-            "dataset=oc20 reads OC20's LMDB files with the lmdb package, which is not "
-            "installed: pip install 'graphormer[oc20]' (or pip install lmdb)"
+            "OC20's LMDB files (dataset=oc20, *.aselmdb) are read with the lmdb package, "
+            "which is not installed: pip install 'graphormer[oc20]' (or pip install lmdb)"
         ) from error
     return lmdb
+
+
+@contextmanager
+def open_lmdb(path: str) -> Iterator[Any]:
+    """A read transaction of the LMDB file ``path`` (read-only, no lock file).
+
+    Raises:
+        ConfigError: ``lmdb`` is not installed.
+        DataError: ``path`` is not an LMDB file.
+    """
+    lmdb = lmdb_module()
+    try:
+        env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False)
+    except lmdb.Error as error:
+        raise DataError(f"{path}: not an LMDB file ({error})") from error
+    with env, env.begin() as txn:
+        yield txn
 
 
 def read_lmdb_records(path: str) -> list[dict]:
@@ -68,13 +92,8 @@ def read_lmdb_records(path: str) -> list[dict]:
         DataError: the file is not an LMDB of integer-keyed records, or a record holds a class
             outside the allow-list (named, never run).
     """
-    lmdb = _lmdb()
-    try:
-        env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False)
-    except lmdb.Error as error:
-        raise DataError(f"{path}: not an LMDB file ({error}); give OC20's data.lmdb") from error
     records = []
-    with env, env.begin() as txn:
+    with open_lmdb(path) as txn:
         keyed = []
         for key, value in txn.cursor():
             if key == b"length":  # fairchem's newer files also store the count
@@ -257,7 +276,7 @@ class Oc20Source(Source):
             DataError: ``path`` is not a folder, or it has no ``train/data.lmdb`` or no
                 validation folder (the layout is named).
         """
-        _lmdb()
+        lmdb_module()
         if not osp.isdir(self.path):
             raise DataError(f"dataset.path={self.path!r} is not a folder; {_LAYOUT}")
         present = [s for s in OC20_SPLITS if osp.isfile(self._file(s))]
