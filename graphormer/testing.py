@@ -709,9 +709,16 @@ def emt_slabs(count: int, seed: int = 0, relax_steps: int = 0, size: int = 2) ->
         tags = slab.get_tags()  # ASE: 1 top layer .. 3 bottom layer
         bottom = tags == tags.max()
         name = ADSORBATES[rng.integers(len(ADSORBATES))]
-        adsorbate = molecule(name) if len(name) > 1 else name
+        adsorbate, binding = name, 0
+        if len(name) > 1:
+            # O of OH and C of CO bind, the other atom above them (ASE's molecules point H and
+            # O the other way).
+            adsorbate = molecule(name)
+            adsorbate.positions[:, 2] *= -1 if name == "OH" else 1
+            binding = 1 if name == "CO" else 0
         offset = rng.uniform(0, 1, size=2) * slab.cell.lengths()[:2]
-        add_adsorbate(slab, adsorbate, float(rng.uniform(1.4, 2.0)), position=tuple(offset))
+        height = float(rng.uniform(1.4, 2.0))
+        add_adsorbate(slab, adsorbate, height, position=tuple(offset), mol_index=binding)
         slab.info.pop("adsorbate_info", None)  # ASE's site table: not a frame's value
         n_slab = len(bottom)
         oc20 = np.full(len(slab), 2)
