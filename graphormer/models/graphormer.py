@@ -429,8 +429,9 @@ class Graphormer(nn.Module):
 
     Shapes:
         - input: a :class:`~graphormer.data.GraphormerBatch` of ``B`` graphs padded to ``N`` nodes
-        - output: ``[B, num_tasks]``; with ``return_attention`` also a list of ``num_layers``
-          per-head attention maps ``[B, H, N + 1, N + 1]`` (graph token at index 0)
+        - output: ``[B, num_tasks]``; with ``return_attention`` also a list of
+          ``num_layers * blocks`` per-head attention maps ``[B, H, N + 1, N + 1]`` (graph
+          token at index 0)
     """
 
     def __init__(self, config: GraphormerConfig) -> None:
