@@ -163,6 +163,20 @@ def test_energy_unchanged_by_a_lattice_shift_and_by_wrapping():
 
 
 @torch.no_grad()
+def test_a_tagged_slab_shifted_by_lattice_vectors_keeps_its_energy():
+    atoms = _slab()
+    tags = np.ones(len(atoms), dtype=int)
+    tags[-1] = ADSORBATE_TAG
+    cell = np.asarray(atoms.cell)
+    model = _model(num_tags=3, readout_min_tag=1)
+    energies = [
+        float(model(_batch([_graph(atoms, atoms.positions + shift, 6.0, tags)])))
+        for shift in (0 * cell[0], 2 * cell[0] - cell[1], -3 * cell[1])
+    ]
+    np.testing.assert_allclose(energies[1:], [energies[0]] * 2, rtol=0, atol=1e-5)
+
+
+@torch.no_grad()
 def test_outputs_are_the_real_atoms_and_images_hold_their_sources_state():
     atoms = _slab()
     tags = np.ones(len(atoms), dtype=int)
