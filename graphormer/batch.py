@@ -42,6 +42,11 @@ class GraphormerBatch:
             without them.
         y_atom_vector: ``[B, N, T_vec, 3]`` float per-atom vector targets (forces), NaN where
             missing and at padding, or None.
+        tags: ``[B, N]`` long atom tags (OC20's 0 fixed, 1 surface, 2 adsorbate; 0 at
+            padding), or None.
+        image_of: ``[B, N]`` long: for a periodic image of an atom (an extra node, after the
+            graph's real atoms; :mod:`graphormer.data.periodic`) the position of the atom it
+            copies, -1 for real atoms and padding; None for a batch without images.
     """
 
     x: Tensor
@@ -63,10 +68,20 @@ class GraphormerBatch:
     molecule_features: Tensor | None = None
     pos: Tensor | None = None
     y_atom_vector: Tensor | None = None
+    tags: Tensor | None = None
+    image_of: Tensor | None = None
 
     @property
     def num_graphs(self) -> int:
         return self.x.size(0)
+
+    @property
+    def atom_mask(self) -> Tensor:
+        """``[B, N]`` bool, True at real atoms: :attr:`node_mask` without periodic images (the
+        nodes whose outputs and labels count)."""
+        if self.image_of is None:
+            return self.node_mask
+        return self.node_mask & (self.image_of < 0)
 
     def _apply(self, fn) -> GraphormerBatch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -13,10 +13,17 @@ published weights) is data, never code. The policy:
   other. A process-wide list only grows, and each entry is harmless.
 - A refusal is explained by what the file asks for (:func:`unpickling_reason`,
   :func:`unsafe_globals`), never by torch's advice to switch the check off.
+- Records stored as plain pickles (OC20's LMDB files of PyG ``Data``) are read by
+  :func:`loads_records`: an unpickler that rebuilds only the classes of :data:`PICKLED_PYG`
+  and refuses any other. torch's own ``torch.storage._load_from_bytes``, which such pickles name
+  for every tensor, unpickles its bytes in full (``weights_only=False``); here those bytes are
+  read with ``weights_only=True`` instead.
 """
 
 from __future__ import annotations
 
+import io
+import pickle
 import re
 import socket
 from collections.abc import Iterator, Sequence
@@ -35,8 +42,11 @@ __all__ = [
     "PYG_DATA",
     "allow",
     "allowed_names",
+    "PICKLED_PYG",
+    "RefusedClassError",
     "download_timeout",
     "load_data",
+    "loads_records",
     "numpy_core",
     "unpickling_reason",
     "unsafe_globals",
@@ -120,6 +130,69 @@ def load_data(
     read (for a look at a large file's settings)."""
     allow(*groups)
     return torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+
+
+class RefusedClassError(pickle.UnpicklingError):
+    """A pickled record names a class outside the allow-list of :func:`loads_records`."""
+
+
+def _storage_from_bytes(data: bytes) -> Any:
+    # torch.storage._load_from_bytes, with the check torch's own version leaves off.
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _pickled_pyg() -> dict[tuple[str, str], Any]:
+    from torch_geometric.data import Data
+    from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+    from torch_geometric.data.storage import GlobalStorage
+
+    core = numpy_core().multiarray
+    found = {
+        ("torch_geometric.data.data", "Data"): Data,
+        ("torch_geometric.data.data", "DataEdgeAttr"): DataEdgeAttr,
+        ("torch_geometric.data.data", "DataTensorAttr"): DataTensorAttr,
+        ("torch_geometric.data.storage", "GlobalStorage"): GlobalStorage,
+        ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+        ("torch.storage", "_load_from_bytes"): _storage_from_bytes,
+        ("collections", "OrderedDict"): __import__("collections").OrderedDict,
+        ("numpy", "ndarray"): np.ndarray,
+        ("numpy", "dtype"): np.dtype,
+    }
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        found[(module, "_reconstruct")] = core._reconstruct
+        found[(module, "scalar")] = core.scalar
+    return found
+
+
+# :func:`loads_records`'s allow-list: what pickled PyG ``Data`` records hold (OC20's LMDBs).
+PICKLED_PYG = "pickled_pyg"
+
+
+class _RecordUnpickler(pickle.Unpickler):
+    def __init__(self, file, allowed: dict[tuple[str, str], Any]) -> None:
+        super().__init__(file)
+        self.allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = self.allowed.get((module, name))
+        if found is None:
+            raise RefusedClassError(f"{module}.{name}")
+        return found
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise RefusedClassError(f"a persistent id {pid!r}")
+
+
+def loads_records(data: bytes, group: str = PICKLED_PYG) -> Any:
+    """One plain-pickled record (an LMDB value) rebuilt from the classes of ``group`` only.
+
+    Raises:
+        RefusedClassError: the record names any other class or function (its name is the
+            message); never runs it.
+    """
+    if group != PICKLED_PYG:
+        raise ValueError(f"no record allow-list named {group!r}")
+    return _RecordUnpickler(io.BytesIO(data), _pickled_pyg()).load()
 
 
 def unpickling_reason(error: Exception) -> str:

@@ -25,6 +25,9 @@ from torch_geometric.data import Data
 __all__ = [
     "CONFIGS",
     "NCI_SMILES",
+    "emt_slabs",
+    "write_aselmdb",
+    "write_oc20_layout",
     "NCI_TPSA",
     "emt_frames",
     "model_preset",
@@ -697,3 +700,130 @@ def running_server(
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         log.close()
+
+
+# EMT's metals (ase.calculators.emt) and small adsorbates it treats roughly.
+SLAB_METALS = ("Cu", "Ag", "Au", "Ni", "Pd", "Pt", "Al")
+ADSORBATES = ("H", "C", "N", "O", "OH", "CO")
+
+
+def emt_slabs(count: int, seed: int = 0, relax_steps: int = 0, size: int = 2) -> list:
+    """``count`` catalyst-like structures built offline with ASE: fcc(100) or fcc(111) slabs of
+    EMT's metals (``size`` x ``size``, 3 layers, 6 A of vacuum, periodic in x and y) with an
+    adsorbate at a random site, shaken off their lattice. Tags as OC20's (0 the fixed bottom
+    layer, 1 the others, 2 the adsorbate); EMT's energy and forces stored as the calculator's
+    results. With ``relax_steps``, a BFGS relaxation of the moving atoms (the bottom layer
+    fixed) of at most that many steps: ``arrays["pos_relaxed"]`` and ``info["energy_relaxed"]``
+    (IS2RE's targets), the frame keeping its initial positions."""
+    from ase.build import add_adsorbate, fcc100, fcc111, molecule
+    from ase.calculators.emt import EMT
+    from ase.calculators.singlepoint import SinglePointCalculator
+    from ase.constraints import FixAtoms
+    from ase.optimize import BFGS
+
+    rng = np.random.default_rng(seed)
+    frames = []
+    for _ in range(count):
+        metal = SLAB_METALS[rng.integers(len(SLAB_METALS))]
+        build = (fcc100, fcc111)[rng.integers(2)]
+        slab = build(metal, size=(size, size, 3), vacuum=6.0)
+        tags = slab.get_tags()  # ASE: 1 top layer .. 3 bottom layer
+        bottom = tags == tags.max()
+        name = ADSORBATES[rng.integers(len(ADSORBATES))]
+        adsorbate, binding = name, 0
+        if len(name) > 1:
+            # O of OH and C of CO bind, the other atom above them (ASE's molecules point H and
+            # O the other way).
+            adsorbate = molecule(name)
+            adsorbate.positions[:, 2] *= -1 if name == "OH" else 1
+            binding = 1 if name == "CO" else 0
+        offset = rng.uniform(0, 1, size=2) * slab.cell.lengths()[:2]
+        height = float(rng.uniform(1.4, 2.0))
+        add_adsorbate(slab, adsorbate, height, position=tuple(offset), mol_index=binding)
+        slab.info.pop("adsorbate_info", None)  # ASE's site table: not a frame's value
+        n_slab = len(bottom)
+        oc20 = np.full(len(slab), 2)
+        oc20[:n_slab] = np.where(bottom, 0, 1)
+        slab.set_tags(oc20)
+        slab.wrap()
+        slab.positions += rng.normal(scale=0.05, size=slab.positions.shape) * (oc20 > 0)[:, None]
+        slab.calc = EMT()
+        energy, forces = slab.get_potential_energy(), slab.get_forces()
+        if relax_steps:
+            relaxed = slab.copy()
+            relaxed.set_constraint(FixAtoms(mask=oc20 == 0))
+            relaxed.calc = EMT()
+            BFGS(relaxed, logfile=None).run(fmax=0.05, steps=relax_steps)
+            slab.arrays["pos_relaxed"] = relaxed.positions.copy()
+            slab.info["energy_relaxed"] = float(relaxed.get_potential_energy())
+        slab.calc = SinglePointCalculator(slab, energy=energy, forces=forces)
+        frames.append(slab)
+    return frames
+
+
+def oc20_record(atoms) -> Data:
+    """An ASE frame of :func:`emt_slabs` (relaxed) as one record of OC20's IS2RE LMDBs: a PyG
+    ``Data`` with OC20's field names."""
+    return Data(
+        atomic_numbers=torch.tensor(atoms.numbers, dtype=torch.float32),
+        pos=torch.tensor(atoms.positions, dtype=torch.float32),
+        pos_relaxed=torch.tensor(atoms.arrays["pos_relaxed"], dtype=torch.float32),
+        cell=torch.tensor(np.asarray(atoms.cell), dtype=torch.float32).view(1, 3, 3),
+        tags=torch.tensor(atoms.get_tags(), dtype=torch.long),
+        y_relaxed=float(atoms.info["energy_relaxed"]),
+        natoms=len(atoms),
+        sid=int(abs(hash(atoms.get_chemical_formula())) % 10**6),
+    )
+
+
+def write_oc20_layout(root: Path, splits: dict[str, list]) -> Path:
+    """OC20's IS2RE folder layout (``root/<split>/data.lmdb``) holding ``splits``' records,
+    each value ``pickle.dumps`` of a record (OC20's own format: a PyG ``Data`` from
+    :func:`oc20_record`, or any object a test wants refused), keyed ``"0"``, ``"1"``, ..."""
+    import lmdb
+
+    for split, records in splits.items():
+        folder = Path(root) / split
+        folder.mkdir(parents=True, exist_ok=True)
+        env = lmdb.open(str(folder / "data.lmdb"), subdir=False, map_size=2**30, lock=False)
+        with env.begin(write=True) as txn:
+            for index, record in enumerate(records):
+                txn.put(str(index).encode(), pickle.dumps(record, protocol=4))
+        env.close()
+    return Path(root)
+
+
+def write_aselmdb(path: Path, frames: list) -> Path:
+    """``frames`` as fairchem's ASE-LMDB file (``*.aselmdb``): row ids 1..N, each value the
+    zlib-compressed JSON (ASE's encoding) of the row's fields (``numbers``, ``positions``,
+    ``cell``, ``pbc``, ``tags``, the stored ``energy`` and ``forces``, ``key_value_pairs``
+    from ``info``), and ``nextid``."""
+    import zlib
+
+    import lmdb
+    from ase.io.jsonio import encode
+
+    def packed(value) -> bytes:
+        return zlib.compress(encode(value).encode("utf-8"))
+
+    env = lmdb.open(str(path), subdir=False, map_size=2**30, lock=False)
+    with env.begin(write=True) as txn:
+        for index, atoms in enumerate(frames, start=1):
+            row = {
+                "numbers": atoms.numbers,
+                "positions": atoms.positions,
+                "cell": np.asarray(atoms.cell),
+                "pbc": atoms.pbc,
+                "tags": atoms.get_tags(),
+                "key_value_pairs": {
+                    k: v for k, v in atoms.info.items() if isinstance(v, int | float | str)
+                },
+                "data": {},
+            }
+            if atoms.calc is not None:
+                row["energy"] = atoms.get_potential_energy()
+                row["forces"] = atoms.get_forces()
+            txn.put(str(index).encode("ascii"), packed(row))
+        txn.put(b"nextid", packed(len(frames) + 1))
+    env.close()
+    return Path(path)

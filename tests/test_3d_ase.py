@@ -115,17 +115,17 @@ def test_info_and_arrays_keys_and_the_column_and_file_splits(tmp_path):
     )
 
 
-def test_a_target_no_frame_holds_and_a_periodic_frame_are_errors(tmp_path):
+def test_a_target_no_frame_holds_and_a_flat_periodic_cell_are_errors(tmp_path):
     frames = _frames(3)
     path = tmp_path / "frames.extxyz"
     ase.io.write(path, frames)
     with pytest.raises(DataError, match="no frame holds \\['enthalpy'\\]"):
         _source(path, tmp_path, targets=["enthalpy"]).graphs()
     frames[1].pbc = True
-    frames[1].cell = [20.0, 20.0, 20.0]
-    periodic = tmp_path / "periodic.extxyz"
+    frames[1].cell = [20.0, 20.0, 0.0]  # periodic frames are read (tests/test_periodic_ase.py)
+    periodic = tmp_path / "periodic.traj"
     ase.io.write(periodic, frames)
-    with pytest.raises(DataError, match="frame 1 is periodic"):
+    with pytest.raises(DataError, match="frame 1: the cell .* has zero volume"):
         _source(periodic, tmp_path, targets=["energy_info"]).graphs()
     with pytest.raises(DataError, match="ASE cannot read it"):
         bad = tmp_path / "bad.extxyz"

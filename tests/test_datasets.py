@@ -225,6 +225,7 @@ def test_every_source_answers_the_contract(ogb_root, tmp_path):
         "ogbg_ppa": {"root": str(tmp_path)},
         "lrgb": {"name": "Peptides-func", "root": str(tmp_path)},
         "ase": {"path": "x.extxyz"},
+        "oc20": {"path": "is2re"},
     }
     assert set(settings) == set(SOURCES)
     sources = {kind: build_source({"source": kind, **s}) for kind, s in settings.items()}
@@ -233,7 +234,7 @@ def test_every_source_answers_the_contract(ogb_root, tmp_path):
         assert source.name and source.root, kind
         assert source.task_info().num_tasks >= 1, kind
     # Sources with vocabularies of their own (not OGB's molecule featurisation) refuse SMILES.
-    own = ["zinc", "pyg_file", "tu", "ogbg_ppa", "ase"]
+    own = ["zinc", "pyg_file", "tu", "ogbg_ppa", "ase", "oc20"]
     assert [k for k, s in sources.items() if s.feature_dims() is not None] == own
     assert [k for k, s in sources.items() if s.smiles_refusal() is not None] == own
     assert sources["smiles_csv"].task_names() == ["a", "b"]

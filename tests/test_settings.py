@@ -66,6 +66,7 @@ def test_the_defaults_and_every_recipe_are_accepted(tmp_path):
         "descriptor_pretrain": ["dataset.path=smiles.csv"],
         "molhiv_finetune": ["pretrained=pre.ckpt"],
         "molpcba_finetune": ["pretrained=pre.ckpt"],
+        "oc20_is2re": ["dataset.path=is2re/all"],  # OC20's folders
     }
     for name in options("experiment"):
         given = [f"output_dir={tmp_path}", f"experiment={name}", *needs.get(name, [])]

@@ -81,8 +81,11 @@ def run(cfg: DictConfig) -> pd.DataFrame:
         if cfg.get("smiles") is not None:
             raise ConfigError("give either input=FILE or smiles=[...], not both")
         path = str(Path(str(cfg["input"])).expanduser())
-        read = structure_graphs if _is_structure_file(path) else read_graph_file
-        graphs = read(path, key="input")
+        if _is_structure_file(path):
+            cutoff = predictor.periodic_cutoff
+            graphs = structure_graphs(path, "input", **({"pbc_cutoff": cutoff} if cutoff else {}))
+        else:
+            graphs = read_graph_file(path, key="input")
         table = pd.DataFrame({"graph": range(len(graphs))})
         splits = [g.get("split") for g in graphs]
         if any(isinstance(v, str) for v in splits):

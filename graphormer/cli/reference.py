@@ -185,7 +185,7 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str,
 
 
 # Keys whose value is a mapping of the user's choosing, documented as one key.
-_OPEN_VALUES = ("loss_weights",)
+_OPEN_VALUES = ("loss_weights", "loss_weights_end")
 
 
 def _annotation(value: Any) -> str:

@@ -10,6 +10,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 
 from graphormer.batch import GraphormerBatch
+from graphormer.data.periodic import ATOM_INTEGER_KEYS
 from graphormer.data.structure import STRUCTURAL_KEYS, structural_features
 
 __all__ = ["GraphormerBatch", "GraphormerCollator", "padded_length"]
@@ -147,6 +148,10 @@ class GraphormerCollator:
             y_atom_vector = vectors.new_full((batch_size * n_max, *vectors.shape[1:]), float("nan"))
             y_atom_vector = y_atom_vector.index_copy_(0, node_dest, vectors)
             y_atom_vector = y_atom_vector.view(batch_size, n_max, *vectors.shape[1:])
+        tags, image_of = (
+            _node_integers(stores, key, node_dest, batch_size * n_max, fill)
+            for key, fill in zip(ATOM_INTEGER_KEYS, (0, -1), strict=True)
+        )
         return GraphormerBatch(
             x=x_pad.view(batch_size, n_max, x.size(-1)),
             in_degree=in_degree.view(batch_size, n_max),
@@ -164,6 +169,8 @@ class GraphormerCollator:
             molecule_features=_continuous(stores, "molecule_features"),
             pos=pos,
             y_atom_vector=y_atom_vector,
+            tags=None if tags is None else tags.view(batch_size, n_max),
+            image_of=None if image_of is None else image_of.view(batch_size, n_max),
         )
 
     def _structure(
@@ -223,6 +230,26 @@ def _bonds(stores: list[dict], num_edges: Tensor, batch_size: int) -> dict[str, 
         y_bond = torch.full((batch_size * m_max, labels.size(-1)), float("nan"), dtype=labels.dtype)
         out["y_bond"] = y_bond.index_copy_(0, dest, labels).view(batch_size, m_max, -1)
     return out
+
+
+def _node_integers(
+    stores: list[dict], key: str, node_dest: Tensor, size: int, fill: int
+) -> Tensor | None:
+    """The per-node integers ``key`` (atom tags, image sources) of all graphs in the flat padded
+    layout ``[B * N]`` (``fill`` at padding), or None when no graph has them. A batch mixing
+    graphs with and without them (periodic and molecular frames of one file) gives those
+    without the value of a real atom without a tag: ``fill``."""
+    if all(s.get(key) is None for s in stores):
+        return None
+    values = torch.cat(
+        [
+            s[key].long().view(-1)
+            if s.get(key) is not None
+            else torch.full((s["x"].size(0),), fill, dtype=torch.long)
+            for s in stores
+        ]
+    )
+    return torch.full((size,), fill, dtype=torch.long).index_copy_(0, node_dest, values)
 
 
 def _continuous(stores: list[dict], key: str) -> Tensor | None:

@@ -58,7 +58,10 @@ USER_METRICS = {
     "regression": ("rmse", "mae"),
 }
 # Metrics a task may report beside its own (``TaskInfo.reported``), per task type.
-REPORTED_METRICS = {"binary classification": ("acc",)}
+REPORTED_METRICS = {"binary classification": ("acc",), "regression": ("ewt",)}
+# OC20's energy within threshold (EwT): the share of predictions within this of the label, in
+# the target's units (eV).
+EWT_THRESHOLD = 0.02
 # Atom-level metrics per ``dataset.atom_task_type`` (issue #18), over every labelled atom.
 ATOM_METRICS = {"regression": ("mae", "rmse"), "binary": ("rocauc",)}
 # Bond-level metrics per ``dataset.bond_task_type``, over every labelled bond: the atoms' rule.
@@ -167,11 +170,11 @@ class Level:
             raise error(f"{key} must be one of {' | '.join(self.metrics)}, got {task_type!r}")
 
 
-ATOM = Level("atom", "y_atom", "node_mask", ATOM_METRICS, "atom")
+ATOM = Level("atom", "y_atom", "atom_mask", ATOM_METRICS, "atom")
 BOND = Level("bond", "y_bond", "bond_mask", BOND_METRICS, "bond")
 # Per-atom 3-vectors (forces, position changes) of Graphormer-3D's vector head.
 ATOM_VECTOR = Level(
-    "atom_vector", "y_atom_vector", "node_mask", VECTOR_METRICS, "atom vector", components=3
+    "atom_vector", "y_atom_vector", "atom_mask", VECTOR_METRICS, "atom vector", components=3
 )
 # The item levels, in the order their outputs, metrics and columns come (after molecules).
 ITEM_LEVELS = (ATOM, BOND, ATOM_VECTOR)
@@ -475,16 +478,24 @@ def _score_level(
 
 
 def score_reported(task: TaskInfo, y_true: torch.Tensor, y_pred: torch.Tensor) -> dict[str, float]:
-    """The :attr:`TaskInfo.reported` metrics of logits ``y_pred`` against labels ``y_true``
-    ``[n, T]`` (NaN = unlabelled). ``acc``: the share of labelled entries whose logit is on the
-    label's side of 0 (probability 0.5), over all tasks; NaN when nothing is labelled."""
+    """The :attr:`TaskInfo.reported` metrics of outputs ``y_pred`` (logits for classification)
+    against labels ``y_true`` ``[n, T]`` (NaN = unlabelled), over all tasks; NaN when nothing is
+    labelled. ``acc``: the share of labelled entries whose logit is on the label's side of 0
+    (probability 0.5). ``ewt``: OC20's energy within threshold, the share of labelled entries
+    predicted within :data:`EWT_THRESHOLD` of the label."""
     if not task.reported:
         return {}
     y_true = y_true.float().cpu()
     y_pred = y_pred.float().cpu().view(y_true.shape)
     labelled = ~torch.isnan(y_true)
-    right = ((y_pred[labelled] > 0).float() == y_true[labelled]).double()
-    return {"acc": float(right.mean()) if labelled.any() else float("nan")}
+    out = {}
+    for name in task.reported:
+        if name == "acc":
+            right = (y_pred[labelled] > 0).float() == y_true[labelled]
+        else:
+            right = (y_pred[labelled] - y_true[labelled]).abs() < EWT_THRESHOLD
+        out[name] = float(right.double().mean()) if labelled.any() else float("nan")
+    return out
 
 
 def with_accuracy(task: TaskInfo) -> TaskInfo:

@@ -23,6 +23,7 @@ from graphormer.data.featurize import (
     molecule_bond_edges,
     smiles_feature_dims,
 )
+from graphormer.data.periodic import ATOM_INTEGER_KEYS
 from graphormer.data.sampling import pack_by_tokens
 from graphormer.data.sources.pyg_file import read_graphs
 from graphormer.errors import DataError
@@ -85,6 +86,9 @@ def graph_input(
             )
     # Structural features are computed per batch by the collator (its on-the-fly mode).
     data = read.data
+    for key in ATOM_INTEGER_KEYS:  # tags and periodic images: kept as the collator reads them
+        if graph.get(key) is not None:
+            data[key] = graph[key].long().view(-1)
     if bond_targets:  # an edge-level model predicts every listed edge (pyg_file)
         data.bond_edge = torch.arange(data.edge_index.size(1), dtype=torch.long)
     return data

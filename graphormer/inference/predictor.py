@@ -156,6 +156,9 @@ class Predictor:
         # predict_graphs still serves such a model.
         self.smiles_refusal = molecule_features_problem(module.config)
         self.categorical_columns: tuple[list[int] | None, list[int] | None] = (None, None)
+        # The training source's periodic-image distance (from_checkpoint sets it), for
+        # structure files; None: the default, PBC_CUTOFF.
+        self.periodic_cutoff: float | None = None
         self.modules = [module.eval(), *(m.eval() for m in members or [])]
         # Pass k of MC dropout is seeded by k, so that a prediction is reproducible.
         self.mc_dropout = check_mc_dropout(mc_dropout, len(self.modules), module.config)
@@ -252,6 +255,8 @@ class Predictor:
             config = module.config
             counts = (len(config.atom_feature_dims), len(config.bond_feature_dims))
             predictor.categorical_columns = source.categorical_columns(counts)
+            # Structure files read for prediction get the images training's data had.
+            predictor.periodic_cutoff = source.periodic_cutoff()
         return predictor
 
     @property

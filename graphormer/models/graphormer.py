@@ -120,6 +120,15 @@ class GraphormerConfig:
         atom_vector_tasks: 3-vectors per atom (forces, position changes) of Graphormer-3D's
             vector head (:class:`~graphormer.models.geometry.VectorHead`); needs positions
             (``channels`` 3d or both); 0 (the default) builds none.
+        num_tags: rows of an embedding of each atom's tag (``batch.tags``; OC20's 0 fixed
+            subsurface, 1 surface, 2 adsorbate: 3), added to its input as Graphormer-3D's
+            ``tag_encoder``; 0 (the default) builds none.
+        readout_min_tag: the per-atom part of a ``token_sum`` or ``token_mean`` readout counts
+            the atoms whose tag is at least this; 1 is Graphormer-3D's energy over the atoms
+            that move (tag > 0); 0 (the default) counts every atom.
+        blocks: the layer stack runs this many times with the same weights (Graphormer-3D's
+            ``--blocks``: 12 layers in 4 blocks are 48 layer passes with 12 layers' weights);
+            1 (the default) runs it once.
     """
 
     num_layers: int = 12
@@ -156,6 +165,9 @@ class GraphormerConfig:
     num_kernels: int = 128
     cutoff: float | None = None
     atom_vector_tasks: int = 0
+    num_tags: int = 0
+    readout_min_tag: int = 0
+    blocks: int = 1
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -166,6 +178,9 @@ class GraphormerConfig:
         other_levels = self.atom_tasks or self.bond_tasks or self.atom_vector_tasks
         _integer("num_tasks", self.num_tasks, 0 if other_levels else 1)
         _integer("num_kernels", self.num_kernels, 1)
+        _integer("num_tags", self.num_tags, 0)
+        _integer("readout_min_tag", self.readout_min_tag, 0)
+        _integer("blocks", self.blocks, 1)
         for name in (
             "max_degree",
             "max_distance",
@@ -303,6 +318,7 @@ class GraphormerConfig:
             tables += 2 * types * types + 2 * k + (k + 1) * (k + self.num_heads) + (k + 1) * h
         if self.atom_vector_tasks:
             heads += 3 * (h * h + h) + h * self.atom_vector_tasks
+        tables += self.num_tags * h
         return layers * per_layer + tables + 4 * h + h * h + heads
 
     def _check_size(self) -> None:
@@ -380,6 +396,19 @@ def _integer(name: str, value: Any, least: int, optional: bool = False) -> None:
         raise ValueError(f"model.{name}={value!r} is not allowed: an integer >= {least}{null}")
 
 
+def _image_copies(image_of: Tensor | None) -> Tensor | None:
+    """``[B * (N+1)]`` for each token of the padded layout (graph token first), the token whose
+    state it holds: itself, or for a periodic image its source atom; None without images."""
+    if image_of is None:
+        return None
+    b, n = image_of.shape
+    length = n + 1
+    base = torch.arange(b, device=image_of.device).unsqueeze(1) * length  # [B, 1]
+    own = base + torch.arange(length, device=image_of.device)  # [B, N+1]
+    source = F.pad(image_of, (1, 0), value=-1)  # [B, N+1]
+    return torch.where(source >= 0, base + 1 + source, own).reshape(-1)
+
+
 def _physical_memory() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -400,8 +429,9 @@ class Graphormer(nn.Module):
 
     Shapes:
         - input: a :class:`~graphormer.data.GraphormerBatch` of ``B`` graphs padded to ``N`` nodes
-        - output: ``[B, num_tasks]``; with ``return_attention`` also a list of ``num_layers``
-          per-head attention maps ``[B, H, N + 1, N + 1]`` (graph token at index 0)
+        - output: ``[B, num_tasks]``; with ``return_attention`` also a list of
+          ``num_layers * blocks`` per-head attention maps ``[B, H, N + 1, N + 1]`` (graph
+          token at index 0)
     """
 
     def __init__(self, config: GraphormerConfig) -> None:
@@ -434,6 +464,8 @@ class Graphormer(nn.Module):
             if c.uses_positions
             else None
         )
+        # Only when asked for, as the 3D channel: existing checkpoints keep their tensors.
+        self.tag_encoder = nn.Embedding(c.num_tags, c.hidden_dim) if c.num_tags else None
         self.graph_token = nn.Parameter(torch.empty(1, 1, c.hidden_dim))
         # Microsoft's encoder_normalize_before: one LayerNorm over the summed input embeddings.
         self.input_norm = (
@@ -504,6 +536,8 @@ class Graphormer(nn.Module):
         if self.geometry is not None:
             self.geometry.reset_parameters()
         nn.init.normal_(self.graph_token, std=0.02)
+        if self.tag_encoder is not None:
+            nn.init.normal_(self.tag_encoder.weight, std=0.02)
         if self.head_bias is not None:
             nn.init.zeros_(self.head_bias)
 
@@ -567,6 +601,8 @@ class Graphormer(nn.Module):
             h = h + geometry[1].to(h.dtype)  # the 3D centrality
         elif self.geometry is not None:
             h = touch(h, self.geometry)
+        if self.tag_encoder is not None:
+            h = h + self.tag_encoder(self._tags(batch)) * node_mask.unsqueeze(-1).to(h.dtype)
         if perturb is not None:
             h = h + perturb.to(h.dtype) * node_mask.unsqueeze(-1).to(h.dtype)
         token = self.graph_token.expand(h.size(0), -1, -1).to(h.dtype)  # [B, 1, d]
@@ -574,6 +610,9 @@ class Graphormer(nn.Module):
             token = token + self._molecule_vector(batch).unsqueeze(1).to(h.dtype)
         h = torch.cat([token, h], dim=1)  # [B, N+1, d]
         h = self.input_dropout(self.input_norm(h))
+        copies = _image_copies(batch.image_of)  # [B * (N+1)], or None without images
+        if copies is not None:
+            h = h.flatten(0, 1).index_select(0, copies).view_as(h)
 
         # The bias is computed once and shared by every layer, as in the paper; the padding mask
         # is folded into it once too. Keys at padding get the most negative value; the graph
@@ -599,6 +638,12 @@ class Graphormer(nn.Module):
             # Pairs beyond model.cutoff do not attend (the diagonal never is: no empty row).
             masked = masked | F.pad(geometry[2], (1, 0, 1, 0), value=False)
         limit = self.config.attention_max_distance
+        if batch.image_of is not None:
+            # The graph token reads the real atoms only: their count, not the images', is the
+            # structure's (and the images are copies of them).
+            images = F.pad(batch.image_of >= 0, (1, 0), value=False)  # [B, N+1]
+            token_row = F.pad(images.unsqueeze(1), (0, 0, 0, h.size(1) - 1), value=False)
+            masked = masked | token_row  # [B, N+1, N+1]: row 0 only
         if limit is not None and use_2d:
             # Pairs too far apart (or unreachable) do not attend; never the graph token.
             spatial_pos = batch.spatial_pos.long()
@@ -620,11 +665,23 @@ class Graphormer(nn.Module):
             tokens = real.reshape(-1).nonzero().squeeze(1)  # [T]
             packed = (tokens, batch, length)
             h = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]
+            if copies is not None:
+                # The copies' sources as rows of the packed tokens (sources are real tokens).
+                row = torch.full_like(copies, -1).index_copy_(
+                    0, tokens, torch.arange(tokens.numel(), device=tokens.device)
+                )
+                copies = row[copies.index_select(0, tokens)]  # [T]
         attentions = []
-        for layer in self.layers:
-            h, weights = layer(h, attn_bias, need_weights=return_attention, packed=packed)
-            if return_attention:
-                attentions.append(weights)
+        for _ in range(self.config.blocks):  # Graphormer-3D's blocks share the layers' weights
+            for layer in self.layers:
+                h, weights = layer(h, attn_bias, need_weights=return_attention, packed=packed)
+                if copies is not None:
+                    # A periodic image is its source atom seen across the boundary: it holds
+                    # the source's state in every layer, so an atom's state depends on its
+                    # periodic neighbours only, not on which copy is the one in the cell.
+                    h = h.flatten(0, -2).index_select(0, copies).view_as(h)
+                if return_attention:
+                    attentions.append(weights)
         h = self.final_norm(h)
         if packed is None:
             return h * real.unsqueeze(-1).to(h.dtype), attentions, attn_bias
@@ -682,10 +739,10 @@ class Graphormer(nn.Module):
         readout = self.config.readout
         atoms = None
         if readout != "token":
-            # Padding rows of h are zeros (encode's contract), so a plain sum is the atoms' sum.
-            atoms = h[:, 1:].sum(1)  # [B, d]
+            counted = self.readout_atoms(batch)  # [B, N]
+            atoms = (h[:, 1:] * counted.unsqueeze(-1).to(h.dtype)).sum(1)  # [B, d]
         if readout == "token_mean":
-            count = batch.node_mask.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # [B, 1]
+            count = counted.sum(1, keepdim=True).clamp(min=1).to(h.dtype)  # [B, 1]
             # W [token; mean] + b, again as a sum of two linear maps.
             hidden = hidden + self.readout(atoms / count)
             atoms = None
@@ -701,7 +758,38 @@ class Graphormer(nn.Module):
                 f"{self.config.readout!r}{' and no molecule head' if self.head is None else ''})"
             )
         per_atom = self.readout(h[:, 1:])  # [B, N, T]
-        return per_atom * batch.node_mask.unsqueeze(-1).to(per_atom.dtype)
+        return per_atom * self.readout_atoms(batch).unsqueeze(-1).to(per_atom.dtype)
+
+    def _tags(self, batch: GraphormerBatch) -> Tensor:
+        """``[B, N]`` the batch's atom tags, checked against the tag table."""
+        if batch.tags is None:
+            raise DataError(
+                f"the model reads atom tags (model.num_tags={self.config.num_tags}) and these "
+                "structures carry none: give them tags (ASE's atoms.set_tags), or train with "
+                "model.num_tags=0"
+            )
+        if batch.tags.numel() and (
+            batch.tags.min() < 0 or batch.tags.max() >= self.config.num_tags
+        ):
+            raise DataError(
+                f"an atom's tag is {int(batch.tags.max())}, outside the model's "
+                f"0..{self.config.num_tags - 1}: raise model.num_tags above the largest tag"
+            )
+        return batch.tags
+
+    def readout_atoms(self, batch: GraphormerBatch) -> Tensor:
+        """``[B, N]`` bool: the atoms a per-atom readout sums: real atoms (no padding, no
+        periodic image) whose tag is at least ``readout_min_tag``."""
+        counted = batch.atom_mask
+        if self.config.readout_min_tag:
+            if batch.tags is None:
+                raise DataError(
+                    f"model.readout_min_tag={self.config.readout_min_tag} sums the atoms by "
+                    "their tags and these structures carry none: give them tags, or set "
+                    "model.readout_min_tag=0"
+                )
+            counted = counted & (batch.tags >= self.config.readout_min_tag)
+        return counted
 
     def forward_levels(
         self,
@@ -719,6 +807,7 @@ class Graphormer(nn.Module):
         out = {"molecule": self.molecule_output(h, batch)}
         if self.atom_head is not None:
             out["atom"] = self.atom_head(h[:, 1:])  # [B, N, T_atom], graph token dropped
+            out["atom"] = out["atom"] * batch.atom_mask.unsqueeze(-1).to(out["atom"].dtype)
         if self.vector_head is not None:
             if batch.pos is None:
                 raise ValueError(
@@ -726,7 +815,8 @@ class Graphormer(nn.Module):
                     "positions, and the batch carries none"
                 )
             vectors = self.vector_head(h[:, 1:], batch.pos, attn_bias[:, :, 1:, 1:])
-            out["atom_vector"] = vectors * batch.node_mask[..., None, None].to(vectors.dtype)
+            # Zeros at padding and at periodic images: outputs are the real atoms'.
+            out["atom_vector"] = vectors * batch.atom_mask[..., None, None].to(vectors.dtype)
         if self.bond_head is not None:
             if batch.bond_atoms is None:
                 raise ValueError(

@@ -78,7 +78,7 @@ def _chosen_splits(split: str, datamodule) -> list[str]:
     """The splits ``split=`` names: one split, or ``all`` the labelled evaluation splits."""
     available = list(datamodule.loaded.split)
     if split == "all":
-        return [k for k in ("valid", "test") if datamodule.is_labelled(k)]
+        return [k for k in datamodule.loaded.evaluated if datamodule.is_labelled(k)]
     if split == "train" or split not in available:
         choices = [k for k in available if k != "train"]
         raise ConfigError(
@@ -409,7 +409,8 @@ def score_split(
         y_true, y_pred = torch.from_numpy(y), torch.from_numpy(mean)
         metrics[task.metric] = score(task, task.evaluator(), y_true, y_pred, split)
         # Reported metrics (accuracy) read logits: a probability's 0.5 is a logit's 0.
-        metrics.update(score_reported(task, y_true, y_pred - 0.5))
+        logits = y_pred - 0.5 if task.is_classification else y_pred
+        metrics.update(score_reported(task, y_true, logits))
         names = read_task_names(module)
         report = uncertainty_report(task, names, y, mean, std, calibration, spread)
     items = member_item_outputs(modules, datamodule, split, trainer, levels)

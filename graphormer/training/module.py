@@ -25,7 +25,13 @@ from graphormer.training.rng import (
     restore_rng_state_of_rank,
 )
 from graphormer.training.schedule import warmup_linear_decay
-from graphormer.training.settings import NONFINITE, FlagSettings, auto_loss, resolve_loss
+from graphormer.training.settings import (
+    ITEM_LOSSES,
+    NONFINITE,
+    FlagSettings,
+    auto_loss,
+    resolve_loss,
+)
 from graphormer.uncertainty.heads import (
     DISTRIBUTION_WIDTHS,
     EVIDENTIAL_LAMBDA,
@@ -72,6 +78,7 @@ _SIZE_SETTINGS = (
     "molecule_features_dim",
     "channels",
     "num_kernels",
+    "num_tags",
 )
 
 
@@ -245,6 +252,8 @@ class GraphormerModule(pl.LightningModule):
         ema_decay: float | None = None,
         pretrained_lr_scale: float | None = None,
         pretrained_decay: float | None = None,
+        item_loss: str = "auto",
+        loss_weights_end: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -275,6 +284,16 @@ class GraphormerModule(pl.LightningModule):
         loss = resolve_loss(loss, self.task)
         self.loss_name = loss
         self.loss_weights = _loss_weights(loss_weights)
+        # Each level's weight at the last update; the weights move linearly from loss_weights
+        # there (Graphormer-3D's position-change weight falls from 15 to 1 over its run).
+        self.loss_weights_end = _loss_weights(
+            loss_weights_end, self.loss_weights, "loss_weights_end"
+        )
+        if item_loss not in ITEM_LOSSES:
+            raise ValueError(
+                f"item_loss must be one of {', '.join(ITEM_LOSSES)}, got {item_loss!r}"
+            )
+        self.item_loss = item_loss
         # A distribution head predicts k parameters per task (mean first).
         self.head_width = DISTRIBUTION_WIDTHS.get(loss, 1)
         levels = {"num_tasks": self.task.num_outputs * self.head_width}
@@ -540,14 +559,35 @@ class GraphormerModule(pl.LightningModule):
                 )
             target = self.level_standardised(level, labels)  # NaN at padding stays
             pred = raw[level.name].float().flatten(0, 1)  # [B*N, T_atom] / [B*M, T_bond]
-            losses[level.name] = masked_loss(pred, target.flatten(0, 1), level.loss(self.task))
+            losses[level.name] = masked_loss(pred, target.flatten(0, 1), self._item_loss(level))
         return losses
+
+    def _item_loss(self, level: Level) -> str:
+        """``level``'s training loss: its own (:meth:`Level.loss`), or with ``item_loss=l1`` /
+        ``mse`` that one for regression targets (Graphormer-3D's L1 of position changes)."""
+        own = level.loss(self.task)
+        return own if self.item_loss == "auto" or own == "bce" else self.item_loss
+
+    def level_weights(self) -> dict[str, float]:
+        """Each level's loss weight at this update: ``loss_weights``, moving linearly to
+        ``loss_weights_end`` at the last update (``total_steps``, or the trainer's count)."""
+        if self.loss_weights_end == self.loss_weights:
+            return self.loss_weights
+        total = self.hparams.get("total_steps")
+        if not total and self._trainer is not None:
+            total = self.trainer.estimated_stepping_batches
+        done = min(self.global_step / max(int(total or 1), 1), 1.0)
+        return {
+            level: start + (self.loss_weights_end[level] - start) * done
+            for level, start in self.loss_weights.items()
+        }
 
     def _total_loss(self, raw: dict, batch: GraphormerBatch) -> Tensor:
         losses = self._level_losses(raw, batch)
         if len(losses) == 1 and "molecule" in losses:
             return losses["molecule"]  # exactly the molecule-only loss of before
-        return sum(self.loss_weights[level] * loss for level, loss in losses.items())
+        weights = self.level_weights()
+        return sum(weights[level] * loss for level, loss in losses.items())
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
         # Lightning copies plain tensors to a GPU without blocking but calls ``to(device)`` of
@@ -761,8 +801,9 @@ class GraphormerModule(pl.LightningModule):
             values.update(score_level(self.task, level, item_target, item_pred, split))
             raw = self.level_standardised(level, item_pred)
             item_target = self.level_standardised(level, item_target)
-            losses[level.name] = masked_loss(raw, item_target, level.loss(self.task))
-        loss = sum(self.loss_weights[level] * value for level, value in losses.items())
+            losses[level.name] = masked_loss(raw, item_target, self._item_loss(level))
+        weights = self.level_weights()
+        loss = sum(weights[level] * value for level, value in losses.items())
         self.log(f"{stage}/loss", float(loss), sync_dist=False)
         for name, value in values.items():
             self.log(f"{stage}/{name}", value, prog_bar=True, sync_dist=False)
@@ -960,16 +1001,16 @@ class GraphormerModule(pl.LightningModule):
             )
 
 
-def _loss_weights(given: dict[str, float] | None) -> dict[str, float]:
-    """Each level's loss weight (1 where not given), checked."""
-    weights = dict.fromkeys(LEVELS, 1.0)
+def _loss_weights(
+    given: dict[str, float] | None, start: dict[str, float] | None = None, key="loss_weights"
+) -> dict[str, float]:
+    """Each level's loss weight (``start``'s, or 1, where not given), checked."""
+    weights = dict(start) if start is not None else dict.fromkeys(LEVELS, 1.0)
     for level, weight in dict(given or {}).items():
         if level not in weights:
-            raise ValueError(
-                f"loss_weights.{level} is not a level: give weights of {', '.join(LEVELS)}"
-            )
+            raise ValueError(f"{key}.{level} is not a level: give weights of {', '.join(LEVELS)}")
         if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
-            raise ValueError(f"loss_weights.{level}={weight!r} is not allowed: a number >= 0")
+            raise ValueError(f"{key}.{level}={weight!r} is not allowed: a number >= 0")
         weights[level] = float(weight)
     return weights
 

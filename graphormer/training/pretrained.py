@@ -54,6 +54,9 @@ _STRUCTURE = (
     "channels",
     "num_kernels",
     "cutoff",
+    # Periodic structures: the tag embedding's rows, and how often the layers run.
+    "num_tags",
+    "blocks",
 )
 
 

@@ -96,6 +96,11 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
             flag=settings.flag.to_dict() if settings.flag.enabled else None,
             nonfinite=settings.nonfinite,
             **({"loss_weights": settings.loss_weights} if settings.loss_weights else {}),
+            # Only when set: the hyperparameters of runs without them stay as they were.
+            **(
+                {"loss_weights_end": settings.loss_weights_end} if settings.loss_weights_end else {}
+            ),
+            **({"item_loss": settings.item_loss} if settings.item_loss != "auto" else {}),
         )
         module.config.check_hops(settings.datamodule.max_hops)
         return module

@@ -485,6 +485,8 @@ def _fraction_or_count(key: str, value: Any) -> None:
 # ``evidential`` heads predict a distribution per regression target.
 LOSSES = ("auto", "bce", "ce", "l1", "mse", "mve", "evidential")
 _LOSSES = LOSSES
+# Training losses of regression item targets (``item_loss``): auto is each level's own (MSE).
+ITEM_LOSSES = ("auto", "l1", "mse")
 # What a NaN or infinite loss or gradient does (``nonfinite=``).
 NONFINITE = ("stop", "skip")
 
@@ -625,6 +627,10 @@ class RunSettings:
             atoms, then bonds).
         loss_weights: weight of each level's loss (``molecule``, ``atom``, ``bond``,
             ``atom_vector``); None: all 1.
+        loss_weights_end: each level's weight at the last update, reached linearly from
+            ``loss_weights``; None (or a level not named): constant weights.
+        item_loss: the loss of regression atom, bond and atom-vector targets: ``auto`` (MSE
+            of standardised values), ``l1`` or ``mse``.
     """
 
     dataset: dict[str, Any]
@@ -649,6 +655,8 @@ class RunSettings:
     cv: CrossValidationSettings = field(default_factory=CrossValidationSettings)
     monitor: str | None = None
     loss_weights: dict[str, float] | None = None
+    loss_weights_end: dict[str, float] | None = None
+    item_loss: str = "auto"
 
     def __post_init__(self) -> None:
         for key in ("dataset", "model"):
@@ -682,6 +690,11 @@ class RunSettings:
                     "loss_weights", self.loss_weights, "{molecule: W, atom: W, bond: W} or null"
                 )
             object.__setattr__(self, "loss_weights", dict(self.loss_weights))
+        if self.loss_weights_end is not None:
+            if not isinstance(self.loss_weights_end, Mapping):
+                raise _bad("loss_weights_end", self.loss_weights_end, "{atom_vector: W} or null")
+            object.__setattr__(self, "loss_weights_end", dict(self.loss_weights_end))
+        _choice("item_loss", self.item_loss, ITEM_LOSSES)
         if self.flag.enabled and self.trainer.accumulate_grad_batches > 1:
             raise ConfigError(
                 "flag.m > 0 (FLAG) takes its own gradient steps and cannot accumulate gradients "

@@ -16,6 +16,7 @@ from graphormer.data.sources.ase import AseSource
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.folders import DatasetCacheError, DatasetNotFoundError
 from graphormer.data.sources.lrgb import LRGBSource
+from graphormer.data.sources.oc20 import Oc20Source
 from graphormer.data.sources.ogb import OGBSource
 from graphormer.data.sources.ogbg_ppa import PPASource
 from graphormer.data.sources.pcqm4mv2 import PCQM4Mv2Source
@@ -28,6 +29,7 @@ from graphormer.errors import ConfigError
 __all__ = [
     "SOURCES",
     "AseSource",
+    "Oc20Source",
     "DatasetCacheError",
     "DatasetNotFoundError",
     "LRGBSource",
@@ -54,6 +56,7 @@ SOURCES: dict[str, type[Source]] = {
     "ogbg_ppa": PPASource,
     "lrgb": LRGBSource,
     "ase": AseSource,
+    "oc20": Oc20Source,
 }
 
 # Class paths that checkpoints of graphormer 0.1 stored as ``_target_``: read as the names above.

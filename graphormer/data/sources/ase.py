@@ -6,19 +6,23 @@ first column of OGB's atom features, so that the distance encoding's atom types 
 molecules from SMILES), ``pos`` ``[N, 3]`` in Angstrom, ``y`` ``[1, T]`` from the frames'
 ``info`` keys or their stored calculator results (``energy``), NaN where a frame lacks one, and
 per-atom vectors (``forces``, or any ``arrays`` key) as ``y_atom_vector`` ``[N, T_vec, 3]``.
-ASE is an optional dependency (``pip install 'graphormer[3d]'``).
+A periodic frame (``pbc`` along any cell vector) also gets its periodic images as extra nodes
+(:mod:`graphormer.data.periodic`), and a frame with ASE ``tags`` its atoms' tags. ASE is an
+optional dependency (``pip install 'graphormer[3d]'``).
 """
 
 from __future__ import annotations
 
 import os.path as osp
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 from torch_geometric.data import Data, InMemoryDataset
 
+from graphormer.data.periodic import PBC_CUTOFF, with_images
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.graph_cache import GraphCache, input_digest
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
@@ -38,13 +42,16 @@ __all__ = [
 ]
 
 # The structure files this source reads (what predict.py's input= takes as structures).
-STRUCTURE_SUFFIXES = (".extxyz", ".xyz", ".db", ".traj")
+STRUCTURE_SUFFIXES = (".extxyz", ".xyz", ".db", ".traj", ".aselmdb")
 
 # Atom types: atomic numbers 1-118 as OGB's first atom feature (Z - 1) holds them, plus its
 # "misc" entry; the model's element table has these rows.
 ELEMENTS = 119
 
 SPLITS = ("random", "column", "file")
+
+# The per-atom vector target of ``relaxed_positions`` (IS2RE's relaxed minus initial positions).
+POSITION_CHANGE = "position_change"
 
 
 def read_structures(path: str, key: str = "dataset.path") -> list:
@@ -61,6 +68,8 @@ def read_structures(path: str, key: str = "dataset.path") -> list:
     try:
         if path.endswith(".db"):
             frames = _read_database(path)
+        elif path.endswith(".aselmdb"):
+            frames = _read_aselmdb(path)
         else:
             frames = ase.io.read(path, index=":")
     except Exception as error:  # ASE raises many kinds for a file it cannot parse
@@ -83,16 +92,21 @@ def element_molecules(graphs: Sequence[Data]) -> list:
     molecules = []
     for graph in graphs:
         mol = Chem.RWMol()
-        for number in (graph.x[:, 0] + 1).tolist():  # the first atom feature holds Z - 1
+        x = graph.x
+        if graph.get("image_of") is not None:  # periodic images are not atoms of the frame
+            x = x[graph.image_of < 0]
+        for number in (x[:, 0] + 1).tolist():  # the first atom feature holds Z - 1
             mol.AddAtom(Chem.Atom(int(number) if number < ELEMENTS else 0))
         molecules.append(mol.GetMol())
     return molecules
 
 
-def structure_graphs(path: str, key: str = "input") -> list[Data]:
-    """Every frame of a structure file as a graph to predict (elements and positions; no
-    targets), in file order."""
-    return structures_to_graphs(read_structures(path, key), [], [], f"{key}={path}")
+def structure_graphs(path: str, key: str = "input", pbc_cutoff: float = PBC_CUTOFF) -> list[Data]:
+    """Every frame of a structure file as a graph to predict (elements and positions, periodic
+    images within ``pbc_cutoff``; no targets), in file order."""
+    return structures_to_graphs(
+        read_structures(path, key), [], [], f"{key}={path}", pbc_cutoff=pbc_cutoff
+    )
 
 
 def _read_database(path: str) -> list:
@@ -107,6 +121,34 @@ def _read_database(path: str) -> list:
             atoms.info.update(row.key_value_pairs)
             frames.append(atoms)
     return frames
+
+
+# The entries of fairchem's ASE-LMDB files that are not rows.
+_ASELMDB_RESERVED = (b"nextid", b"deleted_ids", b"metadata")
+
+
+def _read_aselmdb(path: str) -> list:
+    """The rows of fairchem's ASE-LMDB file (``*.aselmdb``), in the order of their ids: each
+    value is zlib-compressed JSON in ASE's encoding (``ase.io.jsonio``, which builds arrays and
+    a fixed set of ASE objects, never code), a row of an ASE database with its key-value pairs
+    in ``info``."""
+    import zlib
+
+    from ase.db.row import AtomsRow
+    from ase.io.jsonio import decode
+
+    from graphormer.data.sources.oc20 import open_lmdb
+
+    rows = []
+    with open_lmdb(path) as txn:
+        for key, value in txn.cursor():
+            if key in _ASELMDB_RESERVED:
+                continue
+            row = AtomsRow(decode(zlib.decompress(value).decode("utf-8")))
+            atoms = row.toatoms()
+            atoms.info.update(row.key_value_pairs)
+            rows.append((int(key.decode("ascii")), atoms))
+    return [atoms for _, atoms in sorted(rows, key=lambda pair: pair[0])]
 
 
 def _frame_value(atoms, key: str) -> Any:
@@ -127,22 +169,29 @@ def _atom_value(atoms, key: str) -> Any:
 
 
 def structures_to_graphs(
-    frames: Sequence, targets: Sequence[str], atom_vector_targets: Sequence[str], where: str
+    frames: Sequence,
+    targets: Sequence[str],
+    atom_vector_targets: Sequence[str],
+    where: str,
+    pbc_cutoff: float = PBC_CUTOFF,
+    relaxed_positions: str | None = None,
 ) -> list[Data]:
     """One bond-less graph per frame (see the module's docstring).
 
+    ``relaxed_positions`` names an ``arrays`` key holding each atom's relaxed position
+    (IS2RE): the last per-atom vector target becomes ``relaxed - initial`` of the atoms that
+    move (tag > 0 when the frame has tags; NaN for fixed atoms).
+
     Raises:
-        DataError: a periodic frame, an element outside 1-118, a target no frame holds, a
-            non-numeric target, or a per-atom vector not shaped ``[N, 3]``.
+        DataError: a periodic frame with a cell of zero volume or an atom outside it, an
+            element outside 1-118, a target no frame holds, a non-numeric target, or a
+            per-atom vector not shaped ``[N, 3]``.
     """
     graphs = []
     found = dict.fromkeys([*targets, *atom_vector_targets], False)
+    if relaxed_positions:
+        found[relaxed_positions] = False
     for index, atoms in enumerate(frames):
-        if np.any(atoms.pbc):
-            raise DataError(
-                f"{where}: frame {index} is periodic (pbc={atoms.pbc.tolist()}); periodic "
-                "structures are not supported yet: set pbc=False for molecules and clusters"
-            )
         numbers = np.asarray(atoms.numbers, dtype=np.int64)
         if len(numbers) == 0 or numbers.min() < 1 or numbers.max() > ELEMENTS - 1:
             raise DataError(f"{where}: frame {index} has no atoms, or an element outside 1-118")
@@ -159,7 +208,8 @@ def structures_to_graphs(
                     "dataset.targets names scalar info keys or the calculator's energy"
                 ) from error
             found[key] = True
-        vectors = np.full((len(numbers), len(atom_vector_targets), 3), np.nan, dtype=np.float32)
+        width = len(atom_vector_targets) + bool(relaxed_positions)
+        vectors = np.full((len(numbers), width, 3), np.nan, dtype=np.float32)
         for j, key in enumerate(atom_vector_targets):
             value = _atom_value(atoms, key)
             if value is None:
@@ -172,6 +222,14 @@ def structures_to_graphs(
                 )
             vectors[:, j] = value
             found[key] = True
+        tags = atoms.arrays.get("tags")
+        if relaxed_positions:
+            relaxed = atoms.arrays.get(relaxed_positions)
+            if relaxed is not None:
+                moves = np.ones(len(numbers), dtype=bool) if tags is None else tags > 0
+                change = np.asarray(relaxed, dtype=np.float64) - atoms.positions
+                vectors[:, -1] = np.where(moves[:, None], change, np.nan)
+                found[relaxed_positions] = True
         graph = Data(
             x=torch.from_numpy(numbers - 1).view(-1, 1),
             edge_index=torch.zeros(2, 0, dtype=torch.long),
@@ -180,8 +238,14 @@ def structures_to_graphs(
             y=torch.from_numpy(y).view(1, -1),
             num_nodes=len(numbers),
         )
-        if atom_vector_targets:
+        if vectors.shape[1]:
             graph.y_atom_vector = torch.from_numpy(vectors)
+        if np.any(atoms.pbc):
+            graph = with_images(
+                graph, atoms.cell.array, atoms.pbc, tags, pbc_cutoff, f"{where}: frame {index}"
+            )
+        elif tags is not None:
+            graph.tags = torch.from_numpy(np.asarray(tags, dtype=np.int64))
         graphs.append(graph)
     missing = [key for key, seen in found.items() if not seen]
     if missing:
@@ -216,6 +280,14 @@ class AseSource(Source):
             frame numbers; given, it implies ``split="file"``.
         root (str, optional): cache folder. (default: :obj:`"data"`)
         name (str, optional): label used in outputs. (default: :obj:`"ase"`)
+        pbc_cutoff (float, optional): a periodic frame's images within this many Angstrom of
+            an adsorbate atom (tag 2), or of any atom without tags, become extra nodes.
+            (default: :obj:`8.0`, Microsoft's OC20 recipe)
+        relaxed_positions (str | None, optional): an ``arrays`` key holding each atom's
+            relaxed position (IS2RE): the change from the frame's positions becomes the per-atom
+            vector target ``position_change`` of the atoms that move (tag > 0). (default: None)
+        reported (Sequence[str], optional): metrics logged beside ``metric``: ``ewt`` (OC20's
+            energy within 0.02 of the label). (default: :obj:`()`)
     """
 
     _METRICS = {"regression": ("rmse", "mae")}
@@ -234,6 +306,9 @@ class AseSource(Source):
         split_file: str | None = None,
         root: str = "data",
         name: str = "ase",
+        pbc_cutoff: float = PBC_CUTOFF,
+        relaxed_positions: str | None = None,
+        reported: Sequence[str] = (),
     ) -> None:
         targets = [targets] if isinstance(targets, str) else list(targets or ())
         if isinstance(atom_vector_targets, str):
@@ -251,6 +326,16 @@ class AseSource(Source):
                 "dataset.split=column needs dataset.split_column=KEY (an info key holding "
                 "train, valid or test for each frame)"
             )
+        if (
+            isinstance(pbc_cutoff, bool)
+            or not isinstance(pbc_cutoff, int | float)
+            or pbc_cutoff <= 0
+        ):
+            raise ConfigError(
+                f"dataset.pbc_cutoff={pbc_cutoff!r} is not allowed: a distance > 0 in Angstrom"
+            )
+        self.pbc_cutoff = float(pbc_cutoff)
+        self.relaxed_positions = str(relaxed_positions) if relaxed_positions else None
         self._task = user_task(
             name,
             task_type,
@@ -258,8 +343,13 @@ class AseSource(Source):
             len(targets),
             None,
             self._METRICS,
-            atom_vector_tasks=len(atom_vector_targets or ()),
+            atom_vector_tasks=len(atom_vector_targets or ()) + bool(self.relaxed_positions),
         )
+        if reported:
+            try:
+                self._task = replace(self._task, reported=tuple(reported))
+            except ValueError as error:
+                raise ConfigError(f"dataset.reported={list(reported)}: {error}") from error
         self.path = str(path)
         self.targets = [str(t) for t in targets]
         self.atom_vector_targets = [str(t) for t in atom_vector_targets or ()]
@@ -273,8 +363,9 @@ class AseSource(Source):
         return list(self.targets)
 
     def atom_vector_task_names(self) -> list[str]:
-        """The per-atom vector targets (``forces``)."""
-        return list(self.atom_vector_targets)
+        """The per-atom vector targets (``forces``; ``position_change`` last with
+        ``relaxed_positions``)."""
+        return self.atom_vector_targets + [POSITION_CHANGE] * bool(self.relaxed_positions)
 
     def feature_dims(self) -> tuple[list[int], list[int]]:
         return [ELEMENTS], [1]
@@ -287,6 +378,9 @@ class AseSource(Source):
 
     def has_positions(self) -> bool:
         return True
+
+    def periodic_cutoff(self) -> float:
+        return self.pbc_cutoff
 
     def smiles_refusal(self) -> str:
         return (
@@ -305,7 +399,14 @@ class AseSource(Source):
     def _read(self) -> tuple[GraphFile, dict]:
         where = f"dataset.path={self.path}"
         frames = read_structures(self.path)
-        graphs = structures_to_graphs(frames, self.targets, self.atom_vector_targets, where)
+        graphs = structures_to_graphs(
+            frames,
+            self.targets,
+            self.atom_vector_targets,
+            where,
+            self.pbc_cutoff,
+            self.relaxed_positions,
+        )
         splits = None
         if self.split == "column":
             splits = [str(atoms.info.get(self.split_column, "")) for atoms in frames]
@@ -317,6 +418,9 @@ class AseSource(Source):
         if self._graph_cache is None:
             read_structures_exists(self.path)
             settings = ["ase", self.targets, self.atom_vector_targets, self.split_column]
+            if self.relaxed_positions or self.pbc_cutoff != PBC_CUTOFF:
+                # Only when set: caches of files read before keep their names.
+                settings += [self.pbc_cutoff, self.relaxed_positions]
             digest = input_digest([self.path], settings)
             stem = osp.splitext(osp.basename(self.path))[0]
             self._graph_cache = GraphCache(osp.join(self.root, "ase", f"{stem}_{digest}"))
@@ -349,3 +453,7 @@ def read_structures_exists(path: str, key: str = "dataset.path") -> None:
         raise DataError(
             f"{key}={path!r} does not exist; give an extended XYZ, ASE .db or .traj file"
         )
+    if path.endswith(".aselmdb"):
+        from graphormer.data.sources.oc20 import lmdb_module
+
+        lmdb_module()  # one error naming the extra, before the file is read

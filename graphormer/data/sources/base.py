@@ -34,6 +34,8 @@ class LoadedDataset:
     task: TaskInfo
     # The splits with labels (metrics); the others (PCQM4Mv2's test-dev) only get predictions.
     labelled: tuple[str, ...] = ("train", "valid", "test")
+    # The splits eval.py's split=all scores, each on its own (OC20's validation folders).
+    evaluated: tuple[str, ...] = ("valid", "test")
 
 
 class Source(ABC):
@@ -159,6 +161,12 @@ class Source(ABC):
         """Whether its graphs carry atom positions ``pos`` ``[num_nodes, 3]`` (what models with
         ``model.channels=3d`` read)."""
         return False
+
+    def periodic_cutoff(self) -> float | None:
+        """The distance (Angstrom) within which its periodic structures' images join as nodes
+        (:mod:`graphormer.data.periodic`), which structure files read for prediction must use
+        too; None for a source without periodic structures."""
+        return None
 
     def prediction_conformers(self) -> int:
         """Conformers to embed per SMILES when a model trained on this source predicts (its

@@ -1,0 +1,190 @@
+"""dataset=oc20: OC20's IS2RE LMDB folders, their records read through graphormer.safe_io's
+allow-list (a record holding any other class is refused, never run), each validation folder a
+split of its own, and the errors of a wrong layout and a missing lmdb."""
+
+import builtins
+import datetime
+
+import numpy as np
+import pytest
+import torch
+
+from graphormer.data.sources import build_source
+from graphormer.errors import ConfigError, DataError
+from graphormer.testing import emt_slabs, oc20_record, write_oc20_layout
+
+from helpers import TINY, call_script, compose_train, read_json, train_config
+
+pytest.importorskip("lmdb", reason="dataset=oc20 needs the oc20 extra (pip install lmdb)")
+pytest.importorskip("ase", reason="the test structures are built with ASE")
+
+FOLDERS = ("train", "val_id", "val_ood_ads", "val_ood_cat", "val_ood_both")
+
+
+class Shell:
+    """A class no OC20 record holds: unpickling it would run os.system."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("echo unpickled > /dev/null",))
+
+
+@pytest.fixture(scope="module")
+def slabs():
+    return [oc20_record(a) for a in emt_slabs(30, seed=11, relax_steps=6)]
+
+
+def _layout(root, slabs, sizes=(14, 4, 4, 4, 4)):
+    start, splits = 0, {}
+    for folder, size in zip(FOLDERS, sizes, strict=True):
+        if size:
+            splits[folder] = slabs[start : start + size]
+            start += size
+    return write_oc20_layout(root, splits)
+
+
+def _source(path, tmp_path, **extra):
+    return build_source({"source": "oc20", "path": str(path), "root": str(tmp_path), **extra})
+
+
+def test_records_become_periodic_graphs_with_the_position_change(tmp_path, slabs):
+    path = _layout(tmp_path / "is2re", slabs)
+    source = _source(path, tmp_path / "data")
+    loaded = source.load()
+    assert {k: len(v) for k, v in loaded.split.items()} == {
+        "train": 14,
+        "val_id": 4,
+        "val_ood_ads": 4,
+        "val_ood_cat": 4,
+        "val_ood_both": 4,
+        "valid": 4,
+    }
+    assert loaded.evaluated == FOLDERS[1:]
+    assert source.task_info().reported == ("ewt",)
+    first = loaded.dataset[0]
+    record = slabs[0]
+    n = record.natoms
+    assert first.num_nodes > n and (first.image_of[n:] >= 0).all()
+    assert float(first.y) == pytest.approx(record.y_relaxed)
+    moving = record.tags > 0
+    change = first.y_atom_vector[:n, 0]
+    torch.testing.assert_close(change[moving], (record.pos_relaxed - record.pos)[moving])
+    assert torch.isnan(change[~moving]).all()
+
+
+def test_a_record_holding_another_class_is_refused_and_never_run(tmp_path, slabs, monkeypatch):
+    bad = oc20_record_with(slabs[1], Shell())
+    path = write_oc20_layout(tmp_path / "bad", {"train": [slabs[0], bad], "val_id": [slabs[2]]})
+    ran = []
+    monkeypatch.setattr("os.system", lambda command: ran.append(command))
+    with pytest.raises(DataError, match=r"train/data.lmdb: record 1 holds .*posix.system.*refused"):
+        _source(path, tmp_path / "data").graphs()
+    assert ran == []
+    # a harmless class outside the allow-list is refused alike
+    dated = {"a": datetime.date(2020, 1, 1)}
+    path = write_oc20_layout(tmp_path / "bad2", {"train": [dated], "val_id": [slabs[2]]})
+    with pytest.raises(DataError, match="record 0 holds an object of class datetime.date"):
+        _source(path, tmp_path / "data").graphs()
+
+
+def oc20_record_with(record, value):
+    out = record.clone()
+    out.extra = value
+    return out
+
+
+def test_a_wrong_layout_and_a_missing_lmdb_are_errors(tmp_path, slabs, monkeypatch):
+    only_train = _layout(tmp_path / "one", slabs, sizes=(4, 0, 0, 0, 0))
+    with pytest.raises(DataError, match="holds \\['train'\\], not the layout .*val_id"):
+        _source(only_train, tmp_path / "data").graphs()
+    with pytest.raises(DataError, match="is not a folder"):
+        _source(tmp_path / "nowhere", tmp_path / "data").graphs()
+    path = write_oc20_layout(tmp_path / "fields", {"train": [{"pos": 1}], "val_id": [slabs[0]]})
+    with pytest.raises(DataError, match="record 0 lacks \\['atomic_numbers', 'cell', 'tags'\\]"):
+        _source(path, tmp_path / "data").graphs()
+    real_import = builtins.__import__
+
+    def no_lmdb(name, *args, **kwargs):
+        if name == "lmdb":
+            raise ImportError("no lmdb")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_lmdb)
+    with pytest.raises(ConfigError, match="pip install 'graphormer\\[oc20\\]'"):
+        _source(only_train, tmp_path / "data").graphs()
+
+
+def test_train_then_evaluate_each_validation_folder(tmp_path, slabs):
+    path = _layout(tmp_path / "is2re", slabs)
+    run = tmp_path / "run"
+    cfg = compose_train(
+        [
+            "dataset=oc20",
+            f"dataset.path={path}",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={run}",
+            "dataset.pbc_cutoff=5.0",
+            "model.channels=3d",
+            "model.num_kernels=16",
+            "model.num_tags=3",
+            "model.readout_min_tag=1",
+            "item_loss=l1",
+            "loss_weights={atom_vector: 15.0}",
+            "loss_weights_end={atom_vector: 1.0}",
+            "trainer.max_epochs=1",
+            *TINY,
+        ]
+    )
+    result = train_config(cfg)
+    assert np.isfinite(result["valid"]["mae"]) and result["test"] is None
+    best = read_json(run / "metrics.json")["best_checkpoint"]
+    out = tmp_path / "eval.json"
+    log = call_script("eval.py", [f"ckpt={best}", "split=all", f"output={out}"], cwd=tmp_path)
+    scores = read_json(out)
+    for folder in FOLDERS[1:]:
+        assert folder in log and np.isfinite(scores[folder]["mae"])
+        assert 0 <= scores[folder]["ewt"] <= 1
+
+
+def test_the_oc20_recipe_is_microsofts_script(tmp_path):
+    from omegaconf import OmegaConf
+
+    from graphormer.models import Graphormer, GraphormerConfig
+    from graphormer.training.settings import RunSettings
+
+    cfg = compose_train(["experiment=oc20_is2re", "dataset.path=/oc20", f"output_dir={tmp_path}"])
+    settings = RunSettings.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    model = settings.model
+    assert (model["num_layers"], model["blocks"], model["hidden_dim"], model["ffn_dim"]) == (
+        12,
+        4,
+        768,
+        768,
+    )
+    assert (model["num_heads"], model["num_kernels"], model["channels"]) == (48, 128, "3d")
+    assert (model["num_tags"], model["readout_min_tag"]) == (3, 1)
+    optim, trainer = settings.optim, settings.trainer
+    assert (optim.lr, optim.warmup_steps, optim.total_steps) == (3e-4, 10000, 1_000_000)
+    assert optim.betas == (0.9, 0.98) and optim.eps == 1e-6 and optim.weight_decay == 0.001
+    assert (trainer.max_steps, trainer.precision, trainer.gradient_clip_val) == (
+        1_000_000,
+        "16-mixed",
+        5.0,
+    )
+    assert settings.datamodule.batch_size == 2 and settings.seed == 1
+    assert settings.loss == "l1" and settings.item_loss == "l1"
+    assert settings.loss_weights == {"atom_vector": 15.0}
+    assert settings.loss_weights_end == {"atom_vector": 1.0}
+    assert settings.dataset["source"] == "oc20" and settings.dataset["pbc_cutoff"] == 8.0
+    network = Graphormer(
+        GraphormerConfig.from_dict(
+            {
+                **model,
+                "atom_feature_dims": [119],
+                "bond_feature_dims": [1],
+                "atom_vector_tasks": 1,
+            }
+        )
+    )
+    assert len(network.layers) == 12  # 48 layer passes, 12 layers' weights

@@ -1,0 +1,160 @@
+"""dataset=ase with periodic frames (pbc and a cell): images, tags, the tagged energy readout,
+the IS2RE position-change target, and the errors of a flat cell and an atom outside the cell."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from torch_geometric.data import Data
+from torch_geometric.data.separate import separate
+
+from graphormer.data.sources import build_source
+from graphormer.errors import ConfigError, DataError
+from graphormer.inference import Predictor
+from graphormer.testing import emt_slabs, write_aselmdb
+
+from helpers import TINY, call_failing, call_script, compose_train, train_config
+
+pytest.importorskip("ase", reason="dataset=ase needs the 3d extra (pip install ase)")
+import ase.db  # noqa: E402
+import ase.io  # noqa: E402
+
+
+def _source(path, tmp_path, **extra):
+    return build_source({"source": "ase", "path": str(path), "root": str(tmp_path), **extra})
+
+
+def _graph(graphs, i):
+    return separate(Data, graphs.data, i, graphs.slices, decrement=False)
+
+
+def _write(path, frames):
+    if str(path).endswith(".aselmdb"):
+        write_aselmdb(path, frames)
+    elif str(path).endswith(".db"):
+        with ase.db.connect(path, append=False) as db:
+            for atoms in frames:
+                db.write(atoms)
+    else:
+        ase.io.write(path, frames)
+
+
+@pytest.mark.parametrize("suffix", ["extxyz", "db", "traj", "aselmdb"])
+def test_each_file_kind_gives_images_tags_and_real_atoms_first(tmp_path, suffix):
+    frames = emt_slabs(3, seed=1)
+    path = tmp_path / f"slabs.{suffix}"
+    _write(path, frames)
+    graphs = _source(path, tmp_path, pbc_cutoff=6.0).graphs()
+    assert graphs.num_graphs == 3
+    for i, atoms in enumerate(frames):
+        g = _graph(graphs, i)
+        n = len(atoms)
+        assert g.num_nodes > n and (g.image_of[:n] == -1).all() and (g.image_of[n:] >= 0).all()
+        assert g.tags[:n].tolist() == atoms.get_tags().tolist()
+        assert (g.tags[n:] == g.tags[g.image_of[n:]]).all()
+        np.testing.assert_allclose(g.pos[:n].numpy(), atoms.positions, atol=1e-5)
+        assert float(g.y) == pytest.approx(atoms.get_potential_energy(), abs=1e-4)
+
+
+def test_the_cutoff_decides_the_images_and_names_the_cache(tmp_path):
+    path = tmp_path / "slabs.extxyz"
+    _write(path, emt_slabs(2, seed=2))
+    near = _source(path, tmp_path, pbc_cutoff=3.0).graphs()
+    far = _source(path, tmp_path, pbc_cutoff=8.0).graphs()
+    assert near.data.x.size(0) < far.data.x.size(0)
+    with pytest.raises(ConfigError, match="dataset.pbc_cutoff=0"):
+        _source(path, tmp_path, pbc_cutoff=0)
+
+
+def test_relaxed_positions_give_the_position_change_of_moving_atoms(tmp_path):
+    frames = emt_slabs(2, seed=3, relax_steps=5)
+    path = tmp_path / "is2re.extxyz"
+    _write(path, frames)
+    source = _source(path, tmp_path, targets=["energy_relaxed"], relaxed_positions="pos_relaxed")
+    assert source.atom_vector_task_names() == ["position_change"]
+    assert source.task_info().atom_vector_tasks == 1
+    graphs = source.graphs()
+    atoms = frames[0]
+    n = len(atoms)
+    first = _graph(graphs, 0).y_atom_vector
+    change = first[:n, 0].numpy()
+    moving = atoms.get_tags() > 0
+    np.testing.assert_allclose(
+        change[moving], (atoms.arrays["pos_relaxed"] - atoms.positions)[moving], atol=1e-5
+    )
+    assert np.isnan(change[~moving]).all() and np.isnan(first[n:].numpy()).all()
+
+
+def test_a_flat_cell_and_an_atom_outside_the_cell_are_errors(tmp_path):
+    frames = emt_slabs(2, seed=4)
+    flat = [a.copy() for a in frames]
+    flat[1].cell[2] = 0.0
+    flat[1].pbc = True
+    path = tmp_path / "flat.traj"
+    _write(path, flat)
+    with pytest.raises(DataError, match="frame 1: the cell .* has zero volume"):
+        _source(path, tmp_path).graphs()
+    outside = [a.copy() for a in frames]
+    outside[0].positions[2] += 2.0 * outside[0].cell[0]
+    path = tmp_path / "outside.traj"
+    _write(path, outside)
+    with pytest.raises(DataError, match="frame 0: atom 2 lies outside the cell .*atoms.wrap"):
+        _source(path, tmp_path).graphs()
+    # the command's own report: one error line
+    result = call_failing(
+        "train.py",
+        ["dataset=ase", f"dataset.path={path}", f"dataset.root={tmp_path / 'data'}", *TINY],
+        cwd=tmp_path,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "atoms.wrap()" in lines[0]
+
+
+def test_train_a_tagged_periodic_model_then_predict_its_real_atoms(tmp_path):
+    path = tmp_path / "slabs.extxyz"
+    frames = emt_slabs(30, seed=5)
+    _write(path, frames)
+    cfg = compose_train(
+        [
+            "dataset=ase",
+            f"dataset.path={path}",
+            f"dataset.root={tmp_path / 'data'}",
+            f"output_dir={tmp_path / 'run'}",
+            "dataset.pbc_cutoff=5.0",
+            "dataset.atom_vector_targets=[forces]",
+            "model.channels=3d",
+            "model.num_kernels=16",
+            "model.num_tags=3",
+            "model.readout_min_tag=1",
+            "trainer.max_epochs=1",
+            *TINY,
+        ]
+    )
+    result = train_config(cfg)
+    assert np.isfinite(result["test"]["rmse"]) and np.isfinite(result["test"]["atom_vector_mae"])
+    best = result["best_checkpoint"]
+    predictor = Predictor.from_checkpoint(best)
+    assert predictor.periodic_cutoff == 5.0  # structure files get training's images
+    out = tmp_path / "long.csv"
+    args = [f"ckpt={best}", f"input={path}", "layout=long", f"output={out}"]
+    call_script("predict.py", [*args, f"hydra.run.dir={tmp_path / 'p'}"], cwd=tmp_path)
+    long = pd.read_csv(out)
+    # one row per real atom, never per image
+    assert long.groupby("row").size().tolist() == [len(a) for a in frames]
+    assert long.forces_x.notna().all()
+
+
+def test_an_aselmdb_file_without_lmdb_names_the_extra(tmp_path, monkeypatch):
+    import builtins
+
+    path = tmp_path / "slabs.aselmdb"
+    _write(path, emt_slabs(2, seed=6))
+    real_import = builtins.__import__
+
+    def no_lmdb(name, *args, **kwargs):
+        if name == "lmdb":
+            raise ImportError("no lmdb")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_lmdb)
+    with pytest.raises(ConfigError, match="pip install 'graphormer\\[oc20\\]'"):
+        _source(path, tmp_path).graphs()
