@@ -15,7 +15,8 @@ published weights) is data, never code. The policy:
   :func:`unsafe_globals`), never by torch's advice to switch the check off.
 - Records stored as plain pickles (OC20's LMDB files of PyG ``Data``) are read by
   :func:`loads_records`: an unpickler that rebuilds only the classes of :data:`PICKLED_PYG`
-  and refuses any other. torch's own ``torch.storage._load_from_bytes``, which such pickles name
+  and refuses any other, and sets state only on instances (never on an allow-listed class or
+  function itself). torch's own ``torch.storage._load_from_bytes``, which such pickles name
   for every tensor, unpickles its bytes in full (``weights_only=False``); here those bytes are
   read with ``weights_only=True`` instead.
 """
@@ -168,10 +169,34 @@ def _pickled_pyg() -> dict[tuple[str, str], Any]:
 PICKLED_PYG = "pickled_pyg"
 
 
-class _RecordUnpickler(pickle.Unpickler):
+def _built_classes() -> tuple[type, ...]:
+    from torch_geometric.data import Data
+    from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
+    from torch_geometric.data.storage import GlobalStorage
+
+    return (Data, DataEdgeAttr, DataTensorAttr, GlobalStorage, dict, np.ndarray, np.dtype)
+
+
+# The pure-Python unpickler, because its opcode table can be narrowed: the C one applies BUILD
+# (``__setstate__`` or setattr) to whatever is on the stack, an allow-listed class or function
+# included, which would rewrite it for the whole process (torch's own ``weights_only``
+# unpickler likewise builds only instances).
+class _RecordUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
+
     def __init__(self, file, allowed: dict[tuple[str, str], Any]) -> None:
         super().__init__(file)
         self.allowed = allowed
+        self.built = _built_classes()
+
+    def load_build(self) -> None:
+        target = self.stack[-2]
+        if isinstance(target, type) or not isinstance(target, self.built):
+            name = getattr(target, "__qualname__", type(target).__qualname__)
+            raise RefusedClassError(f"{getattr(target, '__module__', '?')}.{name} (set in place)")
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
     def find_class(self, module: str, name: str) -> Any:
         found = self.allowed.get((module, name))

@@ -188,3 +188,32 @@ def test_the_oc20_recipe_is_microsofts_script(tmp_path):
         )
     )
     assert len(network.layers) == 12  # 48 layer passes, 12 layers' weights
+
+
+def _pickled_global(module, name):
+    # SHORT_BINUNICODE module, SHORT_BINUNICODE name, STACK_GLOBAL (protocol 4)
+    text = b"".join(b"\x8c" + bytes([len(s)]) + s.encode() for s in (module, name))
+    return text + b"\x93"
+
+
+def test_a_record_cannot_write_into_an_allowed_class_or_function():
+    """BUILD with a (None, {name: value}) state runs setattr on its target: a record whose
+    target is an allow-listed global itself would rewrite it for the whole process."""
+    import torch._utils
+    from torch_geometric.data.data import DataTensorAttr
+
+    from graphormer.safe_io import RefusedClassError, loads_records
+
+    def setattr_record(module, name, attribute, value):
+        state = b"N}\x8c" + bytes([len(attribute)]) + attribute.encode() + value + b"s\x86"
+        return b"\x80\x04" + _pickled_global(module, name) + state + b"b."
+
+    defaults = torch._utils._rebuild_tensor_v2.__defaults__
+    poisoned = setattr_record("torch._utils", "_rebuild_tensor_v2", "__defaults__", b"\x88\x85")
+    with pytest.raises(RefusedClassError, match="_rebuild_tensor_v2"):
+        loads_records(poisoned)
+    assert torch._utils._rebuild_tensor_v2.__defaults__ == defaults
+    marked = setattr_record("torch_geometric.data.data", "DataTensorAttr", "marker", b"\x88")
+    with pytest.raises(RefusedClassError, match="DataTensorAttr"):
+        loads_records(marked)
+    assert not hasattr(DataTensorAttr, "marker")
