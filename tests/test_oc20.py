@@ -217,3 +217,9 @@ def test_a_record_cannot_write_into_an_allowed_class_or_function():
     with pytest.raises(RefusedClassError, match="DataTensorAttr"):
         loads_records(marked)
     assert not hasattr(DataTensorAttr, "marker")
+
+
+def test_a_cutoff_that_is_not_a_distance_names_the_key(tmp_path):
+    for bad in (0, -1.0, True, "far"):
+        with pytest.raises(ConfigError, match=f"dataset.pbc_cutoff={bad!r} is not allowed"):
+            _source(tmp_path / "is2re", tmp_path / "data", pbc_cutoff=bad)

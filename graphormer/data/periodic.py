@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from graphormer.errors import DataError
+from graphormer.errors import ConfigError, DataError
 
 __all__ = [
     "ADSORBATE_TAG",
@@ -27,6 +27,7 @@ __all__ = [
     "PBC_CUTOFF",
     "cell_offsets",
     "check_cell",
+    "checked_cutoff",
     "periodic_images",
     "with_images",
 ]
@@ -40,6 +41,16 @@ PBC_CUTOFF = 8.0
 # Atoms spread over this many cell lengths along a periodic direction are refused: the -1..+1
 # images of one would miss the nearest copies of another.
 _SPAN = 1.5
+
+
+def checked_cutoff(pbc_cutoff: object) -> float:
+    """``dataset.pbc_cutoff`` as a float, or :class:`ConfigError` naming it when it is not a
+    distance > 0."""
+    if isinstance(pbc_cutoff, bool) or not isinstance(pbc_cutoff, int | float) or pbc_cutoff <= 0:
+        raise ConfigError(
+            f"dataset.pbc_cutoff={pbc_cutoff!r} is not allowed: a distance > 0 in Angstrom"
+        )
+    return float(pbc_cutoff)
 
 
 def cell_offsets(pbc: np.ndarray) -> np.ndarray:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, InMemoryDataset
 
-from graphormer.data.periodic import PBC_CUTOFF, with_images
+from graphormer.data.periodic import PBC_CUTOFF, checked_cutoff, with_images
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.graph_cache import GraphCache, input_digest
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
@@ -35,6 +35,7 @@ __all__ = [
     "ELEMENTS",
     "STRUCTURE_SUFFIXES",
     "AseSource",
+    "StructureSource",
     "element_molecules",
     "read_structures",
     "structure_graphs",
@@ -257,7 +258,30 @@ def structures_to_graphs(
     return graphs
 
 
-class AseSource(Source):
+class StructureSource(Source):
+    """A source of atomic structures (a structure file, OC20's LMDBs): each atom's one feature
+    is its element, every graph has positions, and periodic structures gain their images within
+    ``self.pbc_cutoff``."""
+
+    pbc_cutoff: float
+
+    def feature_dims(self) -> tuple[list[int], list[int]]:
+        return [ELEMENTS], [1]
+
+    def categorical_columns(
+        self,
+        counts: tuple[int, int] | None = None,  # noqa: ARG002
+    ) -> tuple[list[int], list[int]]:
+        return [0], [0]
+
+    def has_positions(self) -> bool:
+        return True
+
+    def periodic_cutoff(self) -> float:
+        return self.pbc_cutoff
+
+
+class AseSource(StructureSource):
     """Structures from any file ASE reads, with scalar targets per frame.
 
     Args:
@@ -326,15 +350,7 @@ class AseSource(Source):
                 "dataset.split=column needs dataset.split_column=KEY (an info key holding "
                 "train, valid or test for each frame)"
             )
-        if (
-            isinstance(pbc_cutoff, bool)
-            or not isinstance(pbc_cutoff, int | float)
-            or pbc_cutoff <= 0
-        ):
-            raise ConfigError(
-                f"dataset.pbc_cutoff={pbc_cutoff!r} is not allowed: a distance > 0 in Angstrom"
-            )
-        self.pbc_cutoff = float(pbc_cutoff)
+        self.pbc_cutoff = checked_cutoff(pbc_cutoff)
         self.relaxed_positions = str(relaxed_positions) if relaxed_positions else None
         self._task = user_task(
             name,
@@ -366,21 +382,6 @@ class AseSource(Source):
         """The per-atom vector targets (``forces``; ``position_change`` last with
         ``relaxed_positions``)."""
         return self.atom_vector_targets + [POSITION_CHANGE] * bool(self.relaxed_positions)
-
-    def feature_dims(self) -> tuple[list[int], list[int]]:
-        return [ELEMENTS], [1]
-
-    def categorical_columns(
-        self,
-        counts: tuple[int, int] | None = None,  # noqa: ARG002
-    ) -> tuple[list[int], list[int]]:
-        return [0], [0]
-
-    def has_positions(self) -> bool:
-        return True
-
-    def periodic_cutoff(self) -> float:
-        return self.pbc_cutoff
 
     def smiles_refusal(self) -> str:
         return (

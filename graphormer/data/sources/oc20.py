@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, InMemoryDataset
 
-from graphormer.data.periodic import PBC_CUTOFF, with_images
-from graphormer.data.sources.ase import ELEMENTS, POSITION_CHANGE
-from graphormer.data.sources.base import LoadedDataset, Source
+from graphormer.data.periodic import PBC_CUTOFF, checked_cutoff, with_images
+from graphormer.data.sources.ase import ELEMENTS, POSITION_CHANGE, StructureSource
+from graphormer.data.sources.base import LoadedDataset
 from graphormer.data.sources.graph_cache import GraphCache, input_digest
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
 from graphormer.data.structure import StructuralFeatures
@@ -178,7 +178,7 @@ def record_graph(
     return with_images(graph, cell, np.asarray(pbc, dtype=bool), tags, pbc_cutoff, where)
 
 
-class Oc20Source(Source):
+class Oc20Source(StructureSource):
     """OC20's IS2RE LMDB folders (see the module's docstring).
 
     Args:
@@ -212,14 +212,6 @@ class Oc20Source(Source):
         pbc = [bool(p) for p in pbc]
         if len(pbc) != 3:
             raise ConfigError(f"dataset.pbc={pbc} is not allowed: three booleans (x, y, z)")
-        if (
-            isinstance(pbc_cutoff, bool)
-            or not isinstance(pbc_cutoff, int | float)
-            or pbc_cutoff <= 0
-        ):
-            raise ConfigError(
-                f"dataset.pbc_cutoff={pbc_cutoff!r} is not allowed: a distance > 0 in Angstrom"
-            )
         task = user_task(
             name,
             "regression",
@@ -235,7 +227,7 @@ class Oc20Source(Source):
         self.target = str(target)
         self.position_change = bool(position_change)
         self.pbc = pbc
-        self.pbc_cutoff = float(pbc_cutoff)
+        self.pbc_cutoff = checked_cutoff(pbc_cutoff)
         self.root = root
         self.name = name
         self._graphs: GraphFile | None = None
@@ -246,21 +238,6 @@ class Oc20Source(Source):
 
     def atom_vector_task_names(self) -> list[str]:
         return [POSITION_CHANGE] if self.position_change else []
-
-    def feature_dims(self) -> tuple[list[int], list[int]]:
-        return [ELEMENTS], [1]
-
-    def categorical_columns(
-        self,
-        counts: tuple[int, int] | None = None,  # noqa: ARG002
-    ) -> tuple[list[int], list[int]]:
-        return [0], [0]
-
-    def has_positions(self) -> bool:
-        return True
-
-    def periodic_cutoff(self) -> float:
-        return self.pbc_cutoff
 
     def smiles_refusal(self) -> str:
         return (
