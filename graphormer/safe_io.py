@@ -142,6 +142,15 @@ def _storage_from_bytes(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+def _rebuild_tensor(*args: Any) -> torch.Tensor:
+    # torch._utils._rebuild_tensor_v2, refusing backward hooks: torch never pickles any (its
+    # Note "Don't serialize hooks"), and a record's would be called at a later backward pass.
+    hooks = args[5] if len(args) > 5 else None
+    if hooks:
+        raise RefusedClassError(f"a tensor's backward hooks {list(hooks.values())!r}")
+    return torch._utils._rebuild_tensor_v2(*args)
+
+
 def _pickled_pyg() -> dict[tuple[str, str], Any]:
     from torch_geometric.data import Data
     from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
@@ -153,7 +162,7 @@ def _pickled_pyg() -> dict[tuple[str, str], Any]:
         ("torch_geometric.data.data", "DataEdgeAttr"): DataEdgeAttr,
         ("torch_geometric.data.data", "DataTensorAttr"): DataTensorAttr,
         ("torch_geometric.data.storage", "GlobalStorage"): GlobalStorage,
-        ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
+        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
         ("torch.storage", "_load_from_bytes"): _storage_from_bytes,
         ("collections", "OrderedDict"): __import__("collections").OrderedDict,
         ("numpy", "ndarray"): np.ndarray,

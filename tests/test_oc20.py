@@ -210,7 +210,7 @@ def test_a_record_cannot_write_into_an_allowed_class_or_function():
 
     defaults = torch._utils._rebuild_tensor_v2.__defaults__
     poisoned = setattr_record("torch._utils", "_rebuild_tensor_v2", "__defaults__", b"\x88\x85")
-    with pytest.raises(RefusedClassError, match="_rebuild_tensor_v2"):
+    with pytest.raises(RefusedClassError, match="_rebuild_tensor"):
         loads_records(poisoned)
     assert torch._utils._rebuild_tensor_v2.__defaults__ == defaults
     marked = setattr_record("torch_geometric.data.data", "DataTensorAttr", "marker", b"\x88")
@@ -223,3 +223,24 @@ def test_a_cutoff_that_is_not_a_distance_names_the_key(tmp_path):
     for bad in (0, -1.0, True, "far"):
         with pytest.raises(ConfigError, match=f"dataset.pbc_cutoff={bad!r} is not allowed"):
             _source(tmp_path / "is2re", tmp_path / "data", pbc_cutoff=bad)
+
+
+def test_a_record_cannot_plant_a_backward_hook_on_a_tensor():
+    """torch never pickles hooks; a record's would be called with the gradient at a later
+    backward pass (here OrderedDict, which fails on a tensor: any allow-listed callable)."""
+    import collections
+    import pickle
+
+    from graphormer.safe_io import RefusedClassError, loads_records
+
+    class Hooked:
+        def __reduce__(self):
+            rebuild, args = torch.zeros(2).__reduce_ex__(2)
+            hooks = collections.OrderedDict({0: collections.OrderedDict})
+            return rebuild, (*args[:4], True, hooks, *args[6:])
+
+    with pytest.raises(RefusedClassError, match="backward hooks"):
+        loads_records(pickle.dumps(Hooked()))
+    plain = loads_records(pickle.dumps(torch.arange(3.0).requires_grad_()))
+    torch.testing.assert_close(plain, torch.arange(3.0))
+    assert plain._backward_hooks is None or not plain._backward_hooks
