@@ -23,6 +23,7 @@ published weights) is data, never code. The policy:
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 import re
@@ -151,6 +152,8 @@ def _rebuild_tensor(*args: Any) -> torch.Tensor:
     return torch._utils._rebuild_tensor_v2(*args)
 
 
+# Built once: the look-ups cost more than a small record's unpickling.
+@functools.cache
 def _pickled_pyg() -> dict[tuple[str, str], Any]:
     from torch_geometric.data import Data
     from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
@@ -178,6 +181,7 @@ def _pickled_pyg() -> dict[tuple[str, str], Any]:
 PICKLED_PYG = "pickled_pyg"
 
 
+@functools.cache
 def _built_classes() -> tuple[type, ...]:
     from torch_geometric.data import Data
     from torch_geometric.data.data import DataEdgeAttr, DataTensorAttr
