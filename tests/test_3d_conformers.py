@@ -27,6 +27,26 @@ def test_rows_of_one_key_are_averaged_and_their_keys_sorted():
     assert mean.tolist() == [value[0].item(), value[2].item()] and first is None
 
 
+def test_logits_average_as_probabilities_as_prediction_does():
+    """Prediction averages a classifier's probabilities over conformers; evaluation's mean of
+    logits would be another number (sigmoid(mean logit) != mean sigmoid)."""
+    keys = torch.tensor([0, 0, 1, 1, 2, 2])
+    logits = torch.tensor([[2.0], [-1.0], [3.0], [3.0], [40.0], [50.0]])
+    found, mean, _ = mean_over_repeats(keys, logits, link="sigmoid")
+    probabilities = torch.sigmoid(logits.double()).view(3, 2).mean(1)
+    torch.testing.assert_close(torch.sigmoid(mean[0].double()), probabilities[0:1])
+    assert mean[1].item() == 3.0  # equal reads (distributed padding) keep their value
+    # no probability rounds to 1: the mean's logit stays finite and right
+    expected = -np.log((np.exp(-40.0) + np.exp(-50.0)) / 2)
+    assert mean[2].item() == pytest.approx(expected, rel=1e-6)
+    assert mean_over_repeats(keys, logits)[1][0].item() == 0.5  # regression: the plain mean
+    classes = torch.tensor([[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]])
+    _, mean, _ = mean_over_repeats(torch.tensor([4, 4]), classes, link="softmax")
+    torch.testing.assert_close(
+        torch.softmax(mean, -1), torch.softmax(classes, -1).mean(0, keepdim=True)
+    )
+
+
 def test_eval_of_a_model_of_several_conformers_is_their_mean_as_predict_gives(tmp_path):
     from graphormer.inference import Predictor
     from graphormer.training.evaluation import evaluate

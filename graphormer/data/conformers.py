@@ -141,22 +141,72 @@ class RandomConformer:
 
 
 def mean_over_repeats(
-    keys: torch.Tensor, values: torch.Tensor, labels: torch.Tensor | None = None
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    labels: torch.Tensor | None = None,
+    link: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Rows ``[n, ...]`` sharing a key ``[n]`` as one: a graph read once per conformer
     (evaluation scores the mean over a molecule's conformers, as prediction does), or evaluated
     twice by distributed padding. Returns the sorted unique keys, the mean of each key's
     ``values`` and the first of its ``labels`` (the same for every repeat), on ``values``'
-    device. Summed on the CPU, in the rows' order: the same numbers every run."""
+    device. Summed on the CPU, in the rows' order: the same numbers every run.
+
+    ``link`` ``sigmoid`` or ``softmax``: ``values`` are logits of that link, and a key whose
+    reads differ gets the logits of the mean of their probabilities (prediction averages
+    probabilities; the mean of logits would be another number). Equal reads keep their own.
+    """
     unique, inverse, counts = torch.unique(
         keys.cpu(), sorted=True, return_inverse=True, return_counts=True
     )
     sums = torch.zeros((len(unique), *values.shape[1:]), dtype=values.dtype)
     sums.index_add_(0, inverse, values.cpu())
     mean = sums / counts.view(-1, *([1] * (values.dim() - 1))).to(values.dtype)
+    if link is not None and bool((counts > 1).any()):
+        mean = _probability_mean(inverse, values.cpu(), mean, link)
     first = None
     if labels is not None:
         rows = torch.arange(len(keys))
         start = torch.full((len(unique),), len(keys)).scatter_reduce_(0, inverse, rows, "amin")
         first = labels[start.to(labels.device)]
     return unique.to(keys.device), mean.to(values.device), first
+
+
+def _scatter(inverse: torch.Tensor, rows: torch.Tensor, size: int, reduce: str) -> torch.Tensor:
+    """``rows`` ``[n, F]`` reduced (``amax``, ``amin``) per key ``inverse`` ``[n]``: ``[size, F]``."""
+    out = rows.new_zeros((size, rows.size(1)))
+    index = inverse.unsqueeze(1).expand_as(rows)
+    return out.scatter_reduce_(0, index, rows, reduce, include_self=False)
+
+
+def _log_mean_exp(inverse: torch.Tensor, rows: torch.Tensor, size: int) -> torch.Tensor:
+    """``log(sum(exp(rows)))`` ``[size, F]`` per key (up to the constant ``log(count)``)."""
+    top = _scatter(inverse, rows, size, "amax")
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    sums = rows.new_zeros((size, rows.size(1))).index_add_(0, inverse, (rows - top[inverse]).exp())
+    return top + sums.log()
+
+
+def _probability_mean(
+    inverse: torch.Tensor, values: torch.Tensor, mean: torch.Tensor, link: str
+) -> torch.Tensor:
+    """``mean`` with each key whose reads differ replaced by the logits of the mean of the
+    reads' probabilities, in float64 (log-sum-exp: no probability rounds to 0 or 1)."""
+    if link not in ("sigmoid", "softmax"):
+        raise ValueError(f"link must be sigmoid or softmax, got {link!r}")
+    size = len(mean)
+    rows = values.double().reshape(len(values), -1)
+    differ = (_scatter(inverse, rows, size, "amax") != _scatter(inverse, rows, size, "amin")).any(1)
+    if not bool(differ.any()):
+        return mean
+    if link == "sigmoid":
+        # logit(mean p) = log(mean p) - log(mean (1 - p)); the counts cancel.
+        logits = _log_mean_exp(inverse, torch.nn.functional.logsigmoid(rows), size)
+        logits = logits - _log_mean_exp(inverse, torch.nn.functional.logsigmoid(-rows), size)
+    else:
+        # log(mean p) are logits of the mean distribution (softmax ignores the constant).
+        shaped = torch.log_softmax(values.double(), dim=-1).reshape(len(values), -1)
+        logits = _log_mean_exp(inverse, shaped, size)
+    out = mean.clone().reshape(size, -1)
+    out[differ] = logits[differ].to(out.dtype)
+    return out.view_as(mean)

@@ -144,6 +144,10 @@ class Level:
         """``regression`` or ``binary`` (user wording); None without targets."""
         return getattr(task, f"{self.name}_task_type")
 
+    def link(self, task: TaskInfo) -> str | None:
+        """``sigmoid`` for binary targets (the outputs are logits), None for regression."""
+        return "sigmoid" if self.task_type(task) == "binary" else None
+
     def loss(self, task: TaskInfo) -> str:
         """Its training loss: BCE for binary targets, MSE on standardised values otherwise."""
         return "bce" if self.task_type(task) == "binary" else "mse"
@@ -287,6 +291,12 @@ class TaskInfo:
     def is_multiclass(self) -> bool:
         """Multi-class classification (one softmax over ``num_classes`` outputs)."""
         return self.task_type == "multiclass classification"
+
+    @property
+    def link(self) -> str | None:
+        """What turns its molecule outputs (logits) into probabilities: ``sigmoid``,
+        ``softmax``; None for regression (the outputs are values)."""
+        return "sigmoid" if self.is_classification else "softmax" if self.is_multiclass else None
 
     @property
     def num_outputs(self) -> int:

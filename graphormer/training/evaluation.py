@@ -105,8 +105,9 @@ def predict_split(
             index, pred = module.predict_step(batch.to(device), 0)
             indices.append(index.cpu())
             preds.append(pred.float().cpu())
-    # Ordered by dataset index, each graph once: the mean over its conformers (if several).
-    index, pred, _ = mean_over_repeats(torch.cat(indices), torch.cat(preds))
+    # Ordered by dataset index, each graph once: the mean over its conformers (if several; of
+    # probabilities for classification, as prediction's).
+    index, pred, _ = mean_over_repeats(torch.cat(indices), torch.cat(preds), link=module.task.link)
     expected = datamodule.loaded.split[split]
     if not torch.equal(index, expected.sort().values):
         raise RuntimeError(f"{split} predictions cover {len(index)} graphs, not the split's")

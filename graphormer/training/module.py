@@ -758,7 +758,9 @@ class GraphormerModule(pl.LightningModule):
         index, pred, target = self._gather_outputs()
         items = {
             level: self._gather_items(
-                self._item_outputs.get(level.name, []), level.item_shape(self.task)
+                self._item_outputs.get(level.name, []),
+                level.item_shape(self.task),
+                level.link(self.task),
             )
             for level in self.task.item_levels
         }
@@ -822,11 +824,15 @@ class GraphormerModule(pl.LightningModule):
             index, pred, target = _all_gather_rows(self, index, pred, target)
         # Ordered by dataset index, each graph once: the mean of its reads (one per conformer;
         # a repeat from distributed padding is the same prediction again).
-        return mean_over_repeats(index, pred, target)
+        # Classification reads average as probabilities, as prediction's do.
+        return mean_over_repeats(index, pred, target, link=self.task.link)
 
-    def _gather_items(self, outputs: list, shape: tuple[int, ...]) -> tuple[Tensor, Tensor] | None:
+    def _gather_items(
+        self, outputs: list, shape: tuple[int, ...], link: str | None = None
+    ) -> tuple[Tensor, Tensor] | None:
         """Every evaluated atom (bond) once, ordered by graph then RDKit's atom (bond) order:
-        predictions and labels ``[n_items, *shape]``; None for a level the model lacks."""
+        predictions and labels ``[n_items, *shape]``; None for a level the model lacks.
+        ``link``: :func:`mean_over_repeats`' (binary levels' outputs are logits)."""
         if not shape[0]:
             return None
         if outputs:
@@ -840,7 +846,7 @@ class GraphormerModule(pl.LightningModule):
             )
         # Unique (graph, item) keys, each the mean of its graph's reads (as the graphs').
         key = graphs * (int(positions.max()) + 1 if len(positions) else 1) + positions
-        _, pred, target = mean_over_repeats(key, pred, target)
+        _, pred, target = mean_over_repeats(key, pred, target, link=link)
         return pred, target
 
     # -- optimisation ---------------------------------------------------------------------------
