@@ -158,3 +158,11 @@ def test_an_aselmdb_file_without_lmdb_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_lmdb)
     with pytest.raises(ConfigError, match="pip install 'graphormer\\[oc20\\]'"):
         _source(path, tmp_path).graphs()
+
+
+def test_reported_takes_one_name_as_a_list_of_it(tmp_path):
+    """``dataset.reported=ewt`` on the command line is a string: one metric, not its letters."""
+    path = tmp_path / "absent.extxyz"
+    assert _source(path, tmp_path, reported="ewt").task_info().reported == ("ewt",)
+    with pytest.raises(ConfigError, match=r"dataset.reported=\['acc'\]: .*allowed \['ewt'\]"):
+        _source(path, tmp_path, reported="acc")

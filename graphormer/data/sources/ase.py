@@ -362,6 +362,8 @@ class AseSource(StructureSource):
             atom_vector_tasks=len(atom_vector_targets or ()) + bool(self.relaxed_positions),
         )
         if reported:
+            # One name on the command line (dataset.reported=ewt) is a string, not its letters.
+            reported = [reported] if isinstance(reported, str) else list(reported)
             try:
                 self._task = replace(self._task, reported=tuple(reported))
             except ValueError as error:
