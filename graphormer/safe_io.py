@@ -48,6 +48,7 @@ __all__ = [
     "RefusedClassError",
     "download_timeout",
     "load_data",
+    "load_trusted",
     "loads_records",
     "numpy_core",
     "unpickling_reason",
@@ -136,6 +137,13 @@ def load_data(
 
 class RefusedClassError(pickle.UnpicklingError):
     """A pickled record names a class outside the allow-list of :func:`loads_records`."""
+
+
+def load_trusted(path: str | Path) -> Any:
+    """A full unpickle of ``path``, which can run code: only for a file its user vouched for
+    (``convert.py trust_source=true`` on a Microsoft or Hugging Face pickle). Every other read
+    of a pickle goes through :func:`load_data` or :func:`loads_records`."""
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def _storage_from_bytes(data: bytes) -> Any:

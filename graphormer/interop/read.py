@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from graphormer import safe_io
@@ -84,7 +83,7 @@ def read_source(path: str | Path, *, trust_source: bool = False) -> Source:
 def _torch_load(path: Path, trust_source: bool) -> Any:
     if trust_source:
         try:
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return safe_io.load_trusted(path)
         except ImportError as error:
             raise ConversionError(
                 f"source={path} holds objects of a package that is not installed ({error}); "
