@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -82,6 +83,80 @@ def train_config(cfg, **kwargs) -> dict:
     """Trains in-process from a composed ``train`` config, as ``graphormer-train`` does (its
     settings and its logger), with extra ``train()`` arguments (callbacks)."""
     return train(settings_from(cfg), loggers=build_loggers(cfg), **kwargs)
+
+
+def csv_train_config(csv: Path, work: Path, *overrides: str):
+    """The ``train`` config of a TINY in-process run on a SMILES CSV into ``work / "run"``, its
+    data cache in ``work / "data"``; ``overrides`` (the target columns among them) come last."""
+    return compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={csv}",
+            f"dataset.root={work / 'data'}",
+            f"output_dir={work / 'run'}",
+            *TINY,
+            *overrides,
+        ]
+    )
+
+
+def fit_item_ensemble(csv: Path, work: Path, targets, metric: str) -> dict:
+    """An ensemble of two TINY members (2 epochs each) on a CSV's atom or bond ``targets``
+    (overrides), fitted as train.py fits one into ``work / "run"``, with what every such
+    ensemble owes checked: its metric and size, its members' mean, and eval's score of the
+    folder equal to the run's. Its metrics."""
+    from graphormer.training.evaluation import evaluate
+    from graphormer.training.experiment import fit
+
+    cfg = csv_train_config(
+        csv, work, *targets, "ensemble.size=2", "trainer.max_epochs=2", "~logger", "optim.lr=2e-3"
+    )
+    found = fit(settings_from(cfg))
+    assert found["metric"] == metric and found["ensemble_size"] == 2
+    members = [m["test"][metric] for m in found["members"]]
+    assert found["members_mean"]["test"][metric] == pytest.approx(np.mean(members))
+    scored = evaluate(work / "run", split="test", output=work / "eval.json")
+    assert scored["test"][metric] == pytest.approx(found["test"][metric], rel=1e-6)
+    return found
+
+
+def fine_tune_into_items(csv: Path, work: Path, level: str, targets, alone, *extra: str):
+    """A molecule-level run on a CSV's ``heavy`` column, then a run of molecule and ``level``
+    targets (``"atom"`` or ``"bond"``; ``targets``: their overrides) initialised from it, the
+    level's loss weighted 2; then a fresh model of the task ``alone`` (that level's targets
+    alone, a TaskInfo) loaded from the molecule run, checked: the encoder copied, the new head
+    initialised, and the report saying so. The second run's metrics and the report."""
+    from graphormer.training import GraphormerModule
+    from graphormer.training.pretrained import load_pretrained
+
+    common = ["dataset.targets=[heavy]", "dataset.split=random", "trainer.max_epochs=1"]
+    common += ["logger=csv", f"output_dir={work / 'mol'}"]
+    first = train_config(csv_train_config(csv, work, *common))["best_checkpoint"]
+    both = train_config(
+        csv_train_config(
+            csv,
+            work,
+            *common,
+            *targets,
+            f"pretrained={first}",
+            f"loss_weights={{{level}: 2.0}}",
+            f"output_dir={work / 'both'}",
+            *extra,
+        )
+    )
+    module = GraphormerModule.from_checkpoint(both["best_checkpoint"])
+    assert module.loss_weights[level] == 2.0 and getattr(module.config, f"{level}_tasks") == 1
+
+    fresh = GraphormerModule(model=dict(module.hparams["model"]), task=alone.to_dict())
+    report = load_pretrained(fresh, first)
+    assert report.fits and report.copied
+    assert report.output_layer
+    assert all(k.startswith(f"model.{level}_head.") for k in report.output_layer)
+    assert f"new {level} head" in report.summary() and "left out" in report.summary()
+    source = GraphormerModule.from_checkpoint(first).state_dict()
+    for name in report.copied:
+        assert torch.equal(fresh.state_dict()[name], source[name])
+    return both, report
 
 
 def options(group: str) -> list[str]:

@@ -22,7 +22,19 @@ from graphormer.testing import nci_rotatable_bonds
 from graphormer.training import GraphormerModule
 from graphormer.training.module import masked_loss
 
-from helpers import TINY, compose_train, train_config
+from helpers import (
+    csv_train_config,
+    fine_tune_into_items,
+    fit_item_ensemble,
+    train_config,
+)
+
+# A run's targets: the rotatable bonds alone, no molecule target.
+ROTATABLE = [
+    "dataset.targets=[]",
+    "dataset.bond_targets=[rotatable]",
+    "dataset.bond_task_type=binary",
+]
 
 
 def _source(path, **kwargs) -> SmilesCsvSource:
@@ -41,23 +53,16 @@ def bond_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("bonds")
     csv = work / "rotatable.csv"
     nci_rotatable_bonds(300).drop(columns=["bond_type", "heavy"]).to_csv(csv, index=False)
-    cfg = compose_train(
-        [
-            "dataset=smiles_csv",
-            f"dataset.path={csv}",
-            "dataset.targets=[]",
-            "dataset.bond_targets=[rotatable]",
-            "dataset.bond_task_type=binary",
-            f"dataset.root={work / 'data'}",
-            f"output_dir={work / 'run'}",
-            "trainer.max_epochs=4",
-            "logger=csv",
-            *TINY,
-            "optim.lr=2e-3",
-            # 32 updates, a third of the weight average's horizon at 0.99: the average would be
-            # the mean of the whole run (0.92 here, against 0.99 for the weights themselves).
-            "optim.ema_decay=null",
-        ]
+    cfg = csv_train_config(
+        csv,
+        work,
+        *ROTATABLE,
+        "trainer.max_epochs=4",
+        "logger=csv",
+        "optim.lr=2e-3",
+        # 32 updates, a third of the weight average's horizon at 0.99: the average would be
+        # the mean of the whole run (0.92 here, against 0.99 for the weights themselves).
+        "optim.ema_decay=null",
     )
     return work, csv, train_config(cfg)
 
@@ -283,50 +288,13 @@ def test_monitor_names_bond_metrics_and_defaults_to_the_first_level(tmp_path):
 def test_fine_tuning_a_molecule_model_into_bond_targets(tmp_path):
     """A molecule-level run, then a run of molecule and bond targets initialised from it; then
     bonds alone: the encoder is copied, the new head initialised, and the report says so."""
-    from graphormer.training.pretrained import load_pretrained
-
     csv = tmp_path / "both.csv"
     nci_rotatable_bonds(60).drop(columns=["bond_type"]).to_csv(csv, index=False)
-    common = [
-        "dataset=smiles_csv",
-        f"dataset.path={csv}",
-        "dataset.targets=[heavy]",
-        "dataset.split=random",
-        f"dataset.root={tmp_path / 'data'}",
-        "trainer.max_epochs=1",
-        "logger=csv",
-        *TINY,
-    ]
-    first = train_config(compose_train([*common, f"output_dir={tmp_path / 'mol'}"]))
-    both = train_config(
-        compose_train(
-            [
-                *common,
-                "dataset.bond_targets=[rotatable]",
-                "dataset.bond_task_type=binary",
-                f"pretrained={first['best_checkpoint']}",
-                "loss_weights={bond: 2.0}",
-                "monitor=bond_rocauc",
-                f"output_dir={tmp_path / 'both'}",
-            ]
-        )
+    both, _ = fine_tune_into_items(
+        csv, tmp_path, "bond", ROTATABLE[1:], _source(csv).task_info(), "monitor=bond_rocauc"
     )
     assert both["metric"] == "bond_rocauc"
     assert set(both["test"]) == {"rmse", "bond_rocauc"}
-    module = GraphormerModule.from_checkpoint(both["best_checkpoint"])
-    assert module.loss_weights["bond"] == 2.0 and module.config.bond_tasks == 1
-
-    bonds = _source(csv).task_info()
-    fresh = GraphormerModule(model=dict(module.hparams["model"]), task=bonds.to_dict())
-    report = load_pretrained(fresh, first["best_checkpoint"])
-    assert report.fits and report.copied
-    assert report.output_layer and all(
-        k.startswith("model.bond_head.") for k in report.output_layer
-    )
-    assert "new bond head" in report.summary() and "left out" in report.summary()
-    source = GraphormerModule.from_checkpoint(first["best_checkpoint"]).state_dict()
-    for name in report.copied:
-        assert torch.equal(fresh.state_dict()[name], source[name])
 
 
 def test_predictor_writes_bond_lists_and_long_tables(bond_run):
@@ -437,39 +405,14 @@ def test_predict_script_writes_bond_columns(bond_run, tmp_path):
 
 
 def test_an_ensemble_of_bond_models_scores_its_mean_probabilities(tmp_path):
-    from graphormer.cli.train import settings_from
-    from graphormer.training.evaluation import evaluate
-    from graphormer.training.experiment import fit
-
     csv = tmp_path / "rotatable.csv"
     nci_rotatable_bonds(120).drop(columns=["bond_type", "heavy"]).to_csv(csv, index=False)
-    cfg = compose_train(
-        [
-            "dataset=smiles_csv",
-            f"dataset.path={csv}",
-            "dataset.targets=[]",
-            "dataset.bond_targets=[rotatable]",
-            "dataset.bond_task_type=binary",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "ensemble.size=2",
-            "trainer.max_epochs=2",
-            "~logger",
-            *TINY,
-            "optim.lr=2e-3",
-        ]
-    )
-    found = fit(settings_from(cfg))
-    assert found["metric"] == "bond_rocauc" and found["ensemble_size"] == 2
+    found = fit_item_ensemble(csv, tmp_path, ROTATABLE, "bond_rocauc")
     assert set(found["test"]) == {"bond_rocauc", "num_graphs"}
     assert found["calibration"] is None  # binary bonds: no intervals, no probability map
-    members = [m["test"]["bond_rocauc"] for m in found["members"]]
-    assert found["members_mean"]["test"]["bond_rocauc"] == pytest.approx(np.mean(members))
     assert 0.5 < found["test"]["bond_rocauc"] <= 1
     # The mean probabilities' calibration error, per bond target.
     assert 0 <= found["uncertainty"]["test"]["bond"]["ece_before"]["rotatable"] <= 1
-    scored = evaluate(tmp_path / "run", split="test", output=tmp_path / "eval.json")
-    assert scored["test"]["bond_rocauc"] == pytest.approx(found["test"]["bond_rocauc"])
     # Predictions per bond: the members' mean probability and its spread.
     from graphormer.inference import Predictor
 
