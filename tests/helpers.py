@@ -42,14 +42,22 @@ TINY = [
 ]
 
 
+def csv_cache(csv: Path) -> Path:
+    """The data cache of runs on ``csv``, in the folder beside it: the runs of a whole session
+    on one CSV (the ``nci_csv`` fixture's) featurise its molecules once, as one user's runs on
+    one file do. Each cache folder is keyed by the file's bytes and the columns and features
+    read, so a run of other settings makes a folder of its own."""
+    return csv.parent / "data"
+
+
 def tpsa_run_args(csv: Path, out: Path, *extra: str) -> list[str]:
     """train.py's arguments for a TINY run on the ``nci_csv`` fixture's TPSA column into ``out``
-    (its data cache beside it)."""
+    (its data cache :func:`csv_cache`)."""
     return [
         "dataset=smiles_csv",
         f"dataset.path={csv}",
         "dataset.targets=[tpsa]",
-        f"dataset.root={out.parent / 'data'}",
+        f"dataset.root={csv_cache(csv)}",
         f"hydra.run.dir={out}",
         *TINY,
         *extra,
