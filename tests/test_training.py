@@ -28,6 +28,7 @@ from helpers import (
     call_script,
     compose_config,
     compose_train,
+    csv_cache,
     evaluate_run,
     nci_graphs,
     options,
@@ -281,7 +282,8 @@ def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
             "dataset=smiles_csv",
             f"dataset.path={csv}",
             "dataset.targets=[tpsa]",
-            f"dataset.root={tmp_path / 'data'}",
+            # The copy's cache is the original's (keyed by the file's bytes, not its path).
+            f"dataset.root={csv_cache(nci_csv)}",
             f"output_dir={tmp_path / 'run'}",
             "trainer.max_epochs=2",
             "logger=tensorboard",
