@@ -324,7 +324,8 @@ def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
 
 def test_ddp_on_cpu_evaluates_every_graph_once(tmp_path, ddp_run):
     """trainer=ddp trainer.accelerator=cpu trainer.devices=2 on 12 tasks with missing labels; the
-    31 test graphs split 16/15 over the ranks, in 4 and 3 batches: uneven shards, exact metrics."""
+    31 test graphs split 16/15 over the ranks, in 4 and 3 batches: uneven shards, exact metrics
+    (conftest's ddp_run; its FLAG perturbs training alone)."""
     out, log = ddp_run
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in log
     metrics = json.loads((out / "metrics.json").read_text())
