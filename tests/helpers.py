@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -165,6 +166,47 @@ def fine_tune_into_items(csv: Path, work: Path, level: str, targets, alone, *ext
     for name in report.copied:
         assert torch.equal(fresh.state_dict()[name], source[name])
     return both, report
+
+
+def predict_item_column(checkpoint: Path, csv: Path, work: Path, name: str):
+    """predict.py on a CSV that holds the true lists of an atom or bond target ``name``: the wide
+    table (its predictions in ``<name>_pred``, beside the truth), then the long layout, one row
+    per atom or bond with the same values. The true and the predicted values, concatenated."""
+    args = [f"ckpt={checkpoint}", f"input={csv}", "device=cpu"]
+    call_script("predict.py", [*args, f"output={work / 'wide.csv'}"], cwd=work)
+    table = pd.read_csv(work / "wide.csv")
+    assert list(table.columns) == ["smiles", name, f"{name}_pred", "error"]
+    truth = np.concatenate([json.loads(c) for c in table[name]])
+    predicted = np.concatenate([json.loads(c) for c in table[f"{name}_pred"]])
+    assert len(truth) == len(predicted)
+    call_script("predict.py", [*args, f"output={work / 'long.csv'}", "layout=long"], cwd=work)
+    rows = pd.read_csv(work / "long.csv")
+    assert len(rows) == len(truth) and rows[name].to_numpy() == pytest.approx(predicted, abs=1e-5)
+    return truth, predicted
+
+
+def explain_item_values(checkpoint: Path, smiles: str, level: str, name: str, work: Path):
+    """The atom or bond values (``level``, target ``name``) that explain's maps of ``smiles``
+    carry, checked against the Predictor's own, and written as explain.py writes them: a 600 x
+    600 picture ``<level>s_<name>.png`` and the values in summary.json. The values and the
+    picture (RGB)."""
+    from PIL import Image
+
+    from graphormer.inference import Predictor
+    from graphormer.inference.explain import write_explanation
+
+    predictor = Predictor.from_checkpoint(checkpoint, device="cpu")
+    maps = predictor.attention(smiles)
+    values = getattr(maps, f"{level}_predictions")[name]
+    wide = predictor.predict([smiles])
+    assert values == pytest.approx(json.loads(wide[name][0]), abs=1e-5)
+    picture_path = work / f"{level}s_{name}.png"
+    assert picture_path in write_explanation(maps, work)
+    picture = Image.open(picture_path).convert("RGB")
+    assert picture.size == (600, 600)
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary[f"{level}_predictions"][name] == pytest.approx(values)
+    return values, picture
 
 
 def options(group: str) -> list[str]:

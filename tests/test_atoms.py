@@ -23,9 +23,11 @@ from graphormer.training.module import masked_loss
 
 from helpers import (
     csv_train_config,
+    explain_item_values,
     fine_tune_into_items,
     fit_item_ensemble,
     nci_smiles,
+    predict_item_column,
     train_config,
 )
 
@@ -303,22 +305,9 @@ def test_predictor_writes_atom_lists_and_long_tables(charge_run):
 
 
 def test_predict_script_writes_atom_columns(charge_run, tmp_path):
-    from helpers import call_script
-
-    work, csv, results = charge_run
-    out = tmp_path / "wide.csv"
-    args = [f"ckpt={results['best_checkpoint']}", f"input={csv}", "device=cpu"]
-    call_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
-    table = pd.read_csv(out)
-    # The input holds the true charges under `charge`: the predictions are `charge_pred`.
-    assert list(table.columns) == ["smiles", "charge", "charge_pred", "error"]
-    truth = np.concatenate([json.loads(c) for c in table.charge])
-    predicted = np.concatenate([json.loads(c) for c in table.charge_pred])
-    assert len(truth) == len(predicted) and np.abs(truth - predicted).mean() < 0.06
-    long = tmp_path / "long.csv"
-    call_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
-    rows = pd.read_csv(long)
-    assert len(rows) == len(truth) and rows.charge.to_numpy() == pytest.approx(predicted, abs=1e-5)
+    _, csv, results = charge_run
+    truth, predicted = predict_item_column(results["best_checkpoint"], csv, tmp_path, "charge")
+    assert np.abs(truth - predicted).mean() < 0.06
 
 
 def test_an_ensemble_of_atom_models_scores_its_mean_with_spread_and_intervals(tmp_path):
@@ -401,23 +390,12 @@ def test_cross_validation_of_an_atom_model_scores_each_fold_by_its_atoms(tmp_pat
 
 
 def test_explain_colours_atoms_by_their_predicted_values(charge_run, tmp_path):
-    from PIL import Image
-
-    from graphormer.inference import Predictor
-    from graphormer.inference.explain import write_explanation
     from graphormer.inference.pictures import atom_value_colours
 
     _, _, results = charge_run
-    predictor = Predictor.from_checkpoint(results["best_checkpoint"], device="cpu")
-    maps = predictor.attention("CC(=O)Nc1ccc(O)cc1")
-    charges = maps.atom_predictions["charge"]
-    wide = predictor.predict(["CC(=O)Nc1ccc(O)cc1"])
-    assert charges == pytest.approx(json.loads(wide.charge[0]), abs=1e-5)
-    written = write_explanation(maps, tmp_path)
-    assert tmp_path / "atoms_charge.png" in written
-    assert Image.open(tmp_path / "atoms_charge.png").size == (600, 600)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["atom_predictions"]["charge"] == pytest.approx(charges)
+    explain_item_values(
+        results["best_checkpoint"], "CC(=O)Nc1ccc(O)cc1", "atom", "charge", tmp_path
+    )
     # Signed values: a diverging map centred on zero (white), blue below, red above.
     rgb, scale, signed = atom_value_colours(np.array([-0.4, 0.0, 0.2]))
     assert signed and scale == pytest.approx(0.4)

@@ -24,8 +24,10 @@ from graphormer.training.module import masked_loss
 
 from helpers import (
     csv_train_config,
+    explain_item_values,
     fine_tune_into_items,
     fit_item_ensemble,
+    predict_item_column,
     train_config,
 )
 
@@ -385,23 +387,9 @@ def test_molecules_without_bonds_keep_their_rows_in_long_tables():
 
 
 def test_predict_script_writes_bond_columns(bond_run, tmp_path):
-    from helpers import call_script
-
     _, csv, results = bond_run
-    out = tmp_path / "wide.csv"
-    args = [f"ckpt={results['best_checkpoint']}", f"input={csv}", "device=cpu"]
-    call_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
-    table = pd.read_csv(out)
-    # The input holds the true labels under `rotatable`: the predictions are `rotatable_pred`.
-    assert list(table.columns) == ["smiles", "rotatable", "rotatable_pred", "error"]
-    truth = np.concatenate([json.loads(c) for c in table.rotatable])
-    predicted = np.concatenate([json.loads(c) for c in table.rotatable_pred])
-    assert len(truth) == len(predicted) and roc_auc_score(truth, predicted) > 0.9
-    long = tmp_path / "long.csv"
-    call_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
-    rows = pd.read_csv(long)
-    assert len(rows) == len(truth)
-    assert rows.rotatable.to_numpy() == pytest.approx(predicted, abs=1e-5)
+    truth, predicted = predict_item_column(results["best_checkpoint"], csv, tmp_path, "rotatable")
+    assert roc_auc_score(truth, predicted) > 0.9
 
 
 def test_an_ensemble_of_bond_models_scores_its_mean_probabilities(tmp_path):
@@ -429,24 +417,12 @@ def test_an_ensemble_of_bond_models_scores_its_mean_probabilities(tmp_path):
 
 
 def test_explain_colours_bonds_by_their_predicted_values(bond_run, tmp_path):
-    from PIL import Image
-
-    from graphormer.inference import Predictor
-    from graphormer.inference.explain import write_explanation
     from graphormer.inference.pictures import draw_bond_values
 
     _, _, results = bond_run
-    predictor = Predictor.from_checkpoint(results["best_checkpoint"], device="cpu")
-    maps = predictor.attention("CC(=O)Nc1ccc(OCC)cc1")
-    values = maps.bond_predictions["rotatable"]
-    wide = predictor.predict(["CC(=O)Nc1ccc(OCC)cc1"])
-    assert values == pytest.approx(json.loads(wide.rotatable[0]), abs=1e-5)
-    written = write_explanation(maps, tmp_path)
-    assert tmp_path / "bonds_rotatable.png" in written
-    picture = Image.open(tmp_path / "bonds_rotatable.png").convert("RGB")
-    assert picture.size == (600, 600)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["bond_predictions"]["rotatable"] == pytest.approx(values)
+    _, picture = explain_item_values(
+        results["best_checkpoint"], "CC(=O)Nc1ccc(OCC)cc1", "bond", "rotatable", tmp_path
+    )
     # Coloured bonds: the rotatable ones (high probabilities) are drawn in red (an uncoloured
     # drawing has black bonds and a few red oxygen letters, far fewer such pixels).
     reds = np.asarray(picture).astype(int)
