@@ -75,6 +75,33 @@ def trained_run(tmp_path_factory, ogb_root):
 
 
 @pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory, ogb_root):
+    """train.py under DDP on the CPU (two ranks), as a user runs it: OGB-layout ogbg-moltox21
+    (12 tasks with missing labels), 2 epochs, FLAG on (``flag.m=2``), evaluation batches of 5 so
+    that the ranks' shards are uneven: ``(run folder, output)``. One launch of two processes for
+    the tests of DDP's evaluation and of FLAG under DDP. Shared: tests read it, never change it."""
+    work = tmp_path_factory.mktemp("ddp")
+    out = work / "run"
+    log = run_script(
+        "train.py",
+        [
+            "dataset=ogbg-moltox21",
+            f"dataset.root={ogb_root}",
+            "trainer=ddp",
+            "trainer.accelerator=cpu",
+            "trainer.devices=2",
+            "trainer.max_epochs=2",
+            "datamodule.eval_batch_size=5",
+            "flag.m=2",
+            f"hydra.run.dir={out}",
+            *TINY,
+        ],
+        cwd=work,
+    )
+    return out, log
+
+
+@pytest.fixture(scope="session")
 def esol_checkpoint(tmp_path_factory, ogb_root) -> Path:
     """An untrained ogbg-molesol model whose standardisation statistics are far from (0, 1), so
     that a prediction path that forgets them is caught. Shared: tests read it, never change it."""

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -41,14 +43,22 @@ TINY = [
 ]
 
 
+def csv_cache(csv: Path) -> Path:
+    """The data cache of runs on ``csv``, in the folder beside it: the runs of a whole session
+    on one CSV (the ``nci_csv`` fixture's) featurise its molecules once, as one user's runs on
+    one file do. Each cache folder is keyed by the file's bytes and the columns and features
+    read, so a run of other settings makes a folder of its own."""
+    return csv.parent / "data"
+
+
 def tpsa_run_args(csv: Path, out: Path, *extra: str) -> list[str]:
     """train.py's arguments for a TINY run on the ``nci_csv`` fixture's TPSA column into ``out``
-    (its data cache beside it)."""
+    (its data cache :func:`csv_cache`)."""
     return [
         "dataset=smiles_csv",
         f"dataset.path={csv}",
         "dataset.targets=[tpsa]",
-        f"dataset.root={out.parent / 'data'}",
+        f"dataset.root={csv_cache(csv)}",
         f"hydra.run.dir={out}",
         *TINY,
         *extra,
@@ -82,6 +92,121 @@ def train_config(cfg, **kwargs) -> dict:
     """Trains in-process from a composed ``train`` config, as ``graphormer-train`` does (its
     settings and its logger), with extra ``train()`` arguments (callbacks)."""
     return train(settings_from(cfg), loggers=build_loggers(cfg), **kwargs)
+
+
+def csv_train_config(csv: Path, work: Path, *overrides: str):
+    """The ``train`` config of a TINY in-process run on a SMILES CSV into ``work / "run"``, its
+    data cache in ``work / "data"``; ``overrides`` (the target columns among them) come last."""
+    return compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={csv}",
+            f"dataset.root={work / 'data'}",
+            f"output_dir={work / 'run'}",
+            *TINY,
+            *overrides,
+        ]
+    )
+
+
+def fit_item_ensemble(csv: Path, work: Path, targets, metric: str) -> dict:
+    """An ensemble of two TINY members (2 epochs each) on a CSV's atom or bond ``targets``
+    (overrides), fitted as train.py fits one into ``work / "run"``, with what every such
+    ensemble owes checked: its metric and size, its members' mean, and eval's score of the
+    folder equal to the run's. Its metrics."""
+    from graphormer.training.evaluation import evaluate
+    from graphormer.training.experiment import fit
+
+    cfg = csv_train_config(
+        csv, work, *targets, "ensemble.size=2", "trainer.max_epochs=2", "~logger", "optim.lr=2e-3"
+    )
+    found = fit(settings_from(cfg))
+    assert found["metric"] == metric and found["ensemble_size"] == 2
+    members = [m["test"][metric] for m in found["members"]]
+    assert found["members_mean"]["test"][metric] == pytest.approx(np.mean(members))
+    scored = evaluate(work / "run", split="test", output=work / "eval.json")
+    assert scored["test"][metric] == pytest.approx(found["test"][metric], rel=1e-6)
+    return found
+
+
+def fine_tune_into_items(csv: Path, work: Path, level: str, targets, alone, *extra: str):
+    """A molecule-level run on a CSV's ``heavy`` column, then a run of molecule and ``level``
+    targets (``"atom"`` or ``"bond"``; ``targets``: their overrides) initialised from it, the
+    level's loss weighted 2; then a fresh model of the task ``alone`` (that level's targets
+    alone, a TaskInfo) loaded from the molecule run, checked: the encoder copied, the new head
+    initialised, and the report saying so. The second run's metrics and the report."""
+    from graphormer.training import GraphormerModule
+    from graphormer.training.pretrained import load_pretrained
+
+    common = ["dataset.targets=[heavy]", "dataset.split=random", "trainer.max_epochs=1"]
+    common += ["logger=csv", f"output_dir={work / 'mol'}"]
+    first = train_config(csv_train_config(csv, work, *common))["best_checkpoint"]
+    both = train_config(
+        csv_train_config(
+            csv,
+            work,
+            *common,
+            *targets,
+            f"pretrained={first}",
+            f"loss_weights={{{level}: 2.0}}",
+            f"output_dir={work / 'both'}",
+            *extra,
+        )
+    )
+    module = GraphormerModule.from_checkpoint(both["best_checkpoint"])
+    assert module.loss_weights[level] == 2.0 and getattr(module.config, f"{level}_tasks") == 1
+
+    fresh = GraphormerModule(model=dict(module.hparams["model"]), task=alone.to_dict())
+    report = load_pretrained(fresh, first)
+    assert report.fits and report.copied
+    assert report.output_layer
+    assert all(k.startswith(f"model.{level}_head.") for k in report.output_layer)
+    assert f"new {level} head" in report.summary() and "left out" in report.summary()
+    source = GraphormerModule.from_checkpoint(first).state_dict()
+    for name in report.copied:
+        assert torch.equal(fresh.state_dict()[name], source[name])
+    return both, report
+
+
+def predict_item_column(checkpoint: Path, csv: Path, work: Path, name: str):
+    """predict.py on a CSV that holds the true lists of an atom or bond target ``name``: the wide
+    table (its predictions in ``<name>_pred``, beside the truth), then the long layout, one row
+    per atom or bond with the same values. The true and the predicted values, concatenated."""
+    args = [f"ckpt={checkpoint}", f"input={csv}", "device=cpu"]
+    call_script("predict.py", [*args, f"output={work / 'wide.csv'}"], cwd=work)
+    table = pd.read_csv(work / "wide.csv")
+    assert list(table.columns) == ["smiles", name, f"{name}_pred", "error"]
+    truth = np.concatenate([json.loads(c) for c in table[name]])
+    predicted = np.concatenate([json.loads(c) for c in table[f"{name}_pred"]])
+    assert len(truth) == len(predicted)
+    call_script("predict.py", [*args, f"output={work / 'long.csv'}", "layout=long"], cwd=work)
+    rows = pd.read_csv(work / "long.csv")
+    assert len(rows) == len(truth) and rows[name].to_numpy() == pytest.approx(predicted, abs=1e-5)
+    return truth, predicted
+
+
+def explain_item_values(checkpoint: Path, smiles: str, level: str, name: str, work: Path):
+    """The atom or bond values (``level``, target ``name``) that explain's maps of ``smiles``
+    carry, checked against the Predictor's own, and written as explain.py writes them: a 600 x
+    600 picture ``<level>s_<name>.png`` and the values in summary.json. The values and the
+    picture (RGB)."""
+    from PIL import Image
+
+    from graphormer.inference import Predictor
+    from graphormer.inference.explain import write_explanation
+
+    predictor = Predictor.from_checkpoint(checkpoint, device="cpu")
+    maps = predictor.attention(smiles)
+    values = getattr(maps, f"{level}_predictions")[name]
+    wide = predictor.predict([smiles])
+    assert values == pytest.approx(json.loads(wide[name][0]), abs=1e-5)
+    picture_path = work / f"{level}s_{name}.png"
+    assert picture_path in write_explanation(maps, work)
+    picture = Image.open(picture_path).convert("RGB")
+    assert picture.size == (600, 600)
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary[f"{level}_predictions"][name] == pytest.approx(values)
+    return values, picture
 
 
 def options(group: str) -> list[str]:

@@ -21,10 +21,21 @@ from graphormer.models import Graphormer, GraphormerConfig
 from graphormer.training import GraphormerModule
 from graphormer.training.module import masked_loss
 
-from helpers import TINY, compose_train, nci_smiles, train_config
+from helpers import (
+    csv_train_config,
+    explain_item_values,
+    fine_tune_into_items,
+    fit_item_ensemble,
+    nci_smiles,
+    predict_item_column,
+    train_config,
+)
 
 # Molecules of at most this many atoms keep the tests fast.
 _MAX_ATOMS = 40
+
+# A run's targets: the Gasteiger charges alone, no molecule target.
+CHARGES = ["dataset.targets=[]", "dataset.atom_targets=[charge]"]
 
 
 def _charges(smiles: str) -> list[float] | None:
@@ -64,19 +75,8 @@ def charge_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("atoms")
     csv = work / "charges.csv"
     charge_table(400).to_csv(csv, index=False)
-    cfg = compose_train(
-        [
-            "dataset=smiles_csv",
-            f"dataset.path={csv}",
-            "dataset.targets=[]",
-            "dataset.atom_targets=[charge]",
-            f"dataset.root={work / 'data'}",
-            f"output_dir={work / 'run'}",
-            "trainer.max_epochs=8",
-            "logger=csv",
-            *TINY,
-            "optim.lr=2e-3",
-        ]
+    cfg = csv_train_config(
+        csv, work, *CHARGES, "trainer.max_epochs=8", "logger=csv", "optim.lr=2e-3"
     )
     return work, csv, train_config(cfg)
 
@@ -253,53 +253,21 @@ def test_monitor_must_name_a_metric_of_the_task(tmp_path):
 def test_fine_tuning_a_molecule_model_into_atom_targets(tmp_path):
     """A molecule-level run, then a run of molecule and atom targets together initialised from
     it: the encoder is copied, the new heads initialised, and the report says so."""
-    from graphormer.training.pretrained import load_pretrained
-
     table = charge_table(60)
     table["heavy"] = [Chem.MolFromSmiles(s).GetNumAtoms() for s in table.smiles]
     csv = tmp_path / "both.csv"
     table.to_csv(csv, index=False)
-    common = [
-        "dataset=smiles_csv",
-        f"dataset.path={csv}",
-        "dataset.targets=[heavy]",
-        "dataset.split=random",
-        f"dataset.root={tmp_path / 'data'}",
-        "trainer.max_epochs=1",
-        "logger=csv",
-        *TINY,
-    ]
-    first = train_config(compose_train([*common, f"output_dir={tmp_path / 'mol'}"]))
-    both = train_config(
-        compose_train(
-            [
-                *common,
-                "dataset.atom_targets=[charge]",
-                f"pretrained={first['best_checkpoint']}",
-                "loss_weights={atom: 2.0}",
-                f"output_dir={tmp_path / 'both'}",
-            ]
-        )
+    atoms = SmilesCsvSource(str(csv), targets=[], atom_targets=["charge"]).task_info()
+    both, report = fine_tune_into_items(
+        csv, tmp_path, "atom", ["dataset.atom_targets=[charge]"], atoms
     )
     # Both levels are trained, scored and written; the molecule level selects by default.
     assert both["metric"] == "rmse"
     assert set(both["test"]) == {"rmse", "atom_mae", "atom_rmse"}
-    module = GraphormerModule.from_checkpoint(both["best_checkpoint"])
-    assert module.loss_weights["atom"] == 2.0 and module.config.atom_tasks == 1
-
-    # Into atom targets alone: the encoder is copied, the molecule head left out, and said.
-    atoms = SmilesCsvSource(str(csv), targets=[], atom_targets=["charge"]).task_info()
-    fresh = GraphormerModule(model=dict(module.hparams["model"]), task=atoms.to_dict())
-    report = load_pretrained(fresh, first["best_checkpoint"])
-    assert report.fits and report.copied
-    assert all(k.startswith("model.atom_head.") for k in report.output_layer)
+    # Into atom targets alone: the molecule head is left out.
     assert report.unused_head == sorted(
         f"model.{m}.{p}" for m in ("head_norm", "head_transform") for p in ("bias", "weight")
     )
-    assert "new atom head" in report.summary() and "left out" in report.summary()
-    source = GraphormerModule.from_checkpoint(first["best_checkpoint"]).state_dict()
-    for name in report.copied:
-        assert torch.equal(fresh.state_dict()[name], source[name])
 
 
 def test_predictor_writes_atom_lists_and_long_tables(charge_run):
@@ -337,51 +305,17 @@ def test_predictor_writes_atom_lists_and_long_tables(charge_run):
 
 
 def test_predict_script_writes_atom_columns(charge_run, tmp_path):
-    from helpers import call_script
-
-    work, csv, results = charge_run
-    out = tmp_path / "wide.csv"
-    args = [f"ckpt={results['best_checkpoint']}", f"input={csv}", "device=cpu"]
-    call_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
-    table = pd.read_csv(out)
-    # The input holds the true charges under `charge`: the predictions are `charge_pred`.
-    assert list(table.columns) == ["smiles", "charge", "charge_pred", "error"]
-    truth = np.concatenate([json.loads(c) for c in table.charge])
-    predicted = np.concatenate([json.loads(c) for c in table.charge_pred])
-    assert len(truth) == len(predicted) and np.abs(truth - predicted).mean() < 0.06
-    long = tmp_path / "long.csv"
-    call_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
-    rows = pd.read_csv(long)
-    assert len(rows) == len(truth) and rows.charge.to_numpy() == pytest.approx(predicted, abs=1e-5)
+    _, csv, results = charge_run
+    truth, predicted = predict_item_column(results["best_checkpoint"], csv, tmp_path, "charge")
+    assert np.abs(truth - predicted).mean() < 0.06
 
 
 def test_an_ensemble_of_atom_models_scores_its_mean_with_spread_and_intervals(tmp_path):
-    from graphormer.cli.train import settings_from
-    from graphormer.training.evaluation import evaluate
-    from graphormer.training.experiment import fit
-
     csv = tmp_path / "charges.csv"
     charge_table(120).to_csv(csv, index=False)
-    cfg = compose_train(
-        [
-            "dataset=smiles_csv",
-            f"dataset.path={csv}",
-            "dataset.targets=[]",
-            "dataset.atom_targets=[charge]",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "ensemble.size=2",
-            "trainer.max_epochs=2",
-            "~logger",
-            *TINY,
-            "optim.lr=2e-3",
-        ]
-    )
-    found = fit(settings_from(cfg))
-    assert found["metric"] == "atom_mae" and found["ensemble_size"] == 2
+    found = fit_item_ensemble(csv, tmp_path, CHARGES, "atom_mae")
     assert set(found["test"]) == {"atom_mae", "atom_rmse", "num_graphs"}
     members = [m["test"]["atom_mae"] for m in found["members"]]
-    assert found["members_mean"]["test"]["atom_mae"] == pytest.approx(np.mean(members))
     # The mean of two members is no worse than the worse of them (the MAE is convex).
     assert found["test"]["atom_mae"] <= max(members) + 1e-6
     report = found["uncertainty"]["valid"]["atom"]
@@ -392,8 +326,6 @@ def test_an_ensemble_of_atom_models_scores_its_mean_with_spread_and_intervals(tm
         assert tasks["charge"]["coverage"] >= float(level) - 1e-9
         assert tasks["charge"]["mean_width"] > 0
     assert "charge" in found["uncertainty"]["test"]["atom"]["intervals"]["0.9"]
-    scored = evaluate(tmp_path / "run", split="test", output=tmp_path / "eval.json")
-    assert scored["test"]["atom_mae"] == pytest.approx(found["test"]["atom_mae"], rel=1e-5)
     # predict.py: per atom, the members' mean, their spread and the calibrated interval.
     from helpers import call_script
 
@@ -423,19 +355,8 @@ def test_mc_dropout_gives_an_atom_model_a_reproducible_spread_and_intervals(tmp_
 
     csv = tmp_path / "charges.csv"
     charge_table(60).to_csv(csv, index=False)
-    cfg = compose_train(
-        [
-            "dataset=smiles_csv",
-            f"dataset.path={csv}",
-            "dataset.targets=[]",
-            "dataset.atom_targets=[charge]",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "trainer.max_epochs=1",
-            "~logger",
-            *TINY,
-            "model.dropout=0.1",
-        ]
+    cfg = csv_train_config(
+        csv, tmp_path, *CHARGES, "trainer.max_epochs=1", "~logger", "model.dropout=0.1"
     )
     fit(settings_from(cfg))  # the run, then its calibration (the atoms' residuals)
     predictor = Predictor.from_checkpoint(tmp_path / "run", device="cpu", mc_dropout=3)
@@ -456,20 +377,7 @@ def test_cross_validation_of_an_atom_model_scores_each_fold_by_its_atoms(tmp_pat
 
     csv = tmp_path / "charges.csv"
     charge_table(90).to_csv(csv, index=False)
-    cfg = compose_train(
-        [
-            "dataset=smiles_csv",
-            f"dataset.path={csv}",
-            "dataset.targets=[]",
-            "dataset.atom_targets=[charge]",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "cv.folds=3",
-            "trainer.max_epochs=1",
-            "~logger",
-            *TINY,
-        ]
-    )
+    cfg = csv_train_config(csv, tmp_path, *CHARGES, "cv.folds=3", "trainer.max_epochs=1", "~logger")
     summary = fit(settings_from(cfg))
     assert summary["metric"] == "atom_mae" and summary["test"]["n"] == 3
     folds = [
@@ -482,23 +390,12 @@ def test_cross_validation_of_an_atom_model_scores_each_fold_by_its_atoms(tmp_pat
 
 
 def test_explain_colours_atoms_by_their_predicted_values(charge_run, tmp_path):
-    from PIL import Image
-
-    from graphormer.inference import Predictor
-    from graphormer.inference.explain import write_explanation
     from graphormer.inference.pictures import atom_value_colours
 
     _, _, results = charge_run
-    predictor = Predictor.from_checkpoint(results["best_checkpoint"], device="cpu")
-    maps = predictor.attention("CC(=O)Nc1ccc(O)cc1")
-    charges = maps.atom_predictions["charge"]
-    wide = predictor.predict(["CC(=O)Nc1ccc(O)cc1"])
-    assert charges == pytest.approx(json.loads(wide.charge[0]), abs=1e-5)
-    written = write_explanation(maps, tmp_path)
-    assert tmp_path / "atoms_charge.png" in written
-    assert Image.open(tmp_path / "atoms_charge.png").size == (600, 600)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["atom_predictions"]["charge"] == pytest.approx(charges)
+    explain_item_values(
+        results["best_checkpoint"], "CC(=O)Nc1ccc(O)cc1", "atom", "charge", tmp_path
+    )
     # Signed values: a diverging map centred on zero (white), blue below, red above.
     rgb, scale, signed = atom_value_colours(np.array([-0.4, 0.0, 0.2]))
     assert signed and scale == pytest.approx(0.4)

@@ -22,7 +22,21 @@ from graphormer.testing import nci_rotatable_bonds
 from graphormer.training import GraphormerModule
 from graphormer.training.module import masked_loss
 
-from helpers import TINY, compose_train, train_config
+from helpers import (
+    csv_train_config,
+    explain_item_values,
+    fine_tune_into_items,
+    fit_item_ensemble,
+    predict_item_column,
+    train_config,
+)
+
+# A run's targets: the rotatable bonds alone, no molecule target.
+ROTATABLE = [
+    "dataset.targets=[]",
+    "dataset.bond_targets=[rotatable]",
+    "dataset.bond_task_type=binary",
+]
 
 
 def _source(path, **kwargs) -> SmilesCsvSource:
@@ -41,23 +55,16 @@ def bond_run(tmp_path_factory):
     work = tmp_path_factory.mktemp("bonds")
     csv = work / "rotatable.csv"
     nci_rotatable_bonds(300).drop(columns=["bond_type", "heavy"]).to_csv(csv, index=False)
-    cfg = compose_train(
-        [
-            "dataset=smiles_csv",
-            f"dataset.path={csv}",
-            "dataset.targets=[]",
-            "dataset.bond_targets=[rotatable]",
-            "dataset.bond_task_type=binary",
-            f"dataset.root={work / 'data'}",
-            f"output_dir={work / 'run'}",
-            "trainer.max_epochs=4",
-            "logger=csv",
-            *TINY,
-            "optim.lr=2e-3",
-            # 32 updates, a third of the weight average's horizon at 0.99: the average would be
-            # the mean of the whole run (0.92 here, against 0.99 for the weights themselves).
-            "optim.ema_decay=null",
-        ]
+    cfg = csv_train_config(
+        csv,
+        work,
+        *ROTATABLE,
+        "trainer.max_epochs=4",
+        "logger=csv",
+        "optim.lr=2e-3",
+        # 32 updates, a third of the weight average's horizon at 0.99: the average would be
+        # the mean of the whole run (0.92 here, against 0.99 for the weights themselves).
+        "optim.ema_decay=null",
     )
     return work, csv, train_config(cfg)
 
@@ -283,50 +290,13 @@ def test_monitor_names_bond_metrics_and_defaults_to_the_first_level(tmp_path):
 def test_fine_tuning_a_molecule_model_into_bond_targets(tmp_path):
     """A molecule-level run, then a run of molecule and bond targets initialised from it; then
     bonds alone: the encoder is copied, the new head initialised, and the report says so."""
-    from graphormer.training.pretrained import load_pretrained
-
     csv = tmp_path / "both.csv"
     nci_rotatable_bonds(60).drop(columns=["bond_type"]).to_csv(csv, index=False)
-    common = [
-        "dataset=smiles_csv",
-        f"dataset.path={csv}",
-        "dataset.targets=[heavy]",
-        "dataset.split=random",
-        f"dataset.root={tmp_path / 'data'}",
-        "trainer.max_epochs=1",
-        "logger=csv",
-        *TINY,
-    ]
-    first = train_config(compose_train([*common, f"output_dir={tmp_path / 'mol'}"]))
-    both = train_config(
-        compose_train(
-            [
-                *common,
-                "dataset.bond_targets=[rotatable]",
-                "dataset.bond_task_type=binary",
-                f"pretrained={first['best_checkpoint']}",
-                "loss_weights={bond: 2.0}",
-                "monitor=bond_rocauc",
-                f"output_dir={tmp_path / 'both'}",
-            ]
-        )
+    both, _ = fine_tune_into_items(
+        csv, tmp_path, "bond", ROTATABLE[1:], _source(csv).task_info(), "monitor=bond_rocauc"
     )
     assert both["metric"] == "bond_rocauc"
     assert set(both["test"]) == {"rmse", "bond_rocauc"}
-    module = GraphormerModule.from_checkpoint(both["best_checkpoint"])
-    assert module.loss_weights["bond"] == 2.0 and module.config.bond_tasks == 1
-
-    bonds = _source(csv).task_info()
-    fresh = GraphormerModule(model=dict(module.hparams["model"]), task=bonds.to_dict())
-    report = load_pretrained(fresh, first["best_checkpoint"])
-    assert report.fits and report.copied
-    assert report.output_layer and all(
-        k.startswith("model.bond_head.") for k in report.output_layer
-    )
-    assert "new bond head" in report.summary() and "left out" in report.summary()
-    source = GraphormerModule.from_checkpoint(first["best_checkpoint"]).state_dict()
-    for name in report.copied:
-        assert torch.equal(fresh.state_dict()[name], source[name])
 
 
 def test_predictor_writes_bond_lists_and_long_tables(bond_run):
@@ -417,59 +387,20 @@ def test_molecules_without_bonds_keep_their_rows_in_long_tables():
 
 
 def test_predict_script_writes_bond_columns(bond_run, tmp_path):
-    from helpers import call_script
-
     _, csv, results = bond_run
-    out = tmp_path / "wide.csv"
-    args = [f"ckpt={results['best_checkpoint']}", f"input={csv}", "device=cpu"]
-    call_script("predict.py", [*args, f"output={out}"], cwd=tmp_path)
-    table = pd.read_csv(out)
-    # The input holds the true labels under `rotatable`: the predictions are `rotatable_pred`.
-    assert list(table.columns) == ["smiles", "rotatable", "rotatable_pred", "error"]
-    truth = np.concatenate([json.loads(c) for c in table.rotatable])
-    predicted = np.concatenate([json.loads(c) for c in table.rotatable_pred])
-    assert len(truth) == len(predicted) and roc_auc_score(truth, predicted) > 0.9
-    long = tmp_path / "long.csv"
-    call_script("predict.py", [*args, f"output={long}", "layout=long"], cwd=tmp_path)
-    rows = pd.read_csv(long)
-    assert len(rows) == len(truth)
-    assert rows.rotatable.to_numpy() == pytest.approx(predicted, abs=1e-5)
+    truth, predicted = predict_item_column(results["best_checkpoint"], csv, tmp_path, "rotatable")
+    assert roc_auc_score(truth, predicted) > 0.9
 
 
 def test_an_ensemble_of_bond_models_scores_its_mean_probabilities(tmp_path):
-    from graphormer.cli.train import settings_from
-    from graphormer.training.evaluation import evaluate
-    from graphormer.training.experiment import fit
-
     csv = tmp_path / "rotatable.csv"
     nci_rotatable_bonds(120).drop(columns=["bond_type", "heavy"]).to_csv(csv, index=False)
-    cfg = compose_train(
-        [
-            "dataset=smiles_csv",
-            f"dataset.path={csv}",
-            "dataset.targets=[]",
-            "dataset.bond_targets=[rotatable]",
-            "dataset.bond_task_type=binary",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "ensemble.size=2",
-            "trainer.max_epochs=2",
-            "~logger",
-            *TINY,
-            "optim.lr=2e-3",
-        ]
-    )
-    found = fit(settings_from(cfg))
-    assert found["metric"] == "bond_rocauc" and found["ensemble_size"] == 2
+    found = fit_item_ensemble(csv, tmp_path, ROTATABLE, "bond_rocauc")
     assert set(found["test"]) == {"bond_rocauc", "num_graphs"}
     assert found["calibration"] is None  # binary bonds: no intervals, no probability map
-    members = [m["test"]["bond_rocauc"] for m in found["members"]]
-    assert found["members_mean"]["test"]["bond_rocauc"] == pytest.approx(np.mean(members))
     assert 0.5 < found["test"]["bond_rocauc"] <= 1
     # The mean probabilities' calibration error, per bond target.
     assert 0 <= found["uncertainty"]["test"]["bond"]["ece_before"]["rotatable"] <= 1
-    scored = evaluate(tmp_path / "run", split="test", output=tmp_path / "eval.json")
-    assert scored["test"]["bond_rocauc"] == pytest.approx(found["test"]["bond_rocauc"])
     # Predictions per bond: the members' mean probability and its spread.
     from graphormer.inference import Predictor
 
@@ -486,24 +417,12 @@ def test_an_ensemble_of_bond_models_scores_its_mean_probabilities(tmp_path):
 
 
 def test_explain_colours_bonds_by_their_predicted_values(bond_run, tmp_path):
-    from PIL import Image
-
-    from graphormer.inference import Predictor
-    from graphormer.inference.explain import write_explanation
     from graphormer.inference.pictures import draw_bond_values
 
     _, _, results = bond_run
-    predictor = Predictor.from_checkpoint(results["best_checkpoint"], device="cpu")
-    maps = predictor.attention("CC(=O)Nc1ccc(OCC)cc1")
-    values = maps.bond_predictions["rotatable"]
-    wide = predictor.predict(["CC(=O)Nc1ccc(OCC)cc1"])
-    assert values == pytest.approx(json.loads(wide.rotatable[0]), abs=1e-5)
-    written = write_explanation(maps, tmp_path)
-    assert tmp_path / "bonds_rotatable.png" in written
-    picture = Image.open(tmp_path / "bonds_rotatable.png").convert("RGB")
-    assert picture.size == (600, 600)
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["bond_predictions"]["rotatable"] == pytest.approx(values)
+    _, picture = explain_item_values(
+        results["best_checkpoint"], "CC(=O)Nc1ccc(OCC)cc1", "bond", "rotatable", tmp_path
+    )
     # Coloured bonds: the rotatable ones (high probabilities) are drawn in red (an uncoloured
     # drawing has black bonds and a few red oxygen letters, far fewer such pixels).
     reds = np.asarray(picture).astype(int)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
@@ -107,10 +108,9 @@ def test_the_copied_tensors_train_slower_and_a_resume_keeps_the_groups(
     assert_same_weights(last, again)
 
 
-def test_without_pretrained_weights_there_is_one_group(tmp_path, nci_csv):
-    out = tmp_path / "run"
-    call_script("train.py", tpsa_run_args(nci_csv, out, "trainer.max_epochs=1"), tmp_path)
-    last = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
+def test_without_pretrained_weights_there_is_one_group(pretrained_tpsa):
+    # The pre-trained run was itself trained without pretrained weights.
+    last = torch.load(Path(pretrained_tpsa).parent / "last.ckpt", weights_only=True)
     assert PRETRAINED_KEY not in last
     assert len(last["optimizer_states"][0]["param_groups"]) == 1
 

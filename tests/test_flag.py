@@ -9,7 +9,7 @@ import torch
 from graphormer.data import GraphormerCollator, StructuralFeatures
 from graphormer.training import GraphormerModule, masked_loss
 
-from helpers import TINY, call_script, nci_graphs, run_script, to_data
+from helpers import TINY, call_script, nci_graphs, to_data
 
 MODEL = {
     "num_layers": 2,
@@ -165,7 +165,7 @@ def test_flag_refuses_gradient_accumulation(tmp_path, ogb_root):
         train_config(cfg)
 
 
-def test_flag_trains_with_bf16_and_clipping_and_under_ddp(tmp_path, ogb_root):
+def test_flag_trains_with_bf16_and_clipping_and_under_ddp(tmp_path, ogb_root, ddp_run):
     common = ["dataset=ogbg-molhiv", f"dataset.root={ogb_root}", *TINY, "flag.m=2"]
     out = tmp_path / "bf16"
     call_script(
@@ -175,22 +175,12 @@ def test_flag_trains_with_bf16_and_clipping_and_under_ddp(tmp_path, ogb_root):
     )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["precision"] == "bf16-mixed" and metrics["valid"]["rocauc"] > 0.5
-    out = tmp_path / "ddp"
-    log = run_script(
-        "train.py",
-        [
-            *common,
-            "trainer=ddp",
-            "trainer.accelerator=cpu",
-            "trainer.devices=2",
-            "trainer.max_epochs=2",
-            f"hydra.run.dir={out}",
-        ],
-        cwd=tmp_path,
-    )
+    # conftest's DDP run trains with FLAG (flag.m=2) on 2 ranks.
+    out, log = ddp_run
     assert "devices: 2" in log
     last = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
-    # Manual optimisation still counts updates and steps the schedule: 10 batches per epoch
-    # over 2 ranks, 2 epochs.
-    assert last["global_step"] == 10
-    assert last["lr_schedulers"][0]["last_epoch"] == 10
+    assert last["hyper_parameters"]["flag"]["m"] == 2
+    # Manual optimisation still counts updates and steps the schedule: 244 training graphs
+    # over 2 ranks in batches of 32, 4 batches per epoch, 2 epochs.
+    assert last["global_step"] == 8
+    assert last["lr_schedulers"][0]["last_epoch"] == 8

@@ -19,12 +19,12 @@ from graphormer.inference.pictures import relative_to_uniform
 from graphormer.training import GraphormerModule, build_datamodule
 
 from helpers import (
+    call_failing,
     call_script,
     compose_config,
     evaluate_run,
     model_preset,
     nci_smiles,
-    run_failing,
     untrained_checkpoint,
 )
 
@@ -346,7 +346,8 @@ def test_user_errors_are_one_line_without_a_traceback(trained_run, tmp_path):
         f"input={tmp_path / 'no_smiles.csv'}",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]
-    result = run_failing("predict.py", args, tmp_path)
+    # In-process: predict.py in a process of its own stops on a user error in test_safety.
+    result = call_failing("predict.py", args, tmp_path)
     message = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(message) == 1
     assert "no column 'smiles'" in message[0] and "['name', 'structure']" in message[0]

@@ -102,7 +102,7 @@ def test_a_resume_takes_its_runs_settings_and_refuses_changes_that_break_it(base
     assert "max_epochs: 3" in (run / ".hydra" / "config.yaml").read_text()
 
     before = (run / "metrics.json").read_bytes()
-    refused = run_failing("train.py", [f"ckpt_path={last}", "model.num_layers=4"], cwd=work)
+    refused = call_failing("train.py", [f"ckpt_path={last}", "model.num_layers=4"], cwd=work)
     assert refused.stderr.startswith("error: model.num_layers=4 (the run has 3) would change")
     assert "resume_strict=false" in refused.stderr and len(refused.stderr.splitlines()) == 1
     refused = call_failing("train.py", [f"ckpt_path={last}", "model=graphormer_slim"], cwd=work)

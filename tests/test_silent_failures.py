@@ -3,6 +3,7 @@ hours of training is one ``error:`` line, before training where the config and t
 could have told."""
 
 import json
+from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
@@ -13,7 +14,15 @@ from graphormer.data import GraphDataModule, SmilesCsvSource
 from graphormer.errors import ConfigError, DataError
 from graphormer.training.settings import TrainerSettings
 
-from helpers import TINY, call_failing, call_script, compose_train, nci_table, train_config
+from helpers import (
+    TINY,
+    call_failing,
+    call_script,
+    compose_train,
+    csv_cache,
+    nci_table,
+    train_config,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +33,14 @@ def molecules() -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+@pytest.fixture(scope="module")
+def molecules_csv(molecules, tmp_path_factory) -> Path:
+    """``molecules`` as a CSV file; shared, so that its runs featurise it once."""
+    path = tmp_path_factory.mktemp("molecules") / "m.csv"
+    molecules.to_csv(path, index=False)
+    return path
+
+
 def train_args(csv, out, target="tpsa", *extra):
     binary = ["dataset.task_type=binary"] if target == "binary" else []
     return [
@@ -31,7 +48,7 @@ def train_args(csv, out, target="tpsa", *extra):
         f"dataset.path={csv}",
         f"dataset.targets=[{target}]",
         *binary,
-        f"dataset.root={out.parent / 'data'}",
+        f"dataset.root={csv_cache(csv)}",
         f"hydra.run.dir={out}",
         *TINY,
         *extra,
@@ -55,11 +72,10 @@ def test_a_target_whose_square_overflows_is_refused_before_training(molecules, t
     assert not list(out.glob("checkpoints/*.ckpt")), "refused before the first epoch"
 
 
-def test_a_diverging_run_that_skips_most_updates_is_not_a_success(molecules, tmp_path):
-    molecules.to_csv(tmp_path / "m.csv", index=False)
+def test_a_diverging_run_that_skips_most_updates_is_not_a_success(molecules_csv, tmp_path):
     out = tmp_path / "run"
     args = train_args(
-        tmp_path / "m.csv",
+        molecules_csv,
         out,
         "tpsa",
         "trainer.max_epochs=3",
@@ -121,19 +137,17 @@ def test_a_split_a_ranking_metric_cannot_score_is_refused_before_training(molecu
         datamodule.setup("fit")
 
 
-def test_cv_folds_beyond_the_scaffold_groups_fail_before_any_fold_trains(molecules, tmp_path):
-    molecules.to_csv(tmp_path / "m.csv", index=False)
+def test_cv_folds_beyond_the_scaffold_groups_fail_before_any_fold_trains(molecules_csv, tmp_path):
     out = tmp_path / "run"
-    args = train_args(tmp_path / "m.csv", out, "tpsa", "trainer.max_epochs=1", "cv.folds=100")
+    args = train_args(molecules_csv, out, "tpsa", "trainer.max_epochs=1", "cv.folds=100")
     line = error_line(call_failing("train.py", args, tmp_path))
     assert "cv.folds=100 is more than" in line and "give cv.folds <= 49" in line, line
     assert not list(out.glob("folds/*/checkpoints/*.ckpt"))
 
 
-def test_a_fold_that_cannot_be_scored_fails_before_any_fold_trains(molecules, tmp_path):
-    molecules.to_csv(tmp_path / "m.csv", index=False)
+def test_a_fold_that_cannot_be_scored_fails_before_any_fold_trains(molecules_csv, tmp_path):
     out = tmp_path / "run"
-    args = train_args(tmp_path / "m.csv", out, "binary", "trainer.max_epochs=1", "cv.folds=45")
+    args = train_args(molecules_csv, out, "binary", "trainer.max_epochs=1", "cv.folds=45")
     line = error_line(call_failing("train.py", args, tmp_path))
     assert "cv.folds=45: fold" in line and "one class only" in line, line
     assert "Lower cv.folds" in line
@@ -238,11 +252,10 @@ def test_a_calibration_that_makes_validation_ece_worse_is_not_applied():
     assert isotonic.kept_uncalibrated == [] and isotonic.ece_after[0] < isotonic.ece_before[0]
 
 
-def test_calibration_says_what_it_did_in_the_log_and_the_metrics(molecules, tmp_path):
-    molecules.to_csv(tmp_path / "m.csv", index=False)
+def test_calibration_says_what_it_did_in_the_log_and_the_metrics(molecules_csv, tmp_path):
     out = tmp_path / "run"
     args = train_args(
-        tmp_path / "m.csv", out, "binary", "trainer.max_epochs=1", "calibration=temperature"
+        molecules_csv, out, "binary", "trainer.max_epochs=1", "calibration=temperature"
     )
     log = call_script("train.py", args, tmp_path)
     found = json.loads((out / "metrics.json").read_text())["calibration"]
@@ -253,7 +266,7 @@ def test_calibration_says_what_it_did_in_the_log_and_the_metrics(molecules, tmp_
     assert line in log and line in (out / "train.log").read_text()
 
 
-def test_hops_beyond_what_any_training_graph_has_are_refused_up_front(molecules, tmp_path):
+def test_hops_beyond_what_any_training_graph_has_are_refused_up_front(molecules_csv, tmp_path):
     from graphormer.training.settings import DataModuleSettings
 
     with pytest.raises(ConfigError, match=r"datamodule.max_hops=128 .* at most 127"):
@@ -262,10 +275,7 @@ def test_hops_beyond_what_any_training_graph_has_are_refused_up_front(molecules,
     assert DataModuleSettings(max_nodes=1, max_hops=1).max_hops == 1
     # datamodule.max_hops follows the model's: 100000 hops per node pair of 120 molecules asked
     # numpy for 7.3 GiB (22 GB on a larger set) before the kernel killed the run.
-    molecules.to_csv(tmp_path / "m.csv", index=False)
-    args = train_args(
-        tmp_path / "m.csv", tmp_path / "run", "tpsa", "model.multi_hop_max_dist=100000"
-    )
+    args = train_args(molecules_csv, tmp_path / "run", "tpsa", "model.multi_hop_max_dist=100000")
     line = error_line(call_failing("train.py", args, tmp_path))
     assert "max_hops=100000 is not allowed: at most 127" in line, line
     assert "model.multi_hop_max_dist" in line
@@ -327,18 +337,19 @@ def test_a_probed_head_is_not_undone_by_the_first_fine_tuning_epoch(tmp_path):
     assert mean < 3 * warmed.losses[0], warmed.losses
 
 
-def test_max_steps_that_end_before_the_first_validation_fail_before_training(molecules, tmp_path):
-    molecules.to_csv(tmp_path / "m.csv", index=False)
+def test_max_steps_that_end_before_the_first_validation_fail_before_training(
+    molecules_csv, tmp_path
+):
     out = tmp_path / "run"
     # 96 training molecules in batches of 32: validation first runs after step 3. Two steps
     # trained, then said "no checkpoint was selected because validation never ran".
-    args = train_args(tmp_path / "m.csv", out, "tpsa", "trainer.max_steps=2")
+    args = train_args(molecules_csv, out, "tpsa", "trainer.max_steps=2")
     line = error_line(call_failing("train.py", args, tmp_path))
     assert "trainer.max_steps=2 ends training before validation first runs" in line, line
     assert "at least 3" in line
     assert not list(out.glob("checkpoints/*.ckpt"))
     half = train_args(
-        tmp_path / "m.csv",
+        molecules_csv,
         tmp_path / "half",
         "tpsa",
         "trainer.max_steps=1",

@@ -28,6 +28,7 @@ from helpers import (
     call_script,
     compose_config,
     compose_train,
+    csv_cache,
     evaluate_run,
     nci_graphs,
     options,
@@ -281,7 +282,8 @@ def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
             "dataset=smiles_csv",
             f"dataset.path={csv}",
             "dataset.targets=[tpsa]",
-            f"dataset.root={tmp_path / 'data'}",
+            # The copy's cache is the original's (keyed by the file's bytes, not its path).
+            f"dataset.root={csv_cache(nci_csv)}",
             f"output_dir={tmp_path / 'run'}",
             "trainer.max_epochs=2",
             "logger=tensorboard",
@@ -320,25 +322,11 @@ def test_smiles_csv_regression_in_process(tmp_path, nci_csv):
         assert scores[split]["rmse"] == pytest.approx(results[split]["rmse"], abs=1e-5)
 
 
-def test_ddp_on_cpu_evaluates_every_graph_once(tmp_path, ogb_root):
+def test_ddp_on_cpu_evaluates_every_graph_once(tmp_path, ddp_run):
     """trainer=ddp trainer.accelerator=cpu trainer.devices=2 on 12 tasks with missing labels; the
-    31 test graphs split 16/15 over the ranks, in 4 and 3 batches: uneven shards, exact metrics."""
-    out = tmp_path / "ddp"
-    log = run_script(
-        "train.py",
-        [
-            "dataset=ogbg-moltox21",
-            f"dataset.root={ogb_root}",
-            "trainer=ddp",
-            "trainer.accelerator=cpu",
-            "trainer.devices=2",
-            "trainer.max_epochs=2",
-            "datamodule.eval_batch_size=5",
-            f"hydra.run.dir={out}",
-            *TINY,
-        ],
-        cwd=tmp_path,
-    )
+    31 test graphs split 16/15 over the ranks, in 4 and 3 batches: uneven shards, exact metrics
+    (conftest's ddp_run; its FLAG perturbs training alone)."""
+    out, log = ddp_run
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in log
     metrics = json.loads((out / "metrics.json").read_text())
     # A single-process evaluation of the same checkpoint gives the same numbers: the sharded

@@ -31,12 +31,15 @@ from graphormer.training.module import GraphormerModule
 from helpers import (
     REPO,
     TINY,
+    call_script,
     compose_config,
     compose_train,
+    csv_cache,
     nci_table,
     read_json,
     run_failing,
     run_script,
+    tpsa_run_args,
 )
 
 MOLECULES = ["CCO", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O", "NCCc1ccc(O)c(O)c1"]
@@ -57,7 +60,7 @@ def _train(csv, out, *overrides):
         [
             "dataset=smiles_csv",
             f"dataset.path={csv}",
-            f"dataset.root={out.parent / 'data'}",
+            f"dataset.root={csv_cache(csv)}",
             "dataset.targets=[tpsa]",
             "dataset.split=random",
             "dataset.split_ratios=[0.6,0.2,0.2]",
@@ -69,6 +72,11 @@ def _train(csv, out, *overrides):
         ]
     )
     return train_run(cfg)
+
+
+def nci_tpsa(nci_csv, out, *extra):
+    """The overrides of an in-process TINY run on ``nci_csv``'s TPSA into ``out``, no logger."""
+    return tpsa_run_args(nci_csv, out, f"output_dir={out}", "~logger", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -369,25 +377,14 @@ def test_conformal_radius_and_ece_known_answers():
 
 def test_scripts_train_an_ensemble_then_eval_and_predict_use_every_member(nci_csv, tmp_path):
     """As a user runs it: train.py ensemble.size=2, then eval.py and predict.py on the folder
-    (their applications called in-process, with the configs they compose)."""
+    (their applications called in-process, with the configs they compose; train.py in a process
+    of its own runs in conftest's trained_run)."""
     out = tmp_path / "run"
-    dataset = [
-        "dataset=smiles_csv",
-        f"dataset.path={nci_csv}",
-        f"dataset.root={tmp_path / 'data'}",
-        "dataset.targets=[tpsa]",
-        "dataset.split=random",
-    ]
+    ensemble = ["dataset.split=random", "ensemble.size=2"]
     with pytest.raises(ConfigError, match="ensemble.parallel=true trains each member on a GPU"):
-        train_run(
-            compose_train(
-                [*dataset, "ensemble.size=2", "ensemble.parallel=true", f"output_dir={out}"]
-            )
-        )
-    log = run_script(
-        "train.py",
-        [*dataset, "ensemble.size=2", "trainer.max_epochs=2", f"hydra.run.dir={out}", *TINY],
-        cwd=tmp_path,
+        train_run(compose_train(nci_tpsa(nci_csv, out, *ensemble, "ensemble.parallel=true")))
+    log = call_script(
+        "train.py", tpsa_run_args(nci_csv, out, *ensemble, "trainer.max_epochs=2"), cwd=tmp_path
     )
     assert f"evaluate with: python {REPO / 'scripts' / 'eval.py'} ckpt={out.resolve()}" in log
     for i, seed in enumerate((42, 43)):  # each member resumable as a run of its own
@@ -524,18 +521,10 @@ def test_optuna_search_direction_follows_the_metric(tmp_path):
 
 
 def test_a_failed_member_is_reported_and_refused_unless_allowed(nci_csv, tmp_path):
-    overrides = [
-        "dataset=smiles_csv",
-        f"dataset.path={nci_csv}",
-        f"dataset.root={tmp_path / 'data'}",
-        "dataset.targets=[tpsa]",
-        "ensemble.size=2",
-        "optim.lr=1e3",  # diverges: each member stops with its NaN loss
-        "~logger",
-        *TINY[:-1],
-    ]
+    # optim.lr=1e3 diverges: each member stops with its NaN loss.
+    overrides = nci_tpsa(nci_csv, tmp_path / "run", "ensemble.size=2", "optim.lr=1e3")
     with pytest.raises(ConfigError, match=r"every ensemble member failed \(member 0: .*NaN"):
-        train_run(compose_train([*overrides, f"output_dir={tmp_path / 'run'}"]))
+        train_run(compose_train(overrides))
     state = read_json(tmp_path / "run" / "ensemble.json")
     assert set(state["failed"]) == {"0", "1"} and state["seeds"] == [42, 43]
 
@@ -552,25 +541,15 @@ def test_one_failed_member_is_refused_unless_allow_missing(nci_csv, tmp_path, mo
         return real(settings, loggers=loggers, **kwargs)
 
     monkeypatch.setattr(ensemble, "train", second_member_fails)
-    overrides = [
-        "dataset=smiles_csv",
-        f"dataset.path={nci_csv}",
-        f"dataset.root={tmp_path / 'data'}",
-        "dataset.targets=[tpsa]",
-        "dataset.split=random",
-        "ensemble.size=2",
-        "trainer.max_epochs=1",
-        "~logger",
-        *TINY,
-    ]
+    overrides = ["dataset.split=random", "ensemble.size=2", "trainer.max_epochs=1"]
     with pytest.raises(ConfigError, match=r"member\(s\) 1 \(train/loss is NaN at step 3\) failed"):
-        train_run(compose_train([*overrides, f"output_dir={tmp_path / 'strict'}"]))
+        train_run(compose_train(nci_tpsa(nci_csv, tmp_path / "strict", *overrides)))
     assert read_json(tmp_path / "strict" / "ensemble.json")["failed"] == {
         "1": "train/loss is NaN at step 3"
     }
     out = tmp_path / "allowed"
     metrics = train_run(
-        compose_train([*overrides, "ensemble.allow_missing=true", f"output_dir={out}"])
+        compose_train(nci_tpsa(nci_csv, out, *overrides, "ensemble.allow_missing=true"))
     )
     assert metrics["members"][1]["failed"] == "train/loss is NaN at step 3"
     assert metrics["test"]["rmse"] == pytest.approx(metrics["members"][0]["test"]["rmse"], abs=1e-5)
@@ -582,17 +561,7 @@ def test_an_interrupted_ensemble_resumes_member_by_member(nci_csv, tmp_path):
     from graphormer.training.ensemble import train_ensemble
 
     out = tmp_path / "run"
-    overrides = [
-        "dataset=smiles_csv",
-        f"dataset.path={nci_csv}",
-        f"dataset.root={tmp_path / 'data'}",
-        "dataset.targets=[tpsa]",
-        "dataset.split=random",
-        "ensemble.size=2",
-        f"output_dir={out}",
-        "~logger",
-        *TINY,
-    ]
+    overrides = nci_tpsa(nci_csv, out, "dataset.split=random", "ensemble.size=2")
     first = train_run(compose_train([*overrides, "trainer.max_epochs=1"]))
     kept = (out / "members" / "0" / "checkpoints" / "last.ckpt").stat().st_mtime_ns
     # Member 1 as a kill during its training leaves it: checkpoints, no final metrics.
@@ -634,17 +603,7 @@ def test_train_script_resumes_an_ensemble_folder(nci_csv, tmp_path):
 
 def test_replicates_train_on_seeded_random_splits(nci_csv, tmp_path):
     out = tmp_path / "cv"
-    overrides = [
-        "dataset=smiles_csv",
-        f"dataset.path={nci_csv}",
-        f"dataset.root={tmp_path / 'data'}",
-        "dataset.targets=[tpsa]",
-        "cv.replicates=2",
-        "trainer.max_epochs=1",
-        f"output_dir={out}",
-        "~logger",
-        *TINY,
-    ]
+    overrides = nci_tpsa(nci_csv, out, "cv.replicates=2", "trainer.max_epochs=1")
     summary = train_run(compose_train(overrides))
     assert summary["kind"] == "2 seeded random splits" and len(summary["folds"]) == 2
     seeds = [read_json(out / "folds" / str(k) / "metrics.json") for k in range(2)]

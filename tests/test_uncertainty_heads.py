@@ -18,7 +18,7 @@ from graphormer.training.module import (
     masked_loss,
 )
 
-from helpers import TINY, compose_train, nci_smiles, train_config
+from helpers import TINY, compose_train, csv_cache, nci_smiles, train_config
 
 
 def test_mve_loss_is_the_gaussian_negative_log_likelihood():
@@ -51,7 +51,7 @@ def test_a_trained_head_gives_each_molecule_its_std(tmp_path, nci_csv, loss):
             "dataset=smiles_csv",
             f"dataset.path={nci_csv}",
             "dataset.targets=[tpsa]",
-            f"dataset.root={tmp_path / 'data'}",
+            f"dataset.root={csv_cache(nci_csv)}",
             f"output_dir={tmp_path / 'run'}",
             f"loss={loss}",
             "trainer.max_epochs=2",
@@ -77,7 +77,7 @@ def test_a_spread_head_is_for_regression(tmp_path, nci_csv):
             f"dataset.path={nci_csv}",
             "dataset.targets=[tpsa]",
             "dataset.task_type=binary",
-            f"dataset.root={tmp_path / 'data'}",
+            f"dataset.root={csv_cache(nci_csv)}",
             f"output_dir={tmp_path / 'run'}",
             "loss=mve",
             "~logger",
