@@ -355,6 +355,71 @@ def train_row(row: str, data: dict, epochs: int, batch_size: int, lr: float) -> 
     }
 
 
+def profile(data: dict, batch_size: int, steps: int) -> None:
+    """Time the training steps of ``graphormer_3d`` by section (forward of the 3D encoding and
+    its parts, the layers and the vector head; backward; optimiser) and print conformers/s."""
+    torch.manual_seed(0)
+    model = graphormer("3d")
+    items = samples(data, "train")
+    batches = Batches(data, items, dense=True)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    geometry = model.geometry
+    sections = {
+        "3D encoding (all)": [geometry],
+        "  MLP K -> K -> heads": [geometry.bias_mlp],
+        "  3D centrality": [geometry.centrality],
+        "layers": list(model.layers),
+        "vector head": [model.vector_head],
+    }
+    times = dict.fromkeys(["forward", *sections, "backward", "optimiser"], 0.0)
+    started: dict[int, float] = {}
+    for name, modules in sections.items():
+        for module in modules:
+
+            def before(module, args, name=name):
+                started[id(module)] = time.perf_counter()
+
+            def after(module, args, out, name=name):
+                if counting:
+                    times[name] += time.perf_counter() - started[id(module)]
+
+            module.register_forward_pre_hook(before)
+            module.register_forward_hook(after)
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(0)).tolist()
+    counting, warmup, done = False, 2, 0
+    for step, (inputs, energy, forces) in enumerate(batches(order * steps, batch_size)):
+        if step == warmup + steps:
+            break
+        counting = step >= warmup
+        marks = [time.perf_counter()]
+        pred_energy, pred_forces = predict(model, inputs, dense=True)
+        loss = (pred_energy - energy).abs().mean() + (pred_forces - forces).abs().mean()
+        marks.append(time.perf_counter())
+        optimiser.zero_grad()
+        loss.backward()
+        marks.append(time.perf_counter())
+        optimiser.step()
+        marks.append(time.perf_counter())
+        if counting:
+            done += 1
+            for k, name in enumerate(("forward", "backward", "optimiser")):
+                times[name] += marks[k + 1] - marks[k]
+    sizes = inputs.node_mask.sum(1).float()
+    print(
+        f"{done} steps of {batch_size} conformers (the last: {int(sizes.max())} atoms at most, "
+        f"{float(sizes.pow(2).sum()) / inputs.node_mask.numel() / inputs.node_mask.size(1):.0%} "
+        "of its padded pairs real)"
+    )
+    kernels = times["3D encoding (all)"] - times["  MLP K -> K -> heads"] - times["  3D centrality"]
+    rows = list(times)
+    rows.insert(rows.index("layers"), "  distances, pair affine, kernels")
+    times["  distances, pair affine, kernels"] = kernels
+    for name in rows:
+        print(f"{name:36s} {1000 * times[name] / done:8.1f} ms")
+    step = times["forward"] + times["backward"] + times["optimiser"]
+    print(f"{'step':36s} {1000 * step / done:8.1f} ms: {batch_size * done / step:.1f} conformers/s")
+
+
 def mean_rows(data: dict) -> list[dict]:
     train_items, test_items = samples(data, "train"), samples(data, "test")
     start = time.perf_counter()
@@ -387,12 +452,18 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument(
+        "--profile", type=int, metavar="STEPS", help="time STEPS training steps of graphormer_3d"
+    )
     parser.add_argument("--only", help=argparse.SUPPRESS)  # a child process: one row
     args = parser.parse_args()
     if args.quick:
         args.molecules, args.epochs = 120, 2
     torch.set_num_threads(1)
     data = build_data(args.work, args.molecules)
+    if args.profile:
+        profile(data, args.batch_size, args.profile)
+        return
     if args.only:
         result = train_row(args.only, data, args.epochs, args.batch_size, args.lr)
         result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
