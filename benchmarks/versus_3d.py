@@ -217,14 +217,15 @@ class PygModel(torch.nn.Module):
         return energy, -grad
 
 
-def graphormer(channels: str) -> torch.nn.Module:
+def graphormer(channels: str, layers: int = 4, width: int = 64, kernels: int = 128):
     from graphormer.models import Graphormer, GraphormerConfig
 
     config = GraphormerConfig(
-        num_layers=4,
-        hidden_dim=64,
-        ffn_dim=64,
+        num_layers=layers,
+        hidden_dim=width,
+        ffn_dim=width,
         num_heads=8,
+        num_kernels=kernels,
         dropout=0.0,
         attention_dropout=0.0,
         activation_dropout=0.0,
@@ -300,18 +301,58 @@ def predict(model, inputs, dense: bool):
     return energy, forces
 
 
-def train_row(row: str, data: dict, epochs: int, batch_size: int, lr: float) -> dict:
+def centred_mae(molecules: list[int], predicted: torch.Tensor, target: torch.Tensor) -> float:
+    """MAE of energies centred per molecule: each prediction minus the mean of its molecule's
+    predictions, against each target minus the mean of its molecule's targets. A model that
+    predicts one value per molecule (blind to positions) scores the error of each molecule's own
+    mean; only the differences between a molecule's conformers count."""
+    ids = torch.unique(torch.tensor(molecules), return_inverse=True)[1]
+    count = torch.bincount(ids).to(target.dtype)
+
+    def centred(values: torch.Tensor) -> torch.Tensor:
+        means = torch.zeros_like(count).index_add(0, ids, values.to(count.dtype)) / count
+        return values - means[ids]
+
+    return float((centred(predicted) - centred(target)).abs().mean())
+
+
+def evaluate(model, data: dict, split: str, dense: bool, mean: float, std: float) -> dict:
+    """Energy MAE, energy MAE centred per molecule and force MAE of a split."""
+    items = samples(data, split)
+    predicted, force_error, atoms, has_forces = [], 0.0, 0, True
+    model.eval()
+    for inputs, _, forces in Batches(data, items, dense)(list(range(len(items))), 64):
+        with torch.set_grad_enabled(not dense):
+            pred_energy, pred_forces = predict(model, inputs, dense)
+        predicted.append(pred_energy.detach() * std + mean)
+        if pred_forces is None:
+            has_forces = False
+            continue
+        force_error += float((pred_forces.detach() * std - forces).abs().sum())
+        atoms += forces.numel()
+    predicted = torch.cat(predicted)
+    target = torch.stack([data["energy"][m][c] for m, c in items])
+    return {
+        "energy_mae": float((predicted - target).abs().mean()),
+        "centred_mae": centred_mae([m for m, _ in items], predicted, target),
+        "force_mae": force_error / atoms if has_forces else None,
+    }
+
+
+def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
+    """Train one row with ``args``' budget and loss; its test (and validation) errors."""
+    epochs, batch_size, lr = args.epochs, args.batch_size, args.lr
     torch.manual_seed(0)
     dense = row.startswith("graphormer")
     if dense:
-        model = graphormer(row.removeprefix("graphormer_"))
+        channels = row.removeprefix("graphormer_")
+        model = graphormer(channels, args.layers, args.width, args.kernels)
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet")
-    train_items, test_items = samples(data, "train"), samples(data, "test")
+    train_items = samples(data, "train")
     energies = torch.stack([data["energy"][m][c] for m, c in train_items])
     mean, std = float(energies.mean()), float(energies.std())
     train_batches = Batches(data, train_items, dense)
-    test_batches = Batches(data, test_items, dense)
     steps = epochs * math.ceil(len(train_items) / batch_size)
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, lr, total_steps=steps, pct_start=0.1)
@@ -326,30 +367,25 @@ def train_row(row: str, data: dict, epochs: int, batch_size: int, lr: float) -> 
             # Standardised energies; forces in the same units (F = -dE/dx).
             loss = (pred_energy - (energy - mean) / std).abs().mean()
             if pred_forces is not None:
-                loss = loss + (pred_forces - forces / std).abs().mean()
+                loss = loss + args.force_weight * (pred_forces - forces / std).abs().mean()
             optimiser.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
             optimiser.step()
             schedule.step()
             total, count = total + float(loss), count + 1
-        print(f"  {row} epoch {epoch + 1}/{epochs} train loss {total / count:.4f}", flush=True)
-    model.eval()
-    energy_error, force_error, atoms = 0.0, 0.0, 0
-    has_forces = True
-    for inputs, energy, forces in test_batches(list(range(len(test_items))), 64):
-        with torch.set_grad_enabled(not dense):
-            pred_energy, pred_forces = predict(model, inputs, dense)
-        energy_error += float((pred_energy.detach() * std + mean - energy).abs().sum())
-        if pred_forces is None:
-            has_forces = False
-            continue
-        force_error += float((pred_forces.detach() * std - forces).abs().sum())
-        atoms += forces.numel()
+        line = f"  {row} epoch {epoch + 1}/{epochs} train loss {total / count:.4f}"
+        if (epoch + 1) % args.valid_every == 0 or epoch + 1 == epochs:
+            valid = evaluate(model, data, "valid", dense, mean, std)
+            line += f", valid centred MAE {valid['centred_mae']:.3f}"
+            if valid["force_mae"] is not None:
+                line += f", force MAE {valid['force_mae']:.2f}"
+        print(line + f" ({time.perf_counter() - start:.0f} s)", flush=True)
+    test = evaluate(model, data, "test", dense, mean, std)
     return {
         "row": row,
-        "energy_mae": energy_error / len(test_items),
-        "force_mae": force_error / atoms if has_forces else None,
+        **test,
+        "valid": evaluate(model, data, "valid", dense, mean, std),
         "wall_s": time.perf_counter() - start,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
@@ -424,23 +460,32 @@ def mean_rows(data: dict) -> list[dict]:
     train_items, test_items = samples(data, "train"), samples(data, "test")
     start = time.perf_counter()
     mean = float(torch.stack([data["energy"][m][c] for m, c in train_items]).mean())
-    test = [(m, float(data["energy"][m][c])) for m, c in test_items]
-    per_molecule = {m: float(data["energy"][m].mean()) for m, _ in test}
+    molecules = [m for m, _ in test_items]
+    target = torch.stack([data["energy"][m][c] for m, c in test_items])
+    per_molecule = torch.stack([data["energy"][m].mean() for m in molecules])
     forces = torch.cat([data["forces"][m][c].reshape(-1) for m, c in test_items])
-    return [
-        {
-            "row": "training mean",
-            "energy_mae": float(np.mean([abs(e - mean) for _, e in test])),
-            "force_mae": float(forces.abs().mean()),  # predicting zero forces
-            "wall_s": time.perf_counter() - start,
-        },
-        {
-            "row": "per-molecule mean (oracle)",
-            "energy_mae": float(np.mean([abs(e - per_molecule[m]) for m, e in test])),
-            "force_mae": None,
-            "wall_s": time.perf_counter() - start,
-        },
-    ]
+    rows = []
+    for name, predicted, force_mae in (
+        ("training mean (forces: zero)", torch.full_like(target, mean), float(forces.abs().mean())),
+        ("per-molecule mean (oracle)", per_molecule, None),
+    ):
+        rows.append(
+            {
+                "row": name,
+                "energy_mae": float((predicted - target).abs().mean()),
+                "centred_mae": centred_mae(molecules, predicted, target),
+                "force_mae": force_mae,
+                "wall_s": time.perf_counter() - start,
+            }
+        )
+    return rows
+
+
+# What each row's child process is told: the data, the budget, the loss and the model sizes.
+FORWARDED = (
+    "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "layers", "width",
+    "kernels", "valid_every",
+)  # fmt: skip
 
 
 def main() -> None:
@@ -451,6 +496,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--force-weight", type=float, default=1.0, help="weight of the force term of the loss"
+    )
+    parser.add_argument("--layers", type=int, default=4, help="Graphormer layers")
+    parser.add_argument("--width", type=int, default=64, help="Graphormer width (and FFN)")
+    parser.add_argument("--kernels", type=int, default=128, help="Gaussian kernels")
+    parser.add_argument(
+        "--valid-every", type=int, default=5, help="epochs between validation errors"
+    )
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     parser.add_argument(
         "--profile", type=int, metavar="STEPS", help="time STEPS training steps of graphormer_3d"
@@ -465,51 +519,49 @@ def main() -> None:
         profile(data, args.batch_size, args.profile)
         return
     if args.only:
-        result = train_row(args.only, data, args.epochs, args.batch_size, args.lr)
+        result = train_row(args.only, data, args)
         result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print("RESULT " + json.dumps(result), flush=True)
         return
     split = {k: len(v) for k, v in data["split"].items()}
     print(
         f"molecules: {split} (x {CONFORMERS} conformers); epochs {args.epochs}, batch "
-        f"{args.batch_size}, lr {args.lr}",
+        f"{args.batch_size}, lr {args.lr}, force weight {args.force_weight}; Graphormers "
+        f"{args.layers} layers x {args.width}, {args.kernels} kernels",
         flush=True,
     )
     results = mean_rows(data) if "mean" in args.rows else []
     for row in [r for r in args.rows if r != "mean"]:
-        command = [
-            sys.executable,
-            __file__,
-            "--work",
-            str(args.work),
-            "--only",
-            row,
-            "--molecules",
-            str(args.molecules),
-            "--epochs",
-            str(args.epochs),
-            "--batch-size",
-            str(args.batch_size),
-            "--lr",
-            str(args.lr),
-        ]
+        command = [sys.executable, __file__, "--only", row]
+        for name in FORWARDED:
+            command += ["--" + name.replace("_", "-"), str(getattr(args, name))]
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        process = subprocess.run(command, capture_output=True, text=True, env=env)
-        lines = process.stdout.splitlines()
-        print("\n".join(line for line in lines if not line.startswith("RESULT")), flush=True)
-        found = [json.loads(line[7:]) for line in lines if line.startswith("RESULT ")]
+        # The child's lines as they come (a long row shows its epochs), its result at the end.
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        ) as process:
+            found = []
+            for line in process.stdout:
+                if line.startswith("RESULT "):
+                    found.append(json.loads(line[7:]))
+                else:
+                    print(line, end="", flush=True)
+            error = process.stderr.read()
         if process.returncode or not found:
-            raise SystemExit(f"{row} failed:\n{process.stderr[-3000:]}")
+            raise SystemExit(f"{row} failed:\n{error[-3000:]}")
         results.append(found[0])
     print(
-        "\n| model | test energy MAE (kcal/mol) | test force MAE (kcal/mol/A) | wall (s) | "
-        "peak memory (MiB) |"
+        "\n| model | test energy MAE, centred per molecule (kcal/mol) | test energy MAE "
+        "(kcal/mol) | test force MAE (kcal/mol/A) | wall (s) | peak memory (MiB) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for r in results:
         force = "-" if r["force_mae"] is None else f"{r['force_mae']:.2f}"
         peak = f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-"
-        print(f"| {r['row']} | {r['energy_mae']:.3f} | {force} | {r['wall_s']:.0f} | {peak} |")
+        print(
+            f"| {r['row']} | {r['centred_mae']:.3f} | {r['energy_mae']:.3f} | {force} | "
+            f"{r['wall_s']:.0f} | {peak} |"
+        )
     (args.work / f"results_{args.molecules}_{args.epochs}.json").write_text(
         json.dumps(results, indent=1)
     )
