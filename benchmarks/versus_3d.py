@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -217,7 +218,9 @@ class PygModel(torch.nn.Module):
         return energy, -grad
 
 
-def graphormer(channels: str, layers: int = 4, width: int = 64, kernels: int = 128):
+def graphormer(
+    channels: str, layers: int = 4, width: int = 64, kernels: int = 128, forces: str = "head"
+):
     from graphormer.models import Graphormer, GraphormerConfig
 
     config = GraphormerConfig(
@@ -232,9 +235,11 @@ def graphormer(channels: str, layers: int = 4, width: int = 64, kernels: int = 1
         readout="token_sum",
         channels=channels,
         channel_probs=[0.0, 0.0, 1.0],  # with "both": bonds and positions in every batch
-        atom_vector_tasks=1 if channels != "2d" else 0,
+        atom_vector_tasks=1 if channels != "2d" and forces == "head" else 0,
     )
-    return Graphormer(config)
+    model = Graphormer(config)
+    model.gradient_forces = channels != "2d" and forces == "gradient"
+    return model
 
 
 # -- training --------------------------------------------------------------------------------
@@ -294,6 +299,13 @@ def predict(model, inputs, dense: bool):
     """Energies ``[B]`` and forces ``[atoms, 3]`` (None for a model without them)."""
     if not dense:
         return model(*inputs)
+    if model.gradient_forces:  # as SchNet's: the energy's negative gradient
+        pos = inputs.pos.requires_grad_(True)
+        # The CPU attention kernel's backward is differentiable once; torch's is twice.
+        with patch("graphormer.models.attention.use_own_kernel", lambda *args: False):
+            energy = model(inputs).view(-1)
+            (grad,) = torch.autograd.grad(energy.sum(), pos, create_graph=model.training)
+        return energy, -grad[inputs.node_mask]
     out = model.forward_levels(inputs)
     energy = out["molecule"].view(-1)
     vectors = out.get("atom_vector")
@@ -322,7 +334,7 @@ def evaluate(model, data: dict, split: str, dense: bool, mean: float, std: float
     predicted, force_error, atoms, has_forces = [], 0.0, 0, True
     model.eval()
     for inputs, _, forces in Batches(data, items, dense)(list(range(len(items))), 64):
-        with torch.set_grad_enabled(not dense):
+        with torch.set_grad_enabled(not dense or model.gradient_forces):
             pred_energy, pred_forces = predict(model, inputs, dense)
         predicted.append(pred_energy.detach() * std + mean)
         if pred_forces is None:
@@ -346,7 +358,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     dense = row.startswith("graphormer")
     if dense:
         channels = row.removeprefix("graphormer_")
-        model = graphormer(channels, args.layers, args.width, args.kernels)
+        model = graphormer(channels, args.layers, args.width, args.kernels, args.forces)
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet")
     train_items = samples(data, "train")
@@ -358,14 +370,28 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, lr, total_steps=steps, pct_start=0.1)
     generator = torch.Generator().manual_seed(0)
     start = time.perf_counter()
+    centred = args.loss == "centred"
+    if centred:  # whole molecules per batch: all their conformers, one after the other
+        batch_size = CONFORMERS * max(1, batch_size // CONFORMERS)
     for epoch in range(epochs):
         model.train()
-        order = torch.randperm(len(train_items), generator=generator).tolist()
+        if centred:
+            molecules = torch.randperm(len(train_items) // CONFORMERS, generator=generator)
+            order = (molecules.unsqueeze(1) * CONFORMERS + torch.arange(CONFORMERS)).view(-1)
+            order = order.tolist()
+        else:
+            order = torch.randperm(len(train_items), generator=generator).tolist()
         total, count = 0.0, 0
         for inputs, energy, forces in train_batches(order, batch_size):
             pred_energy, pred_forces = predict(model, inputs, dense)
             # Standardised energies; forces in the same units (F = -dE/dx).
-            loss = (pred_energy - (energy - mean) / std).abs().mean()
+            target = (energy - mean) / std
+            if centred:  # differences between a molecule's conformers only
+                pred_energy, target = (
+                    t.view(-1, CONFORMERS) - t.view(-1, CONFORMERS).mean(1, keepdim=True)
+                    for t in (pred_energy, target)
+                )
+            loss = (pred_energy - target).abs().mean()
             if pred_forces is not None:
                 loss = loss + args.force_weight * (pred_forces - forces / std).abs().mean()
             optimiser.zero_grad()
@@ -483,8 +509,8 @@ def mean_rows(data: dict) -> list[dict]:
 
 # What each row's child process is told: the data, the budget, the loss and the model sizes.
 FORWARDED = (
-    "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "layers", "width",
-    "kernels", "valid_every",
+    "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
+    "layers", "width", "kernels", "valid_every",
 )  # fmt: skip
 
 
@@ -498,6 +524,20 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
         "--force-weight", type=float, default=1.0, help="weight of the force term of the loss"
+    )
+    parser.add_argument(
+        "--loss",
+        choices=("relative", "centred"),
+        default="relative",
+        help="the energy term: of each conformer's energy relative to its molecule's lowest, or "
+        "centred per molecule (batches of whole molecules)",
+    )
+    parser.add_argument(
+        "--forces",
+        choices=("head", "gradient"),
+        default="head",
+        help="the 3D Graphormers' forces: from the vector head, or as the energy's negative "
+        "gradient (as SchNet's and DimeNet++'s)",
     )
     parser.add_argument("--layers", type=int, default=4, help="Graphormer layers")
     parser.add_argument("--width", type=int, default=64, help="Graphormer width (and FFN)")
@@ -526,7 +566,8 @@ def main() -> None:
     split = {k: len(v) for k, v in data["split"].items()}
     print(
         f"molecules: {split} (x {CONFORMERS} conformers); epochs {args.epochs}, batch "
-        f"{args.batch_size}, lr {args.lr}, force weight {args.force_weight}; Graphormers "
+        f"{args.batch_size}, lr {args.lr}, {args.loss} energy loss, force weight "
+        f"{args.force_weight}; Graphormers "
         f"{args.layers} layers x {args.width}, {args.kernels} kernels",
         flush=True,
     )
