@@ -411,7 +411,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
             optimiser.step()
             schedule.step()
-            total, count = total + float(loss), count + 1
+            total, count = total + float(loss.detach()), count + 1
         line = f"  {row} epoch {epoch + 1}/{epochs} train loss {total / count:.4f}"
         if (epoch + 1) % args.valid_every == 0 or epoch + 1 == epochs:
             valid = evaluate(model, data, "valid", dense, mean, std)
