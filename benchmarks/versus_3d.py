@@ -12,18 +12,30 @@ forces (kcal/mol/A, every atom). The split is by molecule (80/10/10, seeded): a 
 no conformer in training.
 
 Rows, all trained by one loop here (the same split, epochs, batch size, optimiser, learning-rate
-schedule and loss: L1 of the standardised energy plus L1 of the forces in the same units):
+schedule and loss: L1 of the standardised energy plus L1 of the forces in the same units, times
+``--force-weight``):
 ``mean`` (no training: the training conformers' mean energy; and the per-molecule mean, the mean
 of each test molecule's own conformers: an oracle, about the best a model blind to positions can
 do), ``graphormer_2d`` (bonds only), ``graphormer_3d`` (``model.channels=3d`` with the vector
-head for forces), ``graphormer_both`` (bonds and positions in every batch), ``schnet`` and
-``dimenet++`` (``torch_geometric.nn.models``; forces as the negative gradient of the energy). PyG's radius graph and DimeNet's triplets need
-torch-cluster and torch-sparse, which are not dependencies here: this script gives both models
-pairs within the cutoff and triplets computed with plain torch (for DimeNet++ by replacing the two
-functions its module calls). Each row trains in a subprocess of its own, one at a time, with one
-thread; its peak memory is that process's peak resident set. Test energy MAE and force MAE
-(kcal/mol, kcal/mol/A), wall seconds of training and evaluation, and peak memory are printed side
-by side. ``--quick`` is a small smoke run (120 molecules, 2 epochs).
+head for forces, or with ``--forces gradient`` forces as the energy's negative gradient),
+``graphormer_both`` (bonds and positions in every batch), ``schnet`` and ``dimenet++``
+(``torch_geometric.nn.models``; forces as the negative gradient of the energy). PyG's radius
+graph and DimeNet's triplets need torch-cluster and torch-sparse, which are not dependencies here:
+this script gives both models pairs within the cutoff and triplets computed with plain torch (for
+DimeNet++ by replacing the two functions its module calls). Each row trains in a subprocess of its
+own, one at a time, with one thread; its peak memory is that process's peak resident set.
+
+Two energy errors are printed. The energy relative to a molecule's lowest conformer depends on
+which other conformers were drawn, not on one conformer's geometry, and under a split by molecule
+each test molecule's own mean is an oracle; the MAE of energies centred per molecule (each
+prediction minus the mean of its molecule's predictions, against each target minus the mean of its
+targets) is the well-posed measure: a model blind to positions predicts one value per molecule and
+scores exactly the per-molecule mean's error. ``--loss centred`` trains the energy on the same
+differences (batches of whole molecules); its models learn no offset per molecule, so their
+relative error is not printed. Test energy MAEs and force MAE (kcal/mol, kcal/mol/A), wall seconds
+of training and evaluation, and peak memory are printed side by side; ``--profile STEPS`` times
+the training steps of ``graphormer_3d`` by section instead. ``--quick`` is a small smoke run (120
+molecules, 2 epochs).
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -217,23 +230,28 @@ class PygModel(torch.nn.Module):
         return energy, -grad
 
 
-def graphormer(channels: str) -> torch.nn.Module:
+def graphormer(
+    channels: str, layers: int = 4, width: int = 64, kernels: int = 128, forces: str = "head"
+):
     from graphormer.models import Graphormer, GraphormerConfig
 
     config = GraphormerConfig(
-        num_layers=4,
-        hidden_dim=64,
-        ffn_dim=64,
+        num_layers=layers,
+        hidden_dim=width,
+        ffn_dim=width,
         num_heads=8,
+        num_kernels=kernels,
         dropout=0.0,
         attention_dropout=0.0,
         activation_dropout=0.0,
         readout="token_sum",
         channels=channels,
         channel_probs=[0.0, 0.0, 1.0],  # with "both": bonds and positions in every batch
-        atom_vector_tasks=1 if channels != "2d" else 0,
+        atom_vector_tasks=1 if channels != "2d" and forces == "head" else 0,
     )
-    return Graphormer(config)
+    model = Graphormer(config)
+    model.gradient_forces = channels != "2d" and forces == "gradient"
+    return model
 
 
 # -- training --------------------------------------------------------------------------------
@@ -293,6 +311,13 @@ def predict(model, inputs, dense: bool):
     """Energies ``[B]`` and forces ``[atoms, 3]`` (None for a model without them)."""
     if not dense:
         return model(*inputs)
+    if model.gradient_forces:  # as SchNet's: the energy's negative gradient
+        pos = inputs.pos.requires_grad_(True)
+        # The CPU attention kernel's backward is differentiable once; torch's is twice.
+        with patch("graphormer.models.attention.use_own_kernel", lambda *args: False):
+            energy = model(inputs).view(-1)
+            (grad,) = torch.autograd.grad(energy.sum(), pos, create_graph=model.training)
+        return energy, -grad[inputs.node_mask]
     out = model.forward_levels(inputs)
     energy = out["molecule"].view(-1)
     vectors = out.get("atom_vector")
@@ -300,82 +325,208 @@ def predict(model, inputs, dense: bool):
     return energy, forces
 
 
-def train_row(row: str, data: dict, epochs: int, batch_size: int, lr: float) -> dict:
-    torch.manual_seed(0)
-    dense = row.startswith("graphormer")
-    if dense:
-        model = graphormer(row.removeprefix("graphormer_"))
-    else:
-        model = PygModel("schnet" if row == "schnet" else "dimenet")
-    train_items, test_items = samples(data, "train"), samples(data, "test")
-    energies = torch.stack([data["energy"][m][c] for m, c in train_items])
-    mean, std = float(energies.mean()), float(energies.std())
-    train_batches = Batches(data, train_items, dense)
-    test_batches = Batches(data, test_items, dense)
-    steps = epochs * math.ceil(len(train_items) / batch_size)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, lr, total_steps=steps, pct_start=0.1)
-    generator = torch.Generator().manual_seed(0)
-    start = time.perf_counter()
-    for epoch in range(epochs):
-        model.train()
-        order = torch.randperm(len(train_items), generator=generator).tolist()
-        total, count = 0.0, 0
-        for inputs, energy, forces in train_batches(order, batch_size):
-            pred_energy, pred_forces = predict(model, inputs, dense)
-            # Standardised energies; forces in the same units (F = -dE/dx).
-            loss = (pred_energy - (energy - mean) / std).abs().mean()
-            if pred_forces is not None:
-                loss = loss + (pred_forces - forces / std).abs().mean()
-            optimiser.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-            optimiser.step()
-            schedule.step()
-            total, count = total + float(loss), count + 1
-        print(f"  {row} epoch {epoch + 1}/{epochs} train loss {total / count:.4f}", flush=True)
+def centred_mae(molecules: list[int], predicted: torch.Tensor, target: torch.Tensor) -> float:
+    """MAE of energies centred per molecule: each prediction minus the mean of its molecule's
+    predictions, against each target minus the mean of its molecule's targets. A model that
+    predicts one value per molecule (blind to positions) scores the error of each molecule's own
+    mean; only the differences between a molecule's conformers count."""
+    ids = torch.unique(torch.tensor(molecules), return_inverse=True)[1]
+    count = torch.bincount(ids).to(target.dtype)
+
+    def centred(values: torch.Tensor) -> torch.Tensor:
+        means = torch.zeros_like(count).index_add(0, ids, values.to(count.dtype)) / count
+        return values - means[ids]
+
+    return float((centred(predicted) - centred(target)).abs().mean())
+
+
+def evaluate(model, data: dict, split: str, dense: bool, mean: float, std: float) -> dict:
+    """Energy MAE, energy MAE centred per molecule and force MAE of a split."""
+    items = samples(data, split)
+    predicted, force_error, atoms, has_forces = [], 0.0, 0, True
     model.eval()
-    energy_error, force_error, atoms = 0.0, 0.0, 0
-    has_forces = True
-    for inputs, energy, forces in test_batches(list(range(len(test_items))), 64):
-        with torch.set_grad_enabled(not dense):
+    for inputs, _, forces in Batches(data, items, dense)(list(range(len(items))), 64):
+        with torch.set_grad_enabled(not dense or model.gradient_forces):
             pred_energy, pred_forces = predict(model, inputs, dense)
-        energy_error += float((pred_energy.detach() * std + mean - energy).abs().sum())
+        predicted.append(pred_energy.detach() * std + mean)
         if pred_forces is None:
             has_forces = False
             continue
         force_error += float((pred_forces.detach() * std - forces).abs().sum())
         atoms += forces.numel()
+    predicted = torch.cat(predicted)
+    target = torch.stack([data["energy"][m][c] for m, c in items])
+    return {
+        "energy_mae": float((predicted - target).abs().mean()),
+        "centred_mae": centred_mae([m for m, _ in items], predicted, target),
+        "force_mae": force_error / atoms if has_forces else None,
+    }
+
+
+def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
+    """Train one row with ``args``' budget and loss; its test (and validation) errors."""
+    epochs, batch_size, lr = args.epochs, args.batch_size, args.lr
+    torch.manual_seed(0)
+    dense = row.startswith("graphormer")
+    if dense:
+        channels = row.removeprefix("graphormer_")
+        model = graphormer(channels, args.layers, args.width, args.kernels, args.forces)
+    else:
+        model = PygModel("schnet" if row == "schnet" else "dimenet")
+    train_items = samples(data, "train")
+    energies = torch.stack([data["energy"][m][c] for m, c in train_items])
+    mean, std = float(energies.mean()), float(energies.std())
+    train_batches = Batches(data, train_items, dense)
+    steps = epochs * math.ceil(len(train_items) / batch_size)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, lr, total_steps=steps, pct_start=0.1)
+    generator = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    centred = args.loss == "centred"
+    if centred:  # whole molecules per batch: all their conformers, one after the other
+        batch_size = CONFORMERS * max(1, batch_size // CONFORMERS)
+    for epoch in range(epochs):
+        model.train()
+        if centred:
+            molecules = torch.randperm(len(train_items) // CONFORMERS, generator=generator)
+            order = (molecules.unsqueeze(1) * CONFORMERS + torch.arange(CONFORMERS)).view(-1)
+            order = order.tolist()
+        else:
+            order = torch.randperm(len(train_items), generator=generator).tolist()
+        total, count = 0.0, 0
+        for inputs, energy, forces in train_batches(order, batch_size):
+            pred_energy, pred_forces = predict(model, inputs, dense)
+            # Standardised energies; forces in the same units (F = -dE/dx).
+            target = (energy - mean) / std
+            if centred:  # differences between a molecule's conformers only
+                pred_energy, target = (
+                    t.view(-1, CONFORMERS) - t.view(-1, CONFORMERS).mean(1, keepdim=True)
+                    for t in (pred_energy, target)
+                )
+            loss = (pred_energy - target).abs().mean()
+            if pred_forces is not None:
+                loss = loss + args.force_weight * (pred_forces - forces / std).abs().mean()
+            optimiser.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            optimiser.step()
+            schedule.step()
+            total, count = total + float(loss.detach()), count + 1
+        line = f"  {row} epoch {epoch + 1}/{epochs} train loss {total / count:.4f}"
+        if (epoch + 1) % args.valid_every == 0 or epoch + 1 == epochs:
+            valid = evaluate(model, data, "valid", dense, mean, std)
+            line += f", valid centred MAE {valid['centred_mae']:.3f}"
+            if valid["force_mae"] is not None:
+                line += f", force MAE {valid['force_mae']:.2f}"
+        print(line + f" ({time.perf_counter() - start:.0f} s)", flush=True)
+    test = evaluate(model, data, "test", dense, mean, std)
+    if args.loss == "centred":  # no offset per molecule was trained: no relative energies
+        test["energy_mae"] = None
     return {
         "row": row,
-        "energy_mae": energy_error / len(test_items),
-        "force_mae": force_error / atoms if has_forces else None,
+        **test,
+        "valid": evaluate(model, data, "valid", dense, mean, std),
         "wall_s": time.perf_counter() - start,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
+
+
+def profile(data: dict, batch_size: int, steps: int) -> None:
+    """Time the training steps of ``graphormer_3d`` by section (forward of the 3D encoding and
+    its parts, the layers and the vector head; backward; optimiser) and print conformers/s."""
+    torch.manual_seed(0)
+    model = graphormer("3d")
+    items = samples(data, "train")
+    batches = Batches(data, items, dense=True)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    geometry = model.geometry
+    sections = {
+        "3D encoding (all)": [geometry],
+        "  MLP K -> K -> heads": [geometry.bias_mlp],
+        "  3D centrality": [geometry.centrality],
+        "layers": list(model.layers),
+        "vector head": [model.vector_head],
+    }
+    times = dict.fromkeys(["forward", *sections, "backward", "optimiser"], 0.0)
+    started: dict[int, float] = {}
+    for name, modules in sections.items():
+        for module in modules:
+
+            def before(module, args, name=name):
+                started[id(module)] = time.perf_counter()
+
+            def after(module, args, out, name=name):
+                if counting:
+                    times[name] += time.perf_counter() - started[id(module)]
+
+            module.register_forward_pre_hook(before)
+            module.register_forward_hook(after)
+    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(0)).tolist()
+    counting, warmup, done = False, 2, 0
+    for step, (inputs, energy, forces) in enumerate(batches(order * steps, batch_size)):
+        if step == warmup + steps:
+            break
+        counting = step >= warmup
+        marks = [time.perf_counter()]
+        pred_energy, pred_forces = predict(model, inputs, dense=True)
+        loss = (pred_energy - energy).abs().mean() + (pred_forces - forces).abs().mean()
+        marks.append(time.perf_counter())
+        optimiser.zero_grad()
+        loss.backward()
+        marks.append(time.perf_counter())
+        optimiser.step()
+        marks.append(time.perf_counter())
+        if counting:
+            done += 1
+            for k, name in enumerate(("forward", "backward", "optimiser")):
+                times[name] += marks[k + 1] - marks[k]
+    sizes = inputs.node_mask.sum(1).float()
+    print(
+        f"{done} steps of {batch_size} conformers (the last: {int(sizes.max())} atoms at most, "
+        f"{float(sizes.pow(2).sum()) / inputs.node_mask.numel() / inputs.node_mask.size(1):.0%} "
+        "of its padded pairs real)"
+    )
+    kernels = times["3D encoding (all)"] - times["  MLP K -> K -> heads"] - times["  3D centrality"]
+    rows = list(times)
+    rows.insert(rows.index("layers"), "  distances, pair affine, kernels")
+    times["  distances, pair affine, kernels"] = kernels
+    for name in rows:
+        print(f"{name:36s} {1000 * times[name] / done:8.1f} ms")
+    step = times["forward"] + times["backward"] + times["optimiser"]
+    print(f"{'step':36s} {1000 * step / done:8.1f} ms: {batch_size * done / step:.1f} conformers/s")
 
 
 def mean_rows(data: dict) -> list[dict]:
     train_items, test_items = samples(data, "train"), samples(data, "test")
     start = time.perf_counter()
     mean = float(torch.stack([data["energy"][m][c] for m, c in train_items]).mean())
-    test = [(m, float(data["energy"][m][c])) for m, c in test_items]
-    per_molecule = {m: float(data["energy"][m].mean()) for m, _ in test}
+    molecules = [m for m, _ in test_items]
+    target = torch.stack([data["energy"][m][c] for m, c in test_items])
+    per_molecule = torch.stack([data["energy"][m].mean() for m in molecules])
     forces = torch.cat([data["forces"][m][c].reshape(-1) for m, c in test_items])
-    return [
-        {
-            "row": "training mean",
-            "energy_mae": float(np.mean([abs(e - mean) for _, e in test])),
-            "force_mae": float(forces.abs().mean()),  # predicting zero forces
-            "wall_s": time.perf_counter() - start,
-        },
-        {
-            "row": "per-molecule mean (oracle)",
-            "energy_mae": float(np.mean([abs(e - per_molecule[m]) for m, e in test])),
-            "force_mae": None,
-            "wall_s": time.perf_counter() - start,
-        },
-    ]
+    rows = []
+    for name, predicted, force_mae in (
+        ("training mean (forces: zero)", torch.full_like(target, mean), float(forces.abs().mean())),
+        ("per-molecule mean (oracle)", per_molecule, None),
+    ):
+        rows.append(
+            {
+                "row": name,
+                "energy_mae": float((predicted - target).abs().mean()),
+                "centred_mae": centred_mae(molecules, predicted, target),
+                "force_mae": force_mae,
+                "wall_s": time.perf_counter() - start,
+            }
+        )
+    return rows
+
+
+TEST_KEYS = ("centred_mae", "energy_mae", "force_mae", "wall_s", "peak_mib")
+# What each row's child process is told: the data, the budget, the loss and the model sizes.
+FORWARDED = (
+    "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
+    "layers", "width", "kernels", "valid_every",
+)  # fmt: skip
 
 
 def main() -> None:
@@ -386,59 +537,89 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument(
+        "--force-weight", type=float, default=1.0, help="weight of the force term of the loss"
+    )
+    parser.add_argument(
+        "--loss",
+        choices=("relative", "centred"),
+        default="relative",
+        help="the energy term: of each conformer's energy relative to its molecule's lowest, or "
+        "centred per molecule (batches of whole molecules)",
+    )
+    parser.add_argument(
+        "--forces",
+        choices=("head", "gradient"),
+        default="head",
+        help="the 3D Graphormers' forces: from the vector head, or as the energy's negative "
+        "gradient (as SchNet's and DimeNet++'s)",
+    )
+    parser.add_argument("--layers", type=int, default=4, help="Graphormer layers")
+    parser.add_argument("--width", type=int, default=64, help="Graphormer width (and FFN)")
+    parser.add_argument("--kernels", type=int, default=128, help="Gaussian kernels")
+    parser.add_argument(
+        "--valid-every", type=int, default=5, help="epochs between validation errors"
+    )
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    parser.add_argument(
+        "--profile", type=int, metavar="STEPS", help="time STEPS training steps of graphormer_3d"
+    )
     parser.add_argument("--only", help=argparse.SUPPRESS)  # a child process: one row
     args = parser.parse_args()
     if args.quick:
         args.molecules, args.epochs = 120, 2
     torch.set_num_threads(1)
     data = build_data(args.work, args.molecules)
+    if args.profile:
+        profile(data, args.batch_size, args.profile)
+        return
     if args.only:
-        result = train_row(args.only, data, args.epochs, args.batch_size, args.lr)
+        result = train_row(args.only, data, args)
         result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print("RESULT " + json.dumps(result), flush=True)
         return
     split = {k: len(v) for k, v in data["split"].items()}
     print(
         f"molecules: {split} (x {CONFORMERS} conformers); epochs {args.epochs}, batch "
-        f"{args.batch_size}, lr {args.lr}",
+        f"{args.batch_size}, lr {args.lr}, {args.loss} energy loss, force weight "
+        f"{args.force_weight}; Graphormers "
+        f"{args.layers} layers x {args.width}, {args.kernels} kernels",
         flush=True,
     )
     results = mean_rows(data) if "mean" in args.rows else []
     for row in [r for r in args.rows if r != "mean"]:
-        command = [
-            sys.executable,
-            __file__,
-            "--work",
-            str(args.work),
-            "--only",
-            row,
-            "--molecules",
-            str(args.molecules),
-            "--epochs",
-            str(args.epochs),
-            "--batch-size",
-            str(args.batch_size),
-            "--lr",
-            str(args.lr),
-        ]
+        command = [sys.executable, __file__, "--only", row]
+        for name in FORWARDED:
+            command += ["--" + name.replace("_", "-"), str(getattr(args, name))]
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        process = subprocess.run(command, capture_output=True, text=True, env=env)
-        lines = process.stdout.splitlines()
-        print("\n".join(line for line in lines if not line.startswith("RESULT")), flush=True)
-        found = [json.loads(line[7:]) for line in lines if line.startswith("RESULT ")]
+        # The child's lines as they come (a long row shows its epochs), its result at the end.
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        ) as process:
+            found = []
+            for line in process.stdout:
+                if line.startswith("RESULT "):
+                    found.append(json.loads(line[7:]))
+                else:
+                    print(line, end="", flush=True)
+            error = process.stderr.read()
         if process.returncode or not found:
-            raise SystemExit(f"{row} failed:\n{process.stderr[-3000:]}")
+            raise SystemExit(f"{row} failed:\n{error[-3000:]}")
         results.append(found[0])
+        print(f"  {row}: test {json.dumps({k: found[0][k] for k in TEST_KEYS})}", flush=True)
     print(
-        "\n| model | test energy MAE (kcal/mol) | test force MAE (kcal/mol/A) | wall (s) | "
-        "peak memory (MiB) |"
+        "\n| model | test energy MAE, centred per molecule (kcal/mol) | test energy MAE "
+        "(kcal/mol) | test force MAE (kcal/mol/A) | wall (s) | peak memory (MiB) |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for r in results:
         force = "-" if r["force_mae"] is None else f"{r['force_mae']:.2f}"
+        relative = "-" if r["energy_mae"] is None else f"{r['energy_mae']:.3f}"
         peak = f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-"
-        print(f"| {r['row']} | {r['energy_mae']:.3f} | {force} | {r['wall_s']:.0f} | {peak} |")
+        print(
+            f"| {r['row']} | {r['centred_mae']:.3f} | {relative} | {force} | "
+            f"{r['wall_s']:.0f} | {peak} |"
+        )
     (args.work / f"results_{args.molecules}_{args.epochs}.json").write_text(
         json.dumps(results, indent=1)
     )

@@ -28,6 +28,41 @@ def pair_distances(pos: Tensor) -> tuple[Tensor, Tensor]:
     return dist, delta / dist.clamp(min=1e-5).unsqueeze(-1)
 
 
+class _Gaussians(torch.autograd.Function):
+    r""":math:`\psi_k(x) = \exp(-\frac12 z_k^2) / (\sqrt{2\pi}\sigma_k)`,
+    :math:`z_k = (x - \mu_k) / \sigma_k`, for ``x`` ``[...]``, ``mu`` and ``sigma`` ``[K]``, as one
+    function: autograd would keep five ``[..., K]`` intermediates and run twice as many passes
+    over them, and these are the largest tensors of a 3D model. The backward pass is written in
+    differentiable operations, so second derivatives (forces as an energy's gradient, trained)
+    stay exact."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, mu: Tensor, sigma: Tensor) -> Tensor:
+        inv = sigma.reciprocal()
+        z = (x.unsqueeze(-1) - mu) * inv
+        psi = torch.exp(z.square_().mul_(-0.5)).mul_(inv / math.sqrt(2 * math.pi))
+        ctx.save_for_backward(x, mu, sigma, psi)
+        return psi
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, mu, sigma, psi = ctx.saved_tensors
+        inv = sigma.reciprocal()
+        z = (x.unsqueeze(-1) - mu) * inv
+        grad_psi = grad * psi
+        # d psi / d z = -z psi; z is linear in x and mu, and d psi / d sigma = psi (z^2 - 1) / sigma.
+        grad_z = grad_psi * z
+        grad_x = grad_mu = grad_sigma = None
+        if ctx.needs_input_grad[0]:
+            grad_x = -(grad_z @ inv)
+        flat = grad_z.reshape(-1, grad_z.size(-1))
+        if ctx.needs_input_grad[1]:
+            grad_mu = flat.sum(0) * inv
+        if ctx.needs_input_grad[2]:
+            grad_sigma = (flat * z.reshape(flat.shape) - grad_psi.reshape(flat.shape)).sum(0) * inv
+        return grad_x, grad_mu, grad_sigma
+
+
 class GaussianDistanceEncoding(nn.Module):
     r"""The attention bias and the atom inputs of Graphormer-3D's Gaussian distance encoding.
 
@@ -88,14 +123,20 @@ class GaussianDistanceEncoding(nn.Module):
     def kernels(self, dist: Tensor, atom_type: Tensor, pair_mask: Tensor) -> Tensor:
         """``[B, N, N, K]`` kernel values in ``dist``'s dtype (float32 or wider), zero where
         ``pair_mask`` is False."""
-        types, dtype = self.num_atom_types, dist.dtype
+        types = self.num_atom_types
         pair_type = atom_type.unsqueeze(2) * types + atom_type.unsqueeze(1)  # [B, N, N]
-        gamma = self.gamma(pair_type).squeeze(-1).to(dtype)
-        x = gamma * dist + self.beta(pair_type).squeeze(-1).to(dtype)  # [B, N, N]
-        std = self.stds.to(dtype).abs() + 1e-5  # [K]
-        z = (x.unsqueeze(-1) - self.means.to(dtype)) / std  # [B, N, N, K]
-        psi = torch.exp(-0.5 * z * z) / (math.sqrt(2 * math.pi) * std)
+        psi = self._gaussians(dist, pair_type)
         return psi * pair_mask.unsqueeze(-1).to(psi.dtype)
+
+    def _gaussians(self, dist: Tensor, pair_type: Tensor) -> Tensor:
+        """``[..., K]`` kernels of distances ``[...]`` of pairs of types ``pair_type``."""
+        dtype = dist.dtype
+        # The tables are read as plain vectors: an embedding lookup per pair costs more.
+        gamma = self.gamma.weight.view(-1).to(dtype)[pair_type]
+        beta = self.beta.weight.view(-1).to(dtype)[pair_type]
+        x = gamma * dist + beta
+        std = self.stds.to(dtype).abs() + 1e-5  # [K]
+        return _Gaussians.apply(x, self.means.to(dtype), std)  # [..., K]
 
     def forward(
         self, pos: Tensor, atom_type: Tensor, node_mask: Tensor
@@ -107,12 +148,23 @@ class GaussianDistanceEncoding(nn.Module):
             if self.cutoff is not None:
                 far = (dist > self.cutoff) & pair_mask
                 pair_mask = pair_mask & ~far
-            psi = self.kernels(dist, atom_type, pair_mask)  # [B, N, N, K] float32
-        psi = psi.to(self.centrality.weight.dtype)
+            # Kernels of the pairs that enter the model only: a batch of mixed-size molecules is
+            # mostly padded pairs, and [B, N, N, K] would be the model's largest tensor.
+            batch, i, j = pair_mask.nonzero(as_tuple=True)  # [P] each, row-major order
+            pair_type = atom_type[batch, i] * self.num_atom_types + atom_type[batch, j]
+            psi = self._gaussians(dist[batch, i, j], pair_type)  # [P, K] float32
         # The MLPs run in the weights' dtype (or autocast's): only the kernels need float32.
-        bias = self.bias_mlp(psi).permute(0, 3, 1, 2)  # [B, H, N, N]
-        atoms = self.centrality(psi.sum(2))  # [B, N, d]
-        return bias, atoms * node_mask.unsqueeze(-1).to(atoms.dtype), far
+        psi = psi.to(self.centrality.weight.dtype)
+        # A pair without kernels (padding, beyond the cutoff) gets the MLP of zero kernels, as
+        # the dense form of the encoding computes it; the caller masks those pairs.
+        b, n = pair_mask.shape[:2]
+        empty = self.bias_mlp(psi.new_zeros(psi.size(-1)))  # [H]
+        bias = empty.expand(b, n, n, -1).masked_scatter(
+            pair_mask.unsqueeze(-1), self.bias_mlp(psi)
+        )  # [B, N, N, H]
+        sums = psi.new_zeros(b * n, psi.size(-1)).index_add(0, batch * n + i, psi)  # [B*N, K]
+        atoms = self.centrality(sums.view(b, n, -1))  # [B, N, d]
+        return bias.permute(0, 3, 1, 2), atoms * node_mask.unsqueeze(-1).to(atoms.dtype), far
 
 
 class VectorHead(nn.Module):
