@@ -25,6 +25,7 @@ from torch_geometric.data import Data, InMemoryDataset
 from graphormer.data.periodic import PBC_CUTOFF, checked_cutoff, with_images
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.graph_cache import GraphCache, input_digest
+from graphormer.data.sources.lmdb_files import lmdb_module, open_lmdb
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
 from graphormer.data.splits import column_split, file_split, file_split_setting, random_split
 from graphormer.data.structure import StructuralFeatures
@@ -137,8 +138,6 @@ def _read_aselmdb(path: str) -> list:
 
     from ase.db.row import AtomsRow
     from ase.io.jsonio import decode
-
-    from graphormer.data.sources.oc20 import open_lmdb
 
     rows = []
     with open_lmdb(path) as txn:
@@ -457,6 +456,4 @@ def read_structures_exists(path: str, key: str = "dataset.path") -> None:
             f"{key}={path!r} does not exist; give an extended XYZ, ASE .db or .traj file"
         )
     if path.endswith(".aselmdb"):
-        from graphormer.data.sources.oc20 import lmdb_module
-
         lmdb_module()  # one error naming the extra, before the file is read

@@ -22,10 +22,8 @@ present is a split of its own, scored by ``eval.py split=all`` (or ``split=val_o
 from __future__ import annotations
 
 import os.path as osp
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -35,6 +33,7 @@ from graphormer.data.periodic import PBC_CUTOFF, checked_cutoff, with_images
 from graphormer.data.sources.ase import ELEMENTS, POSITION_CHANGE, StructureSource
 from graphormer.data.sources.base import LoadedDataset
 from graphormer.data.sources.graph_cache import GraphCache, input_digest
+from graphormer.data.sources.lmdb_files import lmdb_module, open_lmdb
 from graphormer.data.sources.pyg_file import GraphFile, InMemoryGraphs
 from graphormer.data.structure import StructuralFeatures
 from graphormer.data.tasks import user_task
@@ -48,39 +47,6 @@ VALIDATION_FOLDERS = ("val_id", "val_ood_ads", "val_ood_cat", "val_ood_both")
 OC20_SPLITS = ("train", *VALIDATION_FOLDERS)
 # What an IS2RE record must hold.
 _FIELDS = ("atomic_numbers", "pos", "cell", "tags")
-
-
-def lmdb_module():
-    """The ``lmdb`` package.
-
-    Raises:
-        ConfigError: it is not installed (naming the extra that installs it).
-    """
-    try:
-        import lmdb
-    except ImportError as error:
-        raise ConfigError(
-            "OC20's LMDB files (dataset=oc20, *.aselmdb) are read with the lmdb package, "
-            "which is not installed: pip install 'graphormer[oc20]' (or pip install lmdb)"
-        ) from error
-    return lmdb
-
-
-@contextmanager
-def open_lmdb(path: str) -> Iterator[Any]:
-    """A read transaction of the LMDB file ``path`` (read-only, no lock file).
-
-    Raises:
-        ConfigError: ``lmdb`` is not installed.
-        DataError: ``path`` is not an LMDB file.
-    """
-    lmdb = lmdb_module()
-    try:
-        env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False)
-    except lmdb.Error as error:
-        raise DataError(f"{path}: not an LMDB file ({error})") from error
-    with env, env.begin() as txn:
-        yield txn
 
 
 def read_lmdb_records(path: str) -> list[dict]:
