@@ -43,6 +43,45 @@ TINY = [
 ]
 
 
+def tiny_3d(tmp_path: Path, channels: str = "3d", epochs: int = 1) -> list[str]:
+    """Overrides of a tiny positions model (16 kernels) trained ``epochs`` in ``tmp_path/run``,
+    its data cache in ``tmp_path/data``."""
+    return [
+        f"dataset.root={tmp_path / 'data'}",
+        f"output_dir={tmp_path / 'run'}",
+        f"model.channels={channels}",
+        "model.num_kernels=16",
+        f"trainer.max_epochs={epochs}",
+        *TINY,
+    ]
+
+
+# A tagged slab model trained for IS2RE: tags 0-2, the energy over the moving atoms, and their
+# position changes by L1 with Graphormer-3D's weight falling from 15 to 1.
+IS2RE_TINY = [
+    "dataset.pbc_cutoff=5.0",
+    "model.num_tags=3",
+    "model.readout_min_tag=1",
+    "item_loss=l1",
+    "loss_weights={atom_vector: 15.0}",
+    "loss_weights_end={atom_vector: 1.0}",
+]
+
+
+def without_module(monkeypatch, missing: str) -> None:
+    """Makes ``import missing`` fail, as where the package is not installed."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def blocked(name, *args, **kwargs):
+        if name == missing:
+            raise ImportError(f"no {missing}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", blocked)
+
+
 def csv_cache(csv: Path) -> Path:
     """The data cache of runs on ``csv``, in the folder beside it: the runs of a whole session
     on one CSV (the ``nci_csv`` fixture's) featurise its molecules once, as one user's runs on

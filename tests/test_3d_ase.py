@@ -22,6 +22,7 @@ from helpers import (
     evaluate_run,
     nci_smiles,
     read_json,
+    tiny_3d,
     train_config,
 )
 
@@ -155,12 +156,7 @@ def test_train_a_3d_model_on_an_extxyz_file(tmp_path):
         [
             "dataset=ase",
             f"dataset.path={path}",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "model.channels=3d",
-            "model.num_kernels=16",
-            "trainer.max_epochs=1",
-            *TINY,
+            *tiny_3d(tmp_path),
         ]
     )
     result = train_config(cfg)

@@ -10,7 +10,7 @@ import torch
 from graphormer.data.conformers import mean_over_repeats
 from graphormer.data.sources import build_source
 
-from helpers import TINY, compose_train, nci_table, train_config
+from helpers import TINY, compose_train, nci_table, tiny_3d, train_config
 
 
 def test_rows_of_one_key_are_averaged_and_their_keys_sorted():
@@ -64,12 +64,7 @@ def test_eval_of_a_model_of_several_conformers_is_their_mean_as_predict_gives(tm
             "dataset.split_column=split",
             "dataset.conformers=rdkit",
             "dataset.num_conformers=3",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "model.channels=3d",
-            "model.num_kernels=16",
-            "trainer.max_epochs=1",
-            *TINY,
+            *tiny_3d(tmp_path),
         ]
     )
     result = train_config(cfg)

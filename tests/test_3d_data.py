@@ -13,7 +13,7 @@ from graphormer.data.conformers import RandomConformer, embed_conformers
 from graphormer.data.sources import build_source
 from graphormer.errors import ConfigError
 
-from helpers import TINY, compose_train, nci_table, train_config
+from helpers import TINY, compose_train, nci_table, tiny_3d, train_config
 
 
 def test_conformers_are_heavy_atoms_in_rdkit_order_with_real_bond_lengths_and_a_fixed_seed():
@@ -107,12 +107,7 @@ def test_train_a_3d_model_from_smiles_with_rdkit_conformers(tmp_path):
             f"dataset.path={path}",
             "dataset.targets=[tpsa]",
             "dataset.conformers=rdkit",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "model.channels=3d",
-            "model.num_kernels=16",
-            "trainer.max_epochs=1",
-            *TINY,
+            *tiny_3d(tmp_path),
         ]
     )
     result = train_config(cfg)
@@ -148,12 +143,7 @@ def test_predict_from_smiles_embeds_conformers_and_averages_them(tmp_path, monke
             "dataset.targets=[tpsa]",
             "dataset.conformers=rdkit",
             "dataset.num_conformers=2",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "model.channels=both",
-            "model.num_kernels=16",
-            "trainer.max_epochs=1",
-            *TINY,
+            *tiny_3d(tmp_path, channels="both"),
         ]
     )
     ckpt = train_config(cfg)["best_checkpoint"]
@@ -215,12 +205,7 @@ def test_pyg_graphs_with_pos_train_a_3d_model_and_predict(tmp_path):
             f"dataset.path={path}",
             f"dataset.categorical_node_columns={list(range(9))}",
             "dataset.categorical_edge_columns=[0,1,2]",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "model.channels=3d",
-            "model.num_kernels=16",
-            "trainer.max_epochs=1",
-            *TINY,
+            *tiny_3d(tmp_path),
         ]
     )
     result = train_config(cfg)

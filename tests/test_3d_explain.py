@@ -9,7 +9,7 @@ from rdkit import Chem
 
 from graphormer.testing import emt_frames
 
-from helpers import TINY, call_script, compose_train, nci_table, train_config
+from helpers import call_script, compose_train, nci_table, tiny_3d, train_config
 
 pytest.importorskip("ase", reason="dataset=ase needs the 3d extra (pip install ase)")
 import ase.io  # noqa: E402
@@ -27,13 +27,8 @@ def test_explain_a_3d_energy_model_reads_the_conformers_prediction_reads(tmp_pat
             "dataset.targets=[tpsa]",
             "dataset.conformers=rdkit",
             "dataset.num_conformers=2",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "model.channels=3d",
-            "model.num_kernels=16",
             "model.readout=token_sum",
-            "trainer.max_epochs=1",
-            *TINY,
+            *tiny_3d(tmp_path),
         ]
     )
     ckpt = train_config(cfg)["best_checkpoint"]
@@ -66,12 +61,7 @@ def test_explain_a_force_model_on_a_structure_file_draws_each_atoms_vector_norm(
             "dataset=ase",
             f"dataset.path={path}",
             "dataset.atom_vector_targets=[forces]",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
-            "model.channels=3d",
-            "model.num_kernels=16",
-            "trainer.max_epochs=1",
-            *TINY,
+            *tiny_3d(tmp_path),
         ]
     )
     ckpt = train_config(cfg)["best_checkpoint"]

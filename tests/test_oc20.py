@@ -2,7 +2,6 @@
 allow-list (a record holding any other class is refused, never run), each validation folder a
 split of its own, and the errors of a wrong layout and a missing lmdb."""
 
-import builtins
 import datetime
 
 import numpy as np
@@ -13,7 +12,15 @@ from graphormer.data.sources import build_source
 from graphormer.errors import ConfigError, DataError
 from graphormer.testing import emt_slabs, oc20_record, write_oc20_layout
 
-from helpers import TINY, call_script, compose_train, read_json, train_config
+from helpers import (
+    IS2RE_TINY,
+    call_script,
+    compose_train,
+    read_json,
+    tiny_3d,
+    train_config,
+    without_module,
+)
 
 pytest.importorskip("lmdb", reason="dataset=oc20 needs the oc20 extra (pip install lmdb)")
 pytest.importorskip("ase", reason="the test structures are built with ASE")
@@ -103,14 +110,7 @@ def test_a_wrong_layout_and_a_missing_lmdb_are_errors(tmp_path, slabs, monkeypat
     path = write_oc20_layout(tmp_path / "fields", {"train": [{"pos": 1}], "val_id": [slabs[0]]})
     with pytest.raises(DataError, match="record 0 lacks \\['atomic_numbers', 'cell', 'tags'\\]"):
         _source(path, tmp_path / "data").graphs()
-    real_import = builtins.__import__
-
-    def no_lmdb(name, *args, **kwargs):
-        if name == "lmdb":
-            raise ImportError("no lmdb")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_lmdb)
+    without_module(monkeypatch, "lmdb")
     with pytest.raises(ConfigError, match="pip install 'graphormer\\[oc20\\]'"):
         _source(only_train, tmp_path / "data").graphs()
 
@@ -122,18 +122,8 @@ def test_train_then_evaluate_each_validation_folder(tmp_path, slabs):
         [
             "dataset=oc20",
             f"dataset.path={path}",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={run}",
-            "dataset.pbc_cutoff=5.0",
-            "model.channels=3d",
-            "model.num_kernels=16",
-            "model.num_tags=3",
-            "model.readout_min_tag=1",
-            "item_loss=l1",
-            "loss_weights={atom_vector: 15.0}",
-            "loss_weights_end={atom_vector: 1.0}",
-            "trainer.max_epochs=1",
-            *TINY,
+            *IS2RE_TINY,
+            *tiny_3d(tmp_path),
         ]
     )
     result = train_config(cfg)

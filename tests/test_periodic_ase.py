@@ -12,7 +12,15 @@ from graphormer.errors import ConfigError, DataError
 from graphormer.inference import Predictor
 from graphormer.testing import emt_slabs, write_aselmdb
 
-from helpers import TINY, call_failing, call_script, compose_train, train_config
+from helpers import (
+    TINY,
+    call_failing,
+    call_script,
+    compose_train,
+    tiny_3d,
+    train_config,
+    without_module,
+)
 
 pytest.importorskip("ase", reason="dataset=ase needs the 3d extra (pip install ase)")
 import ase.db  # noqa: E402
@@ -117,16 +125,11 @@ def test_train_a_tagged_periodic_model_then_predict_its_real_atoms(tmp_path):
         [
             "dataset=ase",
             f"dataset.path={path}",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={tmp_path / 'run'}",
             "dataset.pbc_cutoff=5.0",
             "dataset.atom_vector_targets=[forces]",
-            "model.channels=3d",
-            "model.num_kernels=16",
             "model.num_tags=3",
             "model.readout_min_tag=1",
-            "trainer.max_epochs=1",
-            *TINY,
+            *tiny_3d(tmp_path),
         ]
     )
     result = train_config(cfg)
@@ -144,18 +147,10 @@ def test_train_a_tagged_periodic_model_then_predict_its_real_atoms(tmp_path):
 
 
 def test_an_aselmdb_file_without_lmdb_names_the_extra(tmp_path, monkeypatch):
-    import builtins
 
     path = tmp_path / "slabs.aselmdb"
     _write(path, emt_slabs(2, seed=6))
-    real_import = builtins.__import__
-
-    def no_lmdb(name, *args, **kwargs):
-        if name == "lmdb":
-            raise ImportError("no lmdb")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_lmdb)
+    without_module(monkeypatch, "lmdb")
     with pytest.raises(ConfigError, match="pip install 'graphormer\\[oc20\\]'"):
         _source(path, tmp_path).graphs()
 

@@ -11,7 +11,7 @@ from graphormer.testing import emt_slabs
 from graphormer.training.module import GraphormerModule
 from graphormer.training.settings import RunSettings
 
-from helpers import TINY, compose_train, read_json, train_config
+from helpers import IS2RE_TINY, compose_train, read_json, tiny_3d, train_config
 
 pytest.importorskip("ase", reason="dataset=ase needs the 3d extra (pip install ase)")
 import ase.io  # noqa: E402
@@ -73,22 +73,12 @@ def test_train_is2re_on_relaxed_emt_slabs(tmp_path):
         [
             "dataset=ase",
             f"dataset.path={path}",
-            f"dataset.root={tmp_path / 'data'}",
-            f"output_dir={run}",
             "dataset.targets=[energy_relaxed]",
             "dataset.relaxed_positions=pos_relaxed",
             "dataset.metric=mae",
             "dataset.reported=[ewt]",
-            "dataset.pbc_cutoff=5.0",
-            "model.channels=3d",
-            "model.num_kernels=16",
-            "model.num_tags=3",
-            "model.readout_min_tag=1",
-            "item_loss=l1",
-            "loss_weights={atom_vector: 15.0}",
-            "loss_weights_end={atom_vector: 1.0}",
-            "trainer.max_epochs=2",
-            *TINY,
+            *IS2RE_TINY,
+            *tiny_3d(tmp_path, epochs=2),
         ]
     )
     result = train_config(cfg)
