@@ -117,10 +117,14 @@ def compose_train(overrides):
 
 def untrained_checkpoint(path, overrides, target_mean=None, target_std=None, precision="32-true"):
     """A checkpoint as train.py writes it (hyperparameters, weights, digest), without training:
-    the model train.py would build from ``overrides``, with chosen regression statistics."""
+    the model train.py would build from ``overrides``, with chosen regression statistics. Its
+    weights are drawn from the run's seed, whatever ran before (the global stream is kept)."""
     cfg = compose_train([f"output_dir={path.parent}", "model=graphormer_tiny", *overrides])
     settings = settings_from(cfg)
-    module = build_module(settings, build_datamodule(settings.dataset, settings.datamodule))
+    datamodule = build_datamodule(settings.dataset, settings.datamodule)
+    with torch.random.fork_rng():
+        torch.manual_seed(settings.seed)
+        module = build_module(settings, datamodule)
     if target_mean is not None:
         module.target_mean.copy_(torch.tensor(target_mean))
         module.target_std.copy_(torch.tensor(target_std))
