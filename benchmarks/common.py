@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +144,45 @@ def run_chemprop(
         command += ["--molecule-featurizers", "v1_rdkit_2d_normalized"]
     wall = run_timed(command, str(out))
     return chemprop_predictions(out), wall
+
+
+def add_lever_argument(parser: argparse.ArgumentParser) -> None:
+    """``--lever NAME KEY=VALUE ...`` (repeatable): one more graphormer row, see
+    :func:`lever_rows`."""
+    parser.add_argument(
+        "--lever",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="NAME KEY=VALUE",
+        help="one more graphormer row: its name, then settings added to train.py's defaults "
+        "(+pretrained: fine-tuned from the pre-training)",
+    )
+
+
+def lever_rows(
+    fixed: dict[str, list[str]], names: Sequence[str], levers: list[list[str]], work: Path
+) -> dict[str, list[str]]:
+    """The graphormer rows: the ``fixed`` ones and each ``--lever NAME KEY=VALUE ...`` (a NAME
+    among ``names``, the script's rows, is refused). A lever's
+    settings are written to ``work/levers/NAME.json`` the first time, and a lever reusing NAME
+    with other settings is refused (its finished runs would be reused under the wrong name)."""
+    rows = dict(fixed)
+    for name, *settings in levers:
+        if name in names or name in rows:
+            raise SystemExit(f"error: --lever {name} is already a row; give the lever a new name")
+        if not settings or not all(s == "+pretrained" or "=" in s for s in settings):
+            raise SystemExit(f"error: --lever {name} needs KEY=VALUE settings, got {settings}")
+        record = work / "levers" / f"{name}.json"
+        if record.is_file() and json.loads(record.read_text()) != settings:
+            raise SystemExit(
+                f"error: --lever {name} ran before with {json.loads(record.read_text())}, not "
+                f"{settings}; give these settings another name"
+            )
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(settings))
+        rows[name] = settings
+    return rows
 
 
 def run_graphormer(

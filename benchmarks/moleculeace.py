@@ -4,7 +4,8 @@
     python benchmarks/moleculeace.py --data /tmp/mace/MoleculeACE-3.0.0-py3-none-any.whl \
         --work /tmp/mace-work [--sets CHEMBL2835_Ki CHEMBL2047_EC50 ...] [--smallest N] \
         [--rows graphormer graphormer+pretrained chemprop svm rf] [--seeds 0 1 2] [--epochs 40] \
-        [--chemprop chemprop] [--pretrain-smiles FILE.csv[.gz] --pretrain-size N ...] [--report]
+        [--chemprop chemprop] [--pretrain-smiles FILE.csv[.gz] --pretrain-size N ...] \
+        [--lever NAME KEY=VALUE ...] [--report]
 
 Data: MoleculeACE 3.0.0 (van Tilborg, Alenicheva and Grisoni, "Exposing the limitations of
 molecular machine learning with activity cliffs", J. Chem. Inf. Model. 2022): 30 ChEMBL sets of
@@ -25,7 +26,11 @@ tenths. Seeds change the models' initialisation and batch order only. Rows:
 - ``svm``: support vector regression with a Tanimoto kernel on ECFP4 counts (radius 2, 1,024
   bins), scikit-learn's precomputed kernel; ``rf``: a random forest on the same counts. These are
   the two classical models MoleculeACE found strongest; their one setting (the SVM's C, the
-  forest's max_features) is chosen on the validation rows.
+  forest's max_features) is chosen on the validation rows;
+- ``--lever NAME KEY=VALUE ...`` (repeatable): one more row ``NAME``, ``train.py``'s defaults plus
+  those settings (``--lever morgan dataset.molecule_features=morgan_counts``; ``+pretrained``
+  among them fine-tunes from the pre-training, as ``graphormer+pretrained``). A lever's settings
+  are kept beside its runs, and another lever under the same name is refused.
 
 Scored here from each run's test predictions, one formula for every row: test RMSE, and RMSE on
 the test molecules with ``cliff_mol`` = 1. Per set: mean ± std (numpy's, population) over the
@@ -48,8 +53,10 @@ import numpy as np
 import pandas as pd
 
 from common import (
+    add_lever_argument,
     add_pretrain_arguments,
     check_pretrain_record,
+    lever_rows,
     pretrain,
     rmse,
     run_chemprop,
@@ -206,8 +213,8 @@ def run_one(args, name: str, row: str, seed: int, table: pd.DataFrame, pretraine
     out.mkdir(parents=True, exist_ok=True)
     if row == "chemprop":
         pred, wall = run_chemprop(args, csv, chemprop_split, out / "chemprop", seed)
-    elif row in GRAPHORMER_ROWS:
-        extra = GRAPHORMER_ROWS[row]
+    elif row in args.graphormer_rows:
+        extra = args.graphormer_rows[row]
         checkpoint = pretrained() if "+pretrained" in extra else None
         _, wall = run_graphormer(args, csv, split_file, out / "graphormer", seed, extra, checkpoint)
         pred = test_predictions(row, out, list(table["smiles"].iloc[split["test"]]))
@@ -260,7 +267,7 @@ def summary(
         ]
         lines.append(f"| {row} | {wins[0]} | {wins[1]} | {mean[0]:.3f} | {mean[1]:.3f} |")
     if "chemprop" in rows:
-        for row in (r for r in rows if r.startswith("graphormer")):
+        for row in (r for r in rows if r not in ("chemprop", "svm", "rf")):
             beat = sum(means[n, row][0] < means[n, "chemprop"][0] for n in complete)
             lines.append(f"\n{row} below chemprop's test RMSE on {beat} of {len(complete)} set(s).")
     return "\n".join(lines)
@@ -283,9 +290,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--report", action="store_true", help="print the table of the finished runs; run nothing"
     )
+    add_lever_argument(parser)
     add_pretrain_arguments(parser)
     args = parser.parse_args(argv)
     args.work = args.work.resolve()
+    args.graphormer_rows = lever_rows(GRAPHORMER_ROWS, ROWS, args.lever, args.work)
+    args.rows = list(args.rows) + [name for name, *_ in args.lever]
     every = read_sets(args.data)
     unknown = sorted(set(args.sets or []) - set(every))
     if unknown:
@@ -295,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     sets = sorted(args.sets or every, key=lambda n: (len(every[n]), n))
     if args.smallest is not None:
         sets = sets[: args.smallest]
-    if "graphormer+pretrained" in args.rows:
+    if any("+pretrained" in args.graphormer_rows.get(r, []) for r in args.rows):
         check_pretrain_record(args)  # before any finished run is reused under these settings
     made: list = []
 
@@ -321,7 +331,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nepochs {args.epochs}, seeds {args.seeds}, CPU\n")
     print(summary(results, {n: len(every[n]) for n in sets}, args.rows))
     record = args.work / "pretrain" / "wall.json"
-    if "graphormer+pretrained" in args.rows and record.is_file():
+    if record.is_file() and any(
+        "+pretrained" in args.graphormer_rows.get(r, []) for r in args.rows
+    ):
         wall = json.loads(record.read_text())["wall_s"]
         settings = (args.work / "pretrain" / "settings.json").read_text()
         print(f"\ndescriptor pre-training (once, {settings}): {wall:.0f} s")

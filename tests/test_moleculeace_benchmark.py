@@ -132,3 +132,26 @@ def test_epoch_profile_leaves_out_the_first_epoch_and_splits_the_forward_pass():
     assert mean["epoch"] == 6.5 and mean["batches"] == 17
     assert mean["forward, other"] == pytest.approx(2.0 - 1.5 - 0.2)
     assert mean["rest"] == pytest.approx(6.5 - (0.5 + 2.0 + 3.0 + 0.25 + 0.5))
+
+
+def test_a_lever_is_a_row_whose_settings_are_kept_and_never_reused_under_its_name(tmp_path):
+    from common import lever_rows
+
+    fixed = {"graphormer": [], "graphormer+pretrained": ["+pretrained"]}
+    names = ("graphormer", "chemprop")
+    morgan = ["morgan", "dataset.molecule_features=morgan_counts"]
+    rows = lever_rows(
+        fixed, names, [morgan, ["six", "model.num_layers=6", "+pretrained"]], tmp_path
+    )
+    assert rows["morgan"] == morgan[1:] and rows["six"][-1] == "+pretrained"
+    assert rows["graphormer"] == [] and fixed == {
+        "graphormer": [],
+        "graphormer+pretrained": ["+pretrained"],
+    }
+    assert lever_rows(fixed, names, [morgan], tmp_path)["morgan"] == morgan[1:]  # same: reused
+    with pytest.raises(SystemExit, match="ran before with .* give these settings another name"):
+        lever_rows(fixed, names, [["morgan", "dataset.molecule_features=rdkit2d"]], tmp_path)
+    with pytest.raises(SystemExit, match="--lever chemprop is already a row"):
+        lever_rows(fixed, names, [["chemprop", "model.num_layers=6"]], tmp_path)
+    with pytest.raises(SystemExit, match="needs KEY=VALUE settings"):
+        lever_rows(fixed, names, [["bare"]], tmp_path)

@@ -24,9 +24,13 @@ from graphormer.errors import ConfigError, DataError
 __all__ = [
     "ATOM_DESCRIPTORS",
     "MOLECULE_FEATURE_SETS",
+    "MORGAN_BITS",
+    "MORGAN_RADIUS",
     "MoleculeFeatures",
     "atom_descriptor_values",
     "auxiliary_atoms_apply",
+    "feature_sets",
+    "morgan_count_values",
     "rdkit2d_names",
     "rdkit2d_values",
     "require_columns",
@@ -34,8 +38,13 @@ __all__ = [
 
 T = TypeVar("T")
 
-# The named descriptor sets ``dataset.molecule_features`` accepts.
-MOLECULE_FEATURE_SETS = ("rdkit2d",)
+# The named feature sets ``dataset.molecule_features`` accepts, alone or joined with ``+``
+# (``rdkit2d+morgan_counts``): RDKit's 2D descriptors; Morgan (ECFP4) count fingerprints.
+MOLECULE_FEATURE_SETS = ("rdkit2d", "morgan_counts")
+# The Morgan count fingerprint: radius 2 (ECFP4) folded into 2,048 bins, as chemprop's
+# ``morgan_count`` features and the fingerprints of MoleculeACE's classical baselines.
+MORGAN_RADIUS = 2
+MORGAN_BITS = 2048
 # RDKit's per-atom descriptors (``dataset.atom_descriptor_targets``), in column order: the atom
 # contributions of RDKit's molecule-level MolLogP, MolMR, TPSA and LabuteASA (Wildman and Crippen
 # 1999; Ertl et al. 2000; Labute 2000), Gasteiger-Marsili partial charges and Kier-Hall E-state
@@ -82,6 +91,21 @@ def _rdkit2d_chunk(smiles: Sequence[str]) -> np.ndarray:
     return out
 
 
+def _morgan_chunk(smiles: Sequence[str]) -> np.ndarray:
+    """``[n, MORGAN_BITS]`` float64 Morgan counts of ``smiles`` (NaN rows: unparsable)."""
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem import rdFingerprintGenerator
+
+    RDLogger.DisableLog("rdApp.*")
+    generator = rdFingerprintGenerator.GetMorganGenerator(radius=MORGAN_RADIUS, fpSize=MORGAN_BITS)
+    out = np.full((len(smiles), MORGAN_BITS), np.nan)
+    for i, text in enumerate(smiles):
+        mol = Chem.MolFromSmiles(text) if isinstance(text, str) else None
+        if mol is not None:
+            out[i] = generator.GetCountFingerprintAsNumPy(mol)
+    return out
+
+
 def _in_chunks(
     chunk_fn: Callable[[list[str]], T], smiles: list[str], workers: int | None
 ) -> list[T]:
@@ -109,6 +133,34 @@ def rdkit2d_values(smiles: Sequence[str], workers: int | None = None) -> np.ndar
     parts = _in_chunks(_rdkit2d_chunk, list(smiles), workers)
     values = np.concatenate(parts) if parts else np.zeros((0, len(rdkit2d_names())))
     return _not_float32_to_nan(values)
+
+
+def morgan_count_values(smiles: Sequence[str], workers: int | None = None) -> np.ndarray:
+    """``[n, MORGAN_BITS]`` float32 Morgan count fingerprints (radius :data:`MORGAN_RADIUS`) of
+    ``smiles``, computed over ``workers`` processes as :func:`rdkit2d_values`; a row of NaN for a
+    SMILES RDKit cannot parse."""
+    parts = _in_chunks(_morgan_chunk, list(smiles), workers)
+    return np.concatenate(parts).astype(np.float32) if parts else np.zeros((0, MORGAN_BITS))
+
+
+def feature_sets(value: str | None) -> list[str]:
+    """The feature sets a ``dataset.molecule_features`` value names, in order
+    (``"rdkit2d+morgan_counts"`` -> both; None -> none).
+
+    Raises:
+        ConfigError: an unknown or repeated set, naming the known ones.
+    """
+    if value is None:
+        return []
+    sets = [part.strip() for part in str(value).split("+")]
+    unknown = [s for s in sets if s not in MOLECULE_FEATURE_SETS]
+    if unknown or len(set(sets)) != len(sets):
+        raise ConfigError(
+            f"dataset.molecule_features={value!r} is not known: use "
+            f"{' or '.join(MOLECULE_FEATURE_SETS)}, several joined with + "
+            "(rdkit2d+morgan_counts), or null for none"
+        )
+    return sets
 
 
 def _atom_descriptor_chunk(smiles: Sequence[str]) -> list[np.ndarray | None]:
@@ -189,10 +241,12 @@ def atom_descriptor_values(
 @dataclass
 class MoleculeFeatures:
     """Which molecule-level features a dataset gives its model: RDKit's 2D descriptors
-    (``descriptors="rdkit2d"``) and/or numeric columns of the input file (``columns``).
+    (``descriptors="rdkit2d"``), Morgan count fingerprints (``"morgan_counts"``), both
+    (``"rdkit2d+morgan_counts"``), and/or numeric columns of the input file (``columns``).
 
     Args:
-        descriptors (str | None): a name of :data:`MOLECULE_FEATURE_SETS`, or None.
+        descriptors (str | None): names of :data:`MOLECULE_FEATURE_SETS` joined with ``+``, or
+            None.
         columns (Sequence[str]): numeric columns of the CSV (empty cells are missing values).
     """
 
@@ -200,11 +254,7 @@ class MoleculeFeatures:
     columns: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.descriptors is not None and self.descriptors not in MOLECULE_FEATURE_SETS:
-            raise ConfigError(
-                f"dataset.molecule_features={self.descriptors!r} is not known: use "
-                f"{' or '.join(MOLECULE_FEATURE_SETS)}, or null for none"
-            )
+        feature_sets(self.descriptors)  # refuses an unknown name
         if isinstance(self.columns, str):
             self.columns = [self.columns]
         self.columns = [str(c) for c in self.columns or ()]
@@ -216,9 +266,14 @@ class MoleculeFeatures:
         return self.descriptors is not None or bool(self.columns)
 
     def names(self) -> list[str]:
-        """One name per feature: the descriptors' (``rdkit2d:MolLogP``, ...), then the
-        columns'."""
-        names = [f"rdkit2d:{n}" for n in rdkit2d_names()] if self.descriptors else []
+        """One name per feature: each set's in order (``rdkit2d:MolLogP``, ...,
+        ``morgan_counts:0``, ...), then the columns'."""
+        names = []
+        for name in feature_sets(self.descriptors):
+            if name == "rdkit2d":
+                names += [f"rdkit2d:{n}" for n in rdkit2d_names()]
+            else:
+                names += [f"morgan_counts:{i}" for i in range(MORGAN_BITS)]
         return names + list(self.columns)
 
     def compute(
@@ -227,8 +282,9 @@ class MoleculeFeatures:
         """``[n, D]`` float32 raw features of ``smiles`` (NaN = missing); the columns are read
         from ``table``, whose rows are the molecules'."""
         parts = []
-        if self.descriptors:
-            parts.append(rdkit2d_values(smiles))
+        for name in feature_sets(self.descriptors):
+            compute = rdkit2d_values if name == "rdkit2d" else morgan_count_values
+            parts.append(compute(smiles))
         if self.columns:
             parts.append(read_feature_columns(table, self.columns, where, len(smiles)))
         return np.concatenate(parts, axis=1) if parts else np.zeros((len(smiles), 0), np.float32)

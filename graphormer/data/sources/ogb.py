@@ -188,9 +188,11 @@ class OGBSource(Source):
     Args:
         name (str): e.g. ``ogbg-molhiv``.
         root (str, optional): folder holding datasets. (default: :obj:`"data"`)
-        molecule_features (str | None, optional): ``"rdkit2d"``: RDKit's 2D descriptors of each
-            molecule (from the SMILES of ``mapping/mol.csv.gz``) as extra model inputs (issue
-            #22), computed once and cached beside the processed graphs. (default: :obj:`None`)
+        molecule_features (str | None, optional): extra model inputs per molecule (from the
+            SMILES of ``mapping/mol.csv.gz``), computed once and cached beside the processed
+            graphs: ``"rdkit2d"``, RDKit's 2D descriptors; ``"morgan_counts"``, its Morgan
+            (ECFP4) count fingerprint in 2,048 bins; ``"rdkit2d+morgan_counts"``, both.
+            (default: :obj:`None`)
         auxiliary_atom_descriptors (bool | str, optional): RDKit's per-atom descriptors
             (:data:`~graphormer.data.descriptors.ATOM_DESCRIPTORS`, of the same SMILES)
             regressed from the atoms' final states as an auxiliary task beside OGB's targets

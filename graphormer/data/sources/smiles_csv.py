@@ -544,8 +544,10 @@ class SmilesCsvSource(Source):
             of one number per bond in RDKit's bond order (issue #18). (default: :obj:`()`)
         bond_task_type (str, optional): as ``atom_task_type``, of the bond targets.
             (default: :obj:`"regression"`)
-        molecule_features (str | None, optional): ``"rdkit2d"``: RDKit's 2D descriptors of each
-            molecule as extra model inputs (issue #22). (default: :obj:`None`)
+        molecule_features (str | None, optional): extra model inputs per molecule:
+            ``"rdkit2d"``, RDKit's 2D descriptors; ``"morgan_counts"``, its Morgan (ECFP4)
+            count fingerprint in 2,048 bins; ``"rdkit2d+morgan_counts"``, both. (default:
+            :obj:`None`)
         feature_columns (Sequence[str], optional): numeric columns of the CSV given to the model
             as molecule features too (empty cells are missing). (default: :obj:`()`)
         descriptor_targets (bool, optional): the targets are RDKit's 2D descriptors computed
