@@ -1,5 +1,5 @@
-"""Graphormer on periodic slabs with and without periodic images, against PyG's SchNet with
-periodic neighbours, on EMT energies and forces built offline with ASE; and an IS2RE check:
+"""Graphormer on periodic slabs with and without periodic images, against PyG's SchNet and
+DimeNet++ with periodic neighbours, on EMT energies and forces built offline with ASE; and an IS2RE check:
 relaxed energies with and without the position-change auxiliary target.
 
     python benchmarks/versus_periodic.py --work /tmp/vpbc [--quick] [--structures 600] \
@@ -16,11 +16,14 @@ learning rate, L1 of the standardised energy plus L1 of the forces in the same u
 ``mean`` (the training energies' mean; forces zero), ``graphormer_pbc`` (``model.channels=3d``,
 tags, periodic images within 6 A of the adsorbate, the vector head for forces),
 ``graphormer_nopbc`` (the same frames with ``pbc`` off: no images), ``schnet_pbc`` (PyG's SchNet
-over every periodic pair within 5 A, forces as the energy's negative gradient). IS2RE rows:
-``is2re_aux`` (relaxed energy plus the position change, L1, weight 15 -> 1) and ``is2re_plain``
-(the relaxed energy alone). DimeNet++ is not run: PyG's module computes its angles from
-``pos[i] - pos[j]`` and has no cell shifts to add. ``--quick`` is a smoke run (40 structures,
-24 relaxed, 2 epochs).
+over every periodic pair within 5 A, forces as the energy's negative gradient), ``dimenet_pbc``
+(PyG's DimeNet++ blocks, ``versus_3d.py``'s sizes, over the same pairs, under a forward of this
+script's own: PyG's computes distances and angles from ``pos[i] - pos[j]``; here every edge
+vector carries its cell shift and each triplet's two edges their own, so angles across the
+boundary are right; triplets in plain torch, without torch-sparse; forces as SchNet's). IS2RE
+rows: ``is2re_aux`` (relaxed energy plus the position change, L1, weight 15 -> 1) and
+``is2re_plain`` (the relaxed energy alone). ``--quick`` is a smoke run (40 structures, 24
+relaxed, 2 epochs).
 """
 
 from __future__ import annotations
@@ -158,9 +161,10 @@ class PeriodicDimeNet(torch.nn.Module):
     PyG's own forward builds its edges and angles from positions alone, so this one calls the
     module's blocks itself: each edge vector is ``pos[source] + shift - pos[target]`` and each
     triplet's two edges keep their own shifts, so an angle across the cell's boundary is the
-    angle between the images actually bonded."""
+    angle between the images actually bonded. ``num_spherical`` and ``num_radial`` size the
+    angle and distance bases (PyG builds them with sympy: 15 s at the defaults, 2 s at 3 and 3)."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_spherical: int = 7, num_radial: int = 6) -> None:
         super().__init__()
         from torch_geometric.nn.models import DimeNetPlusPlus
 
@@ -171,8 +175,8 @@ class PeriodicDimeNet(torch.nn.Module):
             int_emb_size=32,
             basis_emb_size=8,
             out_emb_channels=64,
-            num_spherical=7,
-            num_radial=6,
+            num_spherical=num_spherical,
+            num_radial=num_radial,
             cutoff=SCHNET_CUTOFF,
         )
 
