@@ -39,6 +39,7 @@ __all__ = [
     "test_predictions",
     "to_data",
     "train_command",
+    "triplets",
 ]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,6 +88,32 @@ def best_of(fn, repeats: int = 3) -> float:
 def single_thread() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+
+
+def triplets(edge_index: torch.Tensor, num_nodes: int, shift: torch.Tensor | None = None):
+    """DimeNet's triplets k -> j -> i without torch-sparse: for each edge j -> i, every edge
+    k -> j; the same tuple as ``torch_geometric.nn.models.dimenet.triplets`` (``i``, ``j`` of
+    each edge, then per triplet its atoms ``idx_i``, ``idx_j``, ``idx_k`` and its edges
+    ``idx_kj``, ``idx_ji``). Without ``shift`` every triplet with k == i is dropped (PyG's
+    rule). With ``shift`` ``[E, 3]`` (each edge's cell shift of its source, periodic pairs) only
+    the backtracks are: k == i with the two shifts summing to zero, k's image being i itself;
+    k == i through another image is a real neighbour."""
+    row, col = edge_index  # j -> i
+    order = torch.argsort(col, stable=True)  # edges grouped by their target
+    incoming = torch.bincount(col, minlength=num_nodes)
+    start = torch.cumsum(incoming, 0) - incoming
+    count = incoming[row]  # for edge j -> i: the edges into j
+    idx_ji = torch.arange(len(row)).repeat_interleave(count)
+    offset = torch.arange(int(count.sum())) - (torch.cumsum(count, 0) - count).repeat_interleave(
+        count
+    )
+    idx_kj = order[start[row].repeat_interleave(count) + offset]
+    idx_i, idx_j, idx_k = col[idx_ji], row[idx_ji], row[idx_kj]
+    back = idx_i == idx_k
+    if shift is not None:
+        back &= (shift[idx_kj] + shift[idx_ji]).abs().amax(dim=-1) < 1e-4
+    keep = ~back
+    return col, row, idx_i[keep], idx_j[keep], idx_k[keep], idx_kj[keep], idx_ji[keep]
 
 
 def rmse(pred: np.ndarray, true: np.ndarray) -> float:

@@ -54,6 +54,8 @@ from unittest.mock import patch
 import numpy as np
 import torch
 
+from common import triplets
+
 ROWS = ("mean", "graphormer_2d", "graphormer_3d", "graphormer_both", "schnet", "dimenet++")
 CONFORMERS = 5
 SEED = 0x3D
@@ -168,24 +170,6 @@ def pairs_within(pos: torch.Tensor, batch: torch.Tensor, cutoff: float):
     target, source = keep.nonzero(as_tuple=True)
     edge_index = torch.stack([source, target])
     return edge_index, (pos[source] - pos[target]).norm(dim=-1)
-
-
-def triplets(edge_index: torch.Tensor, num_nodes: int):
-    """DimeNet's triplets k -> j -> i (k != i) without torch-sparse: for each edge j -> i, every
-    edge k -> j; the same tuple as ``torch_geometric.nn.models.dimenet.triplets``."""
-    row, col = edge_index  # j -> i
-    order = torch.argsort(col, stable=True)  # edges grouped by their target
-    incoming = torch.bincount(col, minlength=num_nodes)
-    start = torch.cumsum(incoming, 0) - incoming
-    count = incoming[row]  # for edge j -> i: the edges into j
-    idx_ji = torch.arange(len(row)).repeat_interleave(count)
-    offset = torch.arange(int(count.sum())) - (torch.cumsum(count, 0) - count).repeat_interleave(
-        count
-    )
-    idx_kj = order[start[row].repeat_interleave(count) + offset]
-    idx_i, idx_j, idx_k = col[idx_ji], row[idx_ji], row[idx_kj]
-    mask = idx_i != idx_k
-    return col, row, idx_i[mask], idx_j[mask], idx_k[mask], idx_kj[mask], idx_ji[mask]
 
 
 class PygModel(torch.nn.Module):
