@@ -213,13 +213,24 @@ class PeriodicDimeNet(torch.nn.Module):
 
 def periodic_pairs(frames: list, offsets: list[int]):
     """``edge_index`` (source, target) and the source's cell shift ``[E, 3]`` of every pair
-    within :data:`SCHNET_CUTOFF` over the -1..+1 cells, batch-wide atom numbering."""
-    from graphormer.data.periodic import cell_offsets
+    within :data:`SCHNET_CUTOFF`, batch-wide atom numbering: as ASE's neighbour list, over as
+    many cells along each periodic direction as the cutoff and the atoms' spread need (one cell
+    each way misses pairs of a slanted fcc(111) cell whose atoms span almost a whole cell)."""
+    import itertools
 
     sources, targets, shifts = [], [], []
     for frame, first in zip(frames, offsets, strict=True):
         cell = np.asarray(frame.cell)
-        moves = np.vstack([np.zeros((1, 3), dtype=np.int64), cell_offsets(frame.pbc)]) @ cell
+        reciprocal = np.asarray(frame.cell.reciprocal())  # rows: 1 / plane spacing, no 2 pi
+        frac = frame.positions @ reciprocal.T
+        reach = [
+            math.ceil(np.ptp(frac[:, a]) + SCHNET_CUTOFF * np.linalg.norm(reciprocal[a]))
+            if frame.pbc[a]
+            else 0
+            for a in range(3)
+        ]
+        cells = itertools.product(*(range(-n, n + 1) for n in reach))
+        moves = np.array(list(cells), dtype=np.float64) @ cell
         pos = frame.positions
         gap = pos[None, :, None] + moves[:, None, None] - pos[None, None, :]  # [S, j, i, 3]
         dist = np.linalg.norm(gap, axis=-1)

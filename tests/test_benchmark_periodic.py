@@ -111,3 +111,21 @@ def test_forces_are_the_energys_negative_finite_difference_gradient(model):
     expected = -(up - down) / (2 * step)
     assert abs(float(expected)) > 1e-3
     torch.testing.assert_close(forces[atom, 0].view(1), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_periodic_pairs_are_ases_neighbour_list():
+    from ase.neighborlist import neighbor_list
+
+    frames = emt_slabs(40, seed=3)  # holds a slanted fcc(111) slab spanning almost a whole cell
+    edge_index, shift = versus_periodic.periodic_pairs(frames, [0] * len(frames))
+    found, first = 0, 0
+    for frame in frames:
+        i, j, cells = neighbor_list("ijS", frame, versus_periodic.SCHNET_CUTOFF)
+        ours = edge_index[:, first : first + len(i)]
+        moved = shift[first : first + len(i)].double().numpy()
+        expected = sorted(zip(j, i, map(tuple, (cells @ frame.cell).round(4)), strict=True))
+        got = sorted(zip(*ours.tolist(), map(tuple, moved.round(4)), strict=True))
+        assert got == expected
+        first += len(i)
+        found += len(i)
+    assert found == edge_index.size(1)
