@@ -14,14 +14,31 @@ import numpy as np
 from graphormer.errors import ConfigError, DataError
 from graphormer.portable.columns import molecule_columns, value_names
 from graphormer.portable.dense import INPUT_NAMES, dense_inputs
+from graphormer.portable.features import feature_set_names, feature_set_values
 from graphormer.portable.molecules import blocked_rdkit_logs, featurize_one
 
-__all__ = ["FORMAT_VERSION", "METADATA_KEY", "OnnxPredictions", "OnnxPredictor", "member_paths"]
+__all__ = [
+    "FEATURES_INPUT",
+    "FORMAT_VERSION",
+    "METADATA_KEY",
+    "OnnxPredictions",
+    "OnnxPredictor",
+    "member_paths",
+]
 
 # The metadata entry of an exported file, and the version of its layout (bumped when the inputs
 # or the metadata change, so that an old reader refuses a newer file rather than misreading it).
+# A model reading molecule features has one more input (FEATURES_INPUT) and names them in the
+# metadata (``molecule_features``); files without them are as before, and a reader older than
+# that input refuses a file that has it (its inputs are checked), so the version stays.
 METADATA_KEY = "graphormer"
 FORMAT_VERSION = 1
+# The input of the raw molecule features ``[B, D]`` float32 (NaN: missing) of a model that reads
+# them, after INPUT_NAMES.
+FEATURES_INPUT = "molecule_features"
+# Molecules whose molecule features are computed at once (in parallel over the CPUs), as the
+# torch Predictor's chunks: a bound on the memory of ``[n, D]`` features.
+_FEATURE_CHUNK = 8192
 
 
 def member_paths(output: str | Path, count: int) -> list[Path]:
@@ -97,6 +114,8 @@ class OnnxPredictor:
         self.num_classes: int | None = self.metadata.get("num_classes")
         self.max_hops = int(self.metadata["max_hops"])
         self.calibration = _calibration(self.metadata.get("calibration"))
+        # The sets of the model's molecule features (``rdkit2d+morgan_counts``); None without.
+        self.feature_sets: str | None = (self.metadata["molecule_features"] or {}).get("sets")
 
     @property
     def spread(self) -> str | None:
@@ -131,13 +150,18 @@ class OnnxPredictor:
                     graphs[i] = graph
         # Similar sizes batched together (little padding); rows put back in input order.
         order = sorted(graphs, key=lambda i: graphs[i]["num_nodes"])
-        for start in range(0, len(order), self.batch_size):
-            rows = np.array(order[start : start + self.batch_size])
-            feeds = dense_inputs([graphs[i] for i in rows], self.max_hops)
-            outputs = np.stack([s.run(None, feeds)[0] for s in self.sessions])  # [M, B, T]
-            values[rows] = outputs.mean(0)
-            if spread is not None:
-                spread[rows] = outputs.std(0)
+        for begin in range(0, len(order), _FEATURE_CHUNK):
+            chunk = order[begin : begin + _FEATURE_CHUNK]
+            features = self._features([smiles[i] for i in chunk])  # [n, D] or None
+            for start in range(0, len(chunk), self.batch_size):
+                rows = np.array(chunk[start : start + self.batch_size])
+                feeds = dense_inputs([graphs[i] for i in rows], self.max_hops)
+                if features is not None:
+                    feeds[FEATURES_INPUT] = features[start : start + len(rows)]
+                outputs = np.stack([s.run(None, feeds)[0] for s in self.sessions])  # [M, B, T]
+                values[rows] = outputs.mean(0)
+                if spread is not None:
+                    spread[rows] = outputs.std(0)
         result = OnnxPredictions(values, errors, spread)
         calibration = self.calibration
         if calibration is not None and calibration.calibrates_probabilities:
@@ -146,6 +170,13 @@ class OnnxPredictor:
             lower, upper = calibration.intervals(values, spread, float(interval), self.spread)
             result.lower, result.upper = lower.astype(np.float32), upper.astype(np.float32)
         return result
+
+    def _features(self, smiles: list[str]) -> np.ndarray | None:
+        """``[n, D]`` float32 raw molecule features of ``smiles`` (NaN: missing; the model fills
+        them as training did), or None for a model that reads none."""
+        if self.feature_sets is None:
+            return None
+        return feature_set_values(self.feature_sets, smiles)
 
     def predict(self, smiles: Sequence[str], interval: float | None = None):
         """One row per SMILES, in order, as ``Predictor.predict`` writes it: ``smiles``, one
@@ -210,11 +241,36 @@ def _metadata(session: Any, path: Path) -> dict:
             f"{path} is in export format {version}, and this graphormer reads {FORMAT_VERSION}: "
             "export the checkpoint again with this version"
         )
-    names_in = list(session.get_inputs())
-    if [i.name for i in names_in] != list(INPUT_NAMES):
-        raise DataError(f"{path}: its inputs are not graphormer-export's {list(INPUT_NAMES)}")
+    features = values.get("molecule_features")
+    inputs = list(INPUT_NAMES) + ([FEATURES_INPUT] if features else [])
+    if [i.name for i in session.get_inputs()] != inputs:
+        raise DataError(f"{path}: its inputs are not graphormer-export's {inputs}")
     values["task_names"] = names
+    values["molecule_features"] = _checked_features(features, path)
     return values
+
+
+def _checked_features(features: Any, path: Path) -> dict | None:
+    """The metadata's molecule features (their sets and names), checked against what this
+    installation computes under the same names (another RDKit may list other descriptors), as
+    the torch Predictor checks a checkpoint's."""
+    if not features:
+        return None
+    try:
+        sets, stored = str(features["sets"]), [str(n) for n in features["names"]]
+        computed = feature_set_names(sets)
+    except (KeyError, TypeError, ConfigError) as error:
+        raise DataError(
+            f"{path}: its molecule features cannot be read ({error}); export it again"
+        ) from error
+    if stored != computed:
+        differ = sorted(set(stored) ^ set(computed))[:5] or "the same names in another order"
+        raise DataError(
+            f"{path} reads molecule features this installation computes differently (RDKit's "
+            f"descriptor list differs: {differ}); predict with the RDKit version it was "
+            "exported with"
+        )
+    return {"sets": sets, "names": stored}
 
 
 def _calibration(values: dict | None) -> Any:
