@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from helpers import nci_smiles, run_failing
+from helpers import nci_smiles, nci_table, run_failing, untrained_checkpoint
 
 pytest.importorskip("litserve", reason="the serve extra (litserve) is absent")
 pytest.importorskip("httpx", reason="the serve extra (httpx, FastAPI's test client) is absent")
@@ -133,6 +133,39 @@ def test_an_exported_model_is_served_without_pictures(ckpt, client, tmp_path):
         assert info["tasks"] == ["task_0"] and info["pictures"] is False
         picture = onnx_client.post("/explain", json={"smiles": "CCO"})
         assert picture.status_code == 501 and "ckpt=RUN" in picture.json()["detail"]
+
+
+def test_an_exported_model_with_molecule_features_is_served(tmp_path):
+    """An exported model reading Morgan counts: the server's worker computes them from each
+    request's SMILES (no torch on the ONNX path) and answers the Predictor's rows."""
+    pytest.importorskip("onnxruntime", reason="the onnx extra (onnxruntime) is absent")
+    from graphormer import Predictor
+    from graphormer.inference.onnx_export import export_onnx
+    from graphormer.serving.app import PredictionAPI, model_info
+
+    nci_table().iloc[:20].to_csv(tmp_path / "mols.csv", index=False)
+    ckpt = untrained_checkpoint(
+        tmp_path / "morgan.ckpt",
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={tmp_path / 'mols.csv'}",
+            "dataset.targets=[tpsa]",
+            "dataset.molecule_features=morgan_counts",
+            f"dataset.root={tmp_path / 'cache'}",
+        ],
+    )
+    predictor = Predictor.from_checkpoint(ckpt, device="cpu")
+    [path] = export_onnx(predictor, tmp_path / "morgan.onnx")
+    api = PredictionAPI(str(path), Limits(), None)
+    api.setup("cpu")
+    requests = [["CCO", "C1CC"], list(nci_smiles()[:5])]
+    rows = [row for request in api.predict(requests) for row in request]
+    expected = predictor.predict([s for request in requests for s in request])
+    assert [r["error"] for r in rows] == expected.error.tolist()
+    assert rows[1]["tpsa"] is None  # the unparsable row keeps its place, without a value
+    found = [float("nan") if r["tpsa"] is None else r["tpsa"] for r in rows]
+    assert found == pytest.approx(expected.tpsa.tolist(), abs=1e-4, nan_ok=True)
+    assert model_info(str(path), api.predictor, None)["tasks"] == ["tpsa"]
 
 
 def test_serve_command_refuses_other_hosts_without_a_key(ckpt, tmp_path, monkeypatch):
