@@ -54,7 +54,7 @@ from unittest.mock import patch
 import numpy as np
 import torch
 
-from common import triplets
+from common import dimenet_plus_plus, triplets
 
 ROWS = ("mean", "graphormer_2d", "graphormer_3d", "graphormer_both", "schnet", "dimenet++")
 CONFORMERS = 5
@@ -177,7 +177,7 @@ class PygModel(torch.nn.Module):
 
     def __init__(self, kind: str) -> None:
         super().__init__()
-        from torch_geometric.nn.models import DimeNetPlusPlus, SchNet
+        from torch_geometric.nn.models import SchNet
 
         if kind == "schnet":
             self.net = SchNet(
@@ -195,17 +195,7 @@ class PygModel(torch.nn.Module):
                 pos, batch, r
             )[0]
             dimenet.triplets = triplets
-            self.net = DimeNetPlusPlus(
-                hidden_channels=64,
-                out_channels=1,
-                num_blocks=3,
-                int_emb_size=32,
-                basis_emb_size=8,
-                out_emb_channels=64,
-                num_spherical=7,
-                num_radial=6,
-                cutoff=CUTOFF,
-            )
+            self.net = dimenet_plus_plus(CUTOFF)
 
     def forward(self, z, pos, batch):
         pos = pos.requires_grad_(True)

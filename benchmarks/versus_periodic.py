@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import triplets
+from common import dimenet_plus_plus, triplets
 
 ROWS = (
     "mean",
@@ -166,19 +166,7 @@ class PeriodicDimeNet(torch.nn.Module):
 
     def __init__(self, num_spherical: int = 7, num_radial: int = 6) -> None:
         super().__init__()
-        from torch_geometric.nn.models import DimeNetPlusPlus
-
-        self.net = DimeNetPlusPlus(
-            hidden_channels=64,
-            out_channels=1,
-            num_blocks=3,
-            int_emb_size=32,
-            basis_emb_size=8,
-            out_emb_channels=64,
-            num_spherical=num_spherical,
-            num_radial=num_radial,
-            cutoff=SCHNET_CUTOFF,
-        )
+        self.net = dimenet_plus_plus(SCHNET_CUTOFF, num_spherical, num_radial)
 
     def energy(self, z, pos, batch, pairs) -> torch.Tensor:
         """Each structure's energy ``[B]`` from ``pairs`` (:func:`periodic_pairs`)."""
