@@ -294,3 +294,94 @@ def test_ogb_molecules_get_descriptors_from_their_mapping_smiles(tmp_path):
     smiles = pd.read_csv(tmp_path / "ogbg_molesol" / "mapping" / "mol.csv.gz")["smiles"]
     expected = rdkit2d_values([smiles[5]])
     torch.testing.assert_close(again[5].molecule_features, torch.from_numpy(expected))
+
+
+def _series_csv(work, n=60):
+    """NCI molecules, each also as a homologue (one more carbon on a methyl end, written as a
+    second SMILES), with a TPSA-like target and a numeric column: a random split puts most
+    molecules' close analogue in training."""
+    from rdkit import Chem
+
+    table = nci_table().head(n)
+    rows = []
+    for smiles, tpsa in zip(table.smiles, table.tpsa, strict=True):
+        rows.append((smiles, tpsa, len(smiles)))
+        homologue = Chem.MolToSmiles(Chem.MolFromSmiles("C" + smiles)) if smiles[0] == "C" else None
+        if homologue and Chem.MolFromSmiles(homologue) is not None:
+            rows.append((homologue, tpsa + 0.5, len(homologue)))
+    path = work / "series.csv"
+    pd.DataFrame(rows, columns=["smiles", "tpsa", "length"]).to_csv(path, index=False)
+    return path
+
+
+def test_auto_features_follow_the_split_and_the_run_keeps_what_auto_chose(tmp_path, caplog):
+    import logging
+
+    from graphormer.data.descriptors import (
+        ANALOGUE_SIMILARITY,
+        MORGAN_BITS,
+        nearest_similarity_median,
+    )
+
+    path = _series_csv(tmp_path)
+    assert nearest_similarity_median(["CCO", "c1ccccc1O"], ["CCCO"]) > 0.3
+    assert nearest_similarity_median([], ["CCO"]) == 0.0
+    common = [
+        *TINY,
+        "dataset=smiles_csv",
+        f"dataset.path={path}",
+        "dataset.targets=[tpsa]",
+        "dataset.feature_columns=[length]",
+        f"dataset.root={tmp_path / 'cache'}",
+        "trainer.max_epochs=1",
+    ]
+    assert compose_train(common).dataset.molecule_features == "auto"  # the CSV default
+    # A random split of a series: each held-out molecule has its homologue in training.
+    with caplog.at_level(logging.INFO, logger="graphormer"):
+        series = train_config(
+            compose_train([*common, "dataset.split=random", f"output_dir={tmp_path / 'a'}"])
+        )
+    assert "Morgan counts beside the graph" in caplog.text
+    record = checkpoint.load(series["best_checkpoint"])
+    assert record.data["dataset"]["molecule_features"] == "morgan_counts"  # resolved, not auto
+    auto = record.data["molecule_features"]["auto"]
+    assert (
+        auto["similarity"] >= ANALOGUE_SIMILARITY and auto["molecule_features"] == "morgan_counts"
+    )
+    names = record.data["molecule_features"]["names"]
+    assert names[0] == "morgan_counts:0" and names[-1] == "length" and len(names) == MORGAN_BITS + 1
+    assert record.model["molecule_features_dim"] == MORGAN_BITS + 1
+    # The counts training read are the ones prediction computes from the SMILES: evaluation
+    # of the test split (rebuilt from the saved settings) scores what training scored.
+    result, _ = evaluate_run(series, tmp_path / "a")
+    assert math.isclose(result["test"]["rmse"], series["test"]["rmse"], rel_tol=1e-5)
+    # The run auto chose is the run of the set named outright, to the last digit.
+    named = train_config(
+        compose_train(
+            [
+                *common,
+                "dataset.split=random",
+                "dataset.molecule_features=morgan_counts",
+                f"output_dir={tmp_path / 'named'}",
+            ]
+        )
+    )
+    assert named["test"]["rmse"] == series["test"]["rmse"]
+    # A scaffold split of the same file: no held-out molecule shares a training scaffold.
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="graphormer"):
+        scaffold = train_config(
+            compose_train([*common, "dataset.split=scaffold", f"output_dir={tmp_path / 'b'}"])
+        )
+    assert "the graph alone" in caplog.text
+    record = checkpoint.load(scaffold["best_checkpoint"])
+    assert record.data["dataset"]["molecule_features"] is None
+    assert record.data["molecule_features"]["names"] == ["length"]  # the file's column stays
+    assert record.data["molecule_features"]["auto"]["similarity"] < ANALOGUE_SIMILARITY
+
+
+def test_auto_features_are_for_csv_molecules_only():
+    from graphormer.data.sources.ogb import OGBSource
+
+    with pytest.raises(ConfigError, match=r"auto chooses from a CSV's split .* rdkit2d, morgan"):
+        OGBSource("ogbg-molesol", molecule_features="auto")

@@ -75,7 +75,7 @@ def test_a_spread_head_is_for_regression(tmp_path, nci_csv):
         [
             "dataset=smiles_csv",
             f"dataset.path={nci_csv}",
-            "dataset.targets=[tpsa]",
+            "dataset.targets=[binary]",
             "dataset.task_type=binary",
             f"dataset.root={csv_cache(nci_csv)}",
             f"output_dir={tmp_path / 'run'}",

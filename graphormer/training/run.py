@@ -72,7 +72,12 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
     model = dict(settings.model)
     _dataset_feature_dims(model, datamodule)
     data = {
-        "dataset": absolute_paths(dict(settings.dataset)),
+        # What the data resolved (molecule_features=auto's choice) over what was asked: the
+        # checkpoint rebuilds these inputs.
+        "dataset": {
+            **absolute_paths(dict(settings.dataset)),
+            **datamodule.source.resolved_settings(),
+        },
         # As resolved for this run (pad_to_multiple: null becomes 8 or 1), so that eval.py and
         # a resume batch exactly as training did, whatever the device they run on.
         "datamodule": {
@@ -85,6 +90,9 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
         # What the model's molecule features are and how they are transformed (issue #22): the
         # statistics themselves are the model's buffers.
         data["molecule_features"] = {"names": features.names(), "rule": MOLECULE_FEATURE_RULE}
+        chosen_by = getattr(datamodule.source, "auto_choice", None)
+        if chosen_by is not None:
+            data["molecule_features"]["auto"] = chosen_by
     try:
         module = GraphormerModule(
             model=model,
@@ -303,6 +311,8 @@ def train(
         settings.dataset, settings.datamodule, settings.seed, gpu, source=source
     )
     task = datamodule.task
+    if datamodule.source.resolves_on_load():
+        datamodule.prepare_data()  # its auto settings come from the data: before the model is sized
     module = build_module(settings, datamodule)
     if settings.pretrained and not settings.ckpt_path:  # a resume's weights are its checkpoint's
         loaded = load_pretrained(module, settings.pretrained, strict=settings.pretrained_strict)

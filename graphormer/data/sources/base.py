@@ -157,6 +157,17 @@ class Source(ABC):
         ``[1, D]`` (a :class:`~graphormer.data.descriptors.MoleculeFeatures`), or None."""
         return None
 
+    def resolves_on_load(self) -> bool:
+        """Whether :meth:`load` chooses settings from the data (``auto`` values), so that the
+        model can be sized only after it. False by default."""
+        return False
+
+    def resolved_settings(self) -> dict:
+        """Dataset settings that :meth:`load` resolved from the data (``auto`` values), as
+        ``{key: value}``; a run saves them over the ones it was given, so that evaluation and
+        prediction rebuild exactly these inputs. Empty by default."""
+        return {}
+
     def has_positions(self) -> bool:
         """Whether its graphs carry atom positions ``pos`` ``[num_nodes, 3]`` (what models with
         ``model.channels=3d`` read)."""

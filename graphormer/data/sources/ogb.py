@@ -233,6 +233,12 @@ class OGBSource(Source):
             )
         self.conformers = conformers
         self.num_conformers = num_conformers
+        if molecule_features == "auto":
+            raise ConfigError(
+                f"dataset.molecule_features=auto chooses from a CSV's split (dataset=smiles_csv); "
+                f"for {name} name the features: rdkit2d, morgan_counts, rdkit2d+morgan_counts "
+                "or null"
+            )
         self.features = MoleculeFeatures(molecule_features)
         task = ogb_task_info(name)
         blockers = [] if name in OGB_MOLECULE_DATASETS else [f"{name} is not a molecule dataset"]

@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import os.path as osp
 import warnings
 import zlib
@@ -25,10 +26,13 @@ from graphormer.data.conformers import (
     unembedded_message,
 )
 from graphormer.data.descriptors import (
+    ANALOGUE_SIMILARITY,
     ATOM_DESCRIPTORS,
     MoleculeFeatures,
     atom_descriptor_values,
     auxiliary_atoms_apply,
+    morgan_count_values,
+    nearest_similarity_median,
     rdkit2d_names,
     rdkit2d_values,
     require_columns,
@@ -55,6 +59,8 @@ from graphormer.data.tasks import (
 )
 from graphormer.errors import ConfigError, DataError
 from graphormer.safe_io import PYG_DATA, allow, load_data
+
+log = logging.getLogger(__name__)
 
 __all__ = ["SmilesCsvDataset", "SmilesCsvSource", "load_cache", "resolve_path"]
 
@@ -546,7 +552,11 @@ class SmilesCsvSource(Source):
             (default: :obj:`"regression"`)
         molecule_features (str | None, optional): extra model inputs per molecule:
             ``"rdkit2d"``, RDKit's 2D descriptors; ``"morgan_counts"``, its Morgan (ECFP4)
-            count fingerprint in 2,048 bins; ``"rdkit2d+morgan_counts"``, both. (default:
+            count fingerprint in 2,048 bins; ``"rdkit2d+morgan_counts"``, both; ``"auto"``
+            (``train.py``'s default), Morgan counts when the validation molecules are analogues
+            of the training ones (median nearest-neighbour Tanimoto similarity at least
+            :data:`~graphormer.data.descriptors.ANALOGUE_SIMILARITY`), else none: chosen when
+            the data loads, logged, and saved with the run as the set it chose. (default:
             :obj:`None`)
         feature_columns (Sequence[str], optional): numeric columns of the CSV given to the model
             as molecule features too (empty cells are missing). (default: :obj:`()`)
@@ -610,7 +620,12 @@ class SmilesCsvSource(Source):
         check_conformer_settings(conformers, num_conformers)
         self.conformers = conformers
         self.num_conformers = num_conformers
-        self.features = MoleculeFeatures(molecule_features, list(feature_columns or ()))
+        # auto: chosen in load(), from the split (the file's own columns are read either way).
+        self.auto_features = molecule_features == "auto"
+        self.features = MoleculeFeatures(
+            None if self.auto_features else molecule_features, list(feature_columns or ())
+        )
+        self.auto_choice: dict | None = None
         self.descriptor_targets = bool(descriptor_targets)
         if self.descriptor_targets:
             if targets or task_type != "regression":
@@ -774,8 +789,64 @@ class SmilesCsvSource(Source):
         return dataset.row.view(-1)
 
     def molecule_features(self) -> MoleculeFeatures | None:
-        """The molecule-level input features (issue #22), or None."""
+        """The molecule-level input features (issue #22), or None; with
+        ``molecule_features=auto``, what :meth:`load` chose."""
         return self.features if self.features.enabled else None
+
+    def resolves_on_load(self) -> bool:
+        return self.auto_features
+
+    def _stored_features(self) -> MoleculeFeatures | None:
+        """The features the processed graphs are cached with: all of them, or with ``auto`` the
+        file's columns alone (the choice depends on the split, not on the cache)."""
+        if not self.auto_features:
+            return self.molecule_features()
+        columns = MoleculeFeatures(None, self.features.columns)
+        return columns if columns.enabled else None
+
+    def resolved_settings(self) -> dict:
+        """``{"molecule_features": the set chosen}`` once ``auto`` has chosen (what a checkpoint
+        keeps, so that evaluation and prediction read the same inputs); else empty."""
+        if self.auto_choice is None:
+            return {}
+        return {"molecule_features": self.auto_choice["molecule_features"]}
+
+    def _choose_features(self, dataset: SmilesCsvDataset, split: dict) -> None:
+        """``molecule_features=auto``: Morgan counts when the validation molecules (the test
+        ones without validation) are analogues of the training ones, attached to every graph
+        before any file column; the choice is logged and kept in :attr:`auto_choice`."""
+        held = split["valid"] if len(split["valid"]) else split["test"]
+        table = dataset.read_table()
+        column = table[self.smiles_column_name].tolist()
+        smiles = [column[r] for r in dataset.row.view(-1).tolist()]  # one per graph
+        similarity = nearest_similarity_median(
+            [smiles[int(i)] for i in split["train"]], [smiles[int(i)] for i in held]
+        )
+        chosen = "morgan_counts" if similarity >= ANALOGUE_SIMILARITY else None
+        columns = self.features.columns
+        self.features = MoleculeFeatures(chosen, columns)
+        self.auto_choice = {
+            "molecule_features": chosen,
+            "similarity": round(similarity, 4),
+            "threshold": ANALOGUE_SIMILARITY,
+        }
+        log.info(
+            "dataset.molecule_features=auto: the validation molecules' median nearest-neighbour "
+            "similarity to the training ones is %.2f (%s %.2f): %s",
+            similarity,
+            ">=" if chosen else "<",
+            ANALOGUE_SIMILARITY,
+            "Morgan counts beside the graph" if chosen else "the graph alone",
+        )
+        if chosen is None:
+            return
+        values = torch.from_numpy(morgan_count_values(smiles))  # [graphs, MORGAN_BITS]
+        data = dataset._data
+        if columns:  # the file's columns, already per graph: the counts go first
+            values = torch.cat([values, data.molecule_features.view(len(smiles), -1)], 1)
+        # One [1, D] row per graph, through the collated storage's slices.
+        data.molecule_features = values
+        dataset.slices["molecule_features"] = torch.arange(len(smiles) + 1)
 
     def has_positions(self) -> bool:
         return self.conformers is not None
@@ -799,7 +870,8 @@ class SmilesCsvSource(Source):
             comment=self.comment,
             atom_targets=self.atom_targets,
             bond_targets=self.bond_targets,
-            molecule_features=self.molecule_features(),
+            # auto: the file's columns alone here; what auto chooses is attached below.
+            molecule_features=self._stored_features(),
             descriptor_targets=self.descriptor_targets,
             atom_descriptor_targets=self.atom_descriptor_targets,
             conformers=self.conformers,
@@ -840,6 +912,8 @@ class SmilesCsvSource(Source):
         if task.is_multiclass:
             y = dataset.y.view(len(dataset), -1)
             warn_absent_classes(y[torch.as_tensor(split["train"])], task.num_classes, self.name)
+        if self.auto_features:
+            self._choose_features(dataset, split)
         return LoadedDataset(dataset, split, task)
 
 
