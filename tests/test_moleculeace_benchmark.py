@@ -155,3 +155,24 @@ def test_a_lever_is_a_row_whose_settings_are_kept_and_never_reused_under_its_nam
         lever_rows(fixed, names, [["chemprop", "model.num_layers=6"]], tmp_path)
     with pytest.raises(SystemExit, match="needs KEY=VALUE settings"):
         lever_rows(fixed, names, [["bare"]], tmp_path)
+
+
+def test_the_similarity_table_reports_what_auto_chooses_from_the_validation_molecules():
+    from graphormer.data.descriptors import nearest_similarity_median
+
+    from common import similarity_table
+
+    train = ["CC(=O)Nc1ccc(O)cc1", "CN1CCC[C@H]1c1cccnc1", "CC(C)Cc1ccc(C(C)C(=O)O)cc1"]
+    # paracetamol's chloro analogue, ibuprofen's methyl ester: close, not the same
+    analogues = ["CC(=O)Nc1ccc(Cl)cc1", "CC(C)Cc1ccc(C(C)C(=O)OC)cc1"]
+    strangers = ["FC(F)(F)F", "O=S(=O)(O)O"]
+    smiles = train + analogues + strangers
+    split = {"train": [0, 1, 2], "valid": [3, 4], "test": [5, 6]}
+    close = nearest_similarity_median(train, analogues)
+    far = nearest_similarity_median(train, strangers)
+    assert 0.5 <= close < 1.0 and far < 0.2
+    assert nearest_similarity_median(train, train[:2]) == 1.0
+    table = similarity_table({"near": (smiles, split), "far": (smiles, {**split, "valid": [5, 6]})})
+    near_row, far_row = table.splitlines()[2:]
+    assert near_row == f"| near | {close:.2f} | {far:.2f} | morgan_counts |"
+    assert far_row == f"| far | {far:.2f} | {far:.2f} | the graph alone |"
