@@ -57,7 +57,7 @@ __all__ = [
 # validation molecules' median nearest-neighbour Tanimoto similarity to the training molecules
 # (ECFP4 bits) is at least this: held-out molecules that are analogues of training ones, as in a
 # series of bioactivity measurements, where the counts cut MoleculeACE's test errors by a sixth
-# to a quarter; below it (scaffold splits measured 0.30 to 0.39, MoleculeACE's splits 0.59 to
+# to a quarter; below it (scaffold splits measured 0.30 to 0.38, MoleculeACE's splits 0.59 to
 # 0.86) they made solubility's and FreeSolv's errors worse by a quarter or more.
 # docs/benchmarks/moleculeace.md has the figures.
 ANALOGUE_SIMILARITY = 0.5
