@@ -385,3 +385,45 @@ def test_auto_features_are_for_csv_molecules_only():
 
     with pytest.raises(ConfigError, match=r"auto chooses from a CSV's split .* rdkit2d, morgan"):
         OGBSource("ogbg-molesol", molecule_features="auto")
+
+
+def test_auto_gives_large_sets_the_graph_alone_and_samples_the_held_out_molecules(
+    tmp_path, monkeypatch, caplog
+):
+    import logging
+
+    import numpy as np
+
+    from graphormer.data import descriptors
+    from graphormer.data.sources import smiles_csv
+    from graphormer.data.sources.smiles_csv import SmilesCsvSource
+
+    path = _series_csv(tmp_path)
+
+    def load():
+        source = SmilesCsvSource(
+            str(path), ["tpsa"], split="random", root=str(tmp_path / "cache"),
+            molecule_features="auto",
+        )  # fmt: skip
+        return source, source.load()
+
+    source, loaded = load()  # a series: analogues in training, so the counts
+    assert source.auto_choice["molecule_features"] == "morgan_counts"
+    assert loaded.dataset[0].molecule_features.shape == (1, descriptors.MORGAN_BITS)
+    # One molecule more than the cap: the graph alone, said in the log and in the record.
+    monkeypatch.setattr(smiles_csv, "ANALOGUE_MAX_MOLECULES", len(loaded.dataset) - 1)
+    with caplog.at_level(logging.INFO, logger="graphormer"):
+        source, loaded = load()
+    assert source.auto_choice == {"molecule_features": None, "molecules": len(loaded.dataset)}
+    assert source.molecule_features() is None and source.resolved_settings() == {
+        "molecule_features": None
+    }
+    assert "the graph alone" in caplog.text and "more than the" in caplog.text
+    assert getattr(loaded.dataset[0], "molecule_features", None) is None
+    # The median over more held-out molecules than the sample is the median of a seeded sample.
+    queries = list(nci_table().smiles[:40])
+    train = list(nci_table().smiles[40:240])
+    picked = np.sort(np.random.default_rng(0).choice(40, 10, replace=False))
+    sampled = descriptors.nearest_similarity_median(train, queries, sample=10)
+    assert sampled == descriptors.nearest_similarity_median(train, [queries[i] for i in picked])
+    assert sampled != descriptors.nearest_similarity_median(train, queries)

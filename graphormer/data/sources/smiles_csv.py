@@ -26,6 +26,7 @@ from graphormer.data.conformers import (
     unembedded_message,
 )
 from graphormer.data.descriptors import (
+    ANALOGUE_MAX_MOLECULES,
     ANALOGUE_SIMILARITY,
     ATOM_DESCRIPTORS,
     MoleculeFeatures,
@@ -555,8 +556,10 @@ class SmilesCsvSource(Source):
             count fingerprint in 2,048 bins; ``"rdkit2d+morgan_counts"``, both; ``"auto"``
             (``train.py``'s default), Morgan counts when the validation molecules are analogues
             of the training ones (median nearest-neighbour Tanimoto similarity at least
-            :data:`~graphormer.data.descriptors.ANALOGUE_SIMILARITY`), else none: chosen when
-            the data loads, logged, and saved with the run as the set it chose. (default:
+            :data:`~graphormer.data.descriptors.ANALOGUE_SIMILARITY`; sets of at most
+            :data:`~graphormer.data.descriptors.ANALOGUE_MAX_MOLECULES` molecules), else none:
+            chosen when the data loads, logged, and saved with the run as the set it chose.
+            (default:
             :obj:`None`)
         feature_columns (Sequence[str], optional): numeric columns of the CSV given to the model
             as molecule features too (empty cells are missing). (default: :obj:`()`)
@@ -813,8 +816,22 @@ class SmilesCsvSource(Source):
 
     def _choose_features(self, dataset: SmilesCsvDataset, split: dict) -> None:
         """``molecule_features=auto``: Morgan counts when the validation molecules (the test
-        ones without validation) are analogues of the training ones, attached to every graph
-        before any file column; the choice is logged and kept in :attr:`auto_choice`."""
+        ones without validation) are analogues of the training ones and the set holds at most
+        :data:`~graphormer.data.descriptors.ANALOGUE_MAX_MOLECULES` molecules, attached to
+        every graph before any file column; the choice is logged and kept in
+        :attr:`auto_choice`."""
+        columns = self.features.columns
+        if len(dataset) > ANALOGUE_MAX_MOLECULES:
+            self.features = MoleculeFeatures(None, columns)
+            self.auto_choice = {"molecule_features": None, "molecules": len(dataset)}
+            log.info(
+                "dataset.molecule_features=auto: %d molecules, more than the %d up to which "
+                "Morgan counts are given: the graph alone (dataset.molecule_features="
+                "morgan_counts gives them anyway)",
+                len(dataset),
+                ANALOGUE_MAX_MOLECULES,
+            )
+            return
         held = split["valid"] if len(split["valid"]) else split["test"]
         table = dataset.read_table()
         column = table[self.smiles_column_name].tolist()
@@ -823,7 +840,6 @@ class SmilesCsvSource(Source):
             [smiles[int(i)] for i in split["train"]], [smiles[int(i)] for i in held]
         )
         chosen = "morgan_counts" if similarity >= ANALOGUE_SIMILARITY else None
-        columns = self.features.columns
         self.features = MoleculeFeatures(chosen, columns)
         self.auto_choice = {
             "molecule_features": chosen,
