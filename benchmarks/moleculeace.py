@@ -19,7 +19,9 @@ Protocol: each set's own train/test split; validation is a seeded tenth of the t
 (seed 0, the same rows for every model and every seed), so every model trains on the other nine
 tenths. Seeds change the models' initialisation and batch order only. Rows:
 
-- ``graphormer``: ``train.py``'s defaults; ``graphormer+pretrained``: the same, fine-tuned from
+- ``graphormer``: ``train.py``'s defaults (their ``dataset.molecule_features=auto`` gives Morgan
+  counts beside the graph on every MoleculeACE set: see ``--similarity``);
+  ``graphormer+pretrained``: the same, fine-tuned from
   ``experiment=descriptor_pretrain`` made once per ``--work`` on rdkit's NCI SMILES or
   ``--pretrain-smiles`` (every MoleculeACE molecule removed first), as in ``versus_chemprop.py``;
 - ``chemprop``: chemprop v2's defaults (``--chemprop``, its own virtual environment);
