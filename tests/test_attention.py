@@ -316,6 +316,39 @@ def test_cheap_dropout_is_dropout():
     assert isinstance(layer, nn.Dropout) and layer.p == 0.1
 
 
+def test_keep_mask_is_the_drop_masks_complement_and_the_kernel_applies_it_exactly():
+    from graphormer.models.dropout import drop_mask, keep_mask
+
+    for dtype in (torch.float32, torch.float64):
+        torch.manual_seed(5)
+        drop, scale = drop_mask((7, 33, 21), 0.1)
+        torch.manual_seed(5)
+        keep, keep_scale = keep_mask((7, 33, 21), 0.1, dtype)
+        assert keep.dtype == dtype and keep_scale == scale
+        assert torch.equal(keep, (~drop).to(dtype))
+    keep, keep_scale = keep_mask((4, 5), 1 - 1e-7)
+    assert not keep.any() and keep_scale == 0.0
+    # The kernel's dropout gives, to the bit, the weights masked with the same draw.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 19, 10, requires_grad=True) for _ in range(3))
+    bias = torch.randn(2, 3, 19, 19, requires_grad=True)
+    torch.manual_seed(1)
+    out = biased_attention(q, k, v, bias, 0.1)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v, bias))
+    torch.manual_seed(1)
+    drop, scale = drop_mask((6, 19, 19), 0.1)
+    scores = torch.baddbmm(
+        bias.reshape(6, 19, 19), q.reshape(6, 19, 10), k.reshape(6, 19, 10).transpose(1, 2),
+        alpha=10**-0.5,
+    )
+    weights = scores.softmax(-1).masked_fill(drop, 0.0)
+    ref = torch.bmm(weights, v.reshape(6, 19, 10)).mul(scale).view(2, 3, 19, 10)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, k, v, bias))
+    for ours, theirs in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_edge_cases_behave_as_sdpa():
     from graphormer.models.dropout import drop_mask
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from graphormer.models.dropout import check_dropout, drop_mask, uses_fast_path
+from graphormer.models.dropout import check_dropout, keep_mask, uses_fast_path
 
 __all__ = ["biased_attention", "use_own_kernel"]
 
@@ -44,8 +44,10 @@ def biased_attention(
     numbers; SDPA's CPU math path spends most of a training step drawing them). Each weight is
     dropped independently with probability ``round(p * 65536) / 65536`` (within 2e-5 of ``p``)
     and the kept ones are scaled by the inverse of the keep probability, so the expectation is
-    exact. Backward keeps the softmax output and a one-byte drop mask, and writes the gradient of
-    the weights in place of the recomputed dropped weights.
+    exact. The mask is applied as a product with 0/1 numbers (:func:`~graphormer.models.dropout.keep_mask`;
+    the same values as ``masked_fill``, which PyTorch does not vectorise on CPU). Backward keeps the
+    softmax output and that mask, and writes the gradient of the weights in place of the
+    recomputed dropped weights.
 
     Shapes:
         - q ``[B, H, Lq, D]``, k and v ``[B, H, Lk, D]``
@@ -85,13 +87,13 @@ class _BiasedAttention(torch.autograd.Function):
         weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
         # A row whose every score is -inf has no weights: zeros, as SDPA gives (not NaN).
         weights.nan_to_num_(0.0)
-        drop, keep_scale = None, 1.0
+        keep, keep_scale = None, 1.0
         if dropout_p > 0:
-            drop, keep_scale = drop_mask(weights.shape, dropout_p)
-            out = torch.bmm(weights.masked_fill(drop, 0.0), v3).mul_(keep_scale)
+            keep, keep_scale = keep_mask(weights.shape, dropout_p, weights.dtype)
+            out = torch.bmm(torch.mul(weights, keep), v3).mul_(keep_scale)
         else:
             out = torch.bmm(weights, v3)
-        ctx.save_for_backward(q3, k3, v3, weights, drop)
+        ctx.save_for_backward(q3, k3, v3, weights, keep)
         ctx.keep_scale, ctx.scale = keep_scale, scale
         ctx.shapes = (q.shape, k.shape, bias.shape, bias.dtype)
         return out.view(batch, heads, q_len, dim)
@@ -99,14 +101,14 @@ class _BiasedAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
-        q3, k3, v3, weights, drop = ctx.saved_tensors
+        q3, k3, v3, weights, keep = ctx.saved_tensors
         q_shape, k_shape, bias_shape, bias_dtype = ctx.shapes
         grad_out = grad_out.reshape(q3.shape)
-        if drop is not None:
-            dropped = weights.masked_fill(drop, 0.0)
+        if keep is not None:
+            dropped = torch.mul(weights, keep)
             grad_v = torch.bmm(dropped.transpose(1, 2), grad_out).mul_(ctx.keep_scale)
             grad_w = torch.bmm(grad_out, v3.transpose(1, 2), out=dropped)  # reuses the buffer
-            grad_w.masked_fill_(drop, 0.0)
+            grad_w.mul_(keep)
         else:
             grad_v = torch.bmm(weights.transpose(1, 2), grad_out)
             grad_w = torch.bmm(grad_out, v3.transpose(1, 2))
@@ -114,7 +116,7 @@ class _BiasedAttention(torch.autograd.Function):
         grad_s = torch.ops.aten._softmax_backward_data.out(
             grad_w, weights, -1, weights.dtype, grad_input=grad_w
         )
-        if drop is not None:
+        if keep is not None:
             grad_s.mul_(ctx.keep_scale)
         grad_q = torch.bmm(grad_s, k3).mul_(ctx.scale)
         grad_k = torch.bmm(grad_s.transpose(1, 2), q3).mul_(ctx.scale)

@@ -16,9 +16,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Dropout", "check_dropout", "drop_mask", "dropout"]
+__all__ = ["Dropout", "check_dropout", "drop_mask", "dropout", "keep_mask"]
 
 _LEVELS = 65536  # 16-bit uniform numbers
+
+
+def _uniform16(shape: torch.Size | tuple[int, ...]) -> Tensor:
+    """Independent uniform 16-bit integers (int16, -32768..32767) of ``shape``, four to a random
+    64-bit word of torch's default CPU generator."""
+    count = math.prod(shape)
+    words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
+    return words.view(torch.int16)[:count].view(shape)
 
 
 def drop_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[Tensor, float]:
@@ -28,10 +36,24 @@ def drop_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[Tensor, fl
     threshold = min(round(p * _LEVELS), _LEVELS)
     if threshold >= _LEVELS:  # everything drops (the int16 threshold would overflow)
         return torch.ones(shape, dtype=torch.bool), 0.0
-    count = math.prod(shape)
-    words = torch.empty((count + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
-    drop = words.view(torch.int16)[:count].view(shape) < threshold - _LEVELS // 2
+    drop = _uniform16(shape) < threshold - _LEVELS // 2
     return drop, _LEVELS / (_LEVELS - threshold)
+
+
+def keep_mask(
+    shape: torch.Size | tuple[int, ...], p: float, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, float]:
+    """:func:`drop_mask`'s complement from the same draw, as numbers: 1 where an element is kept,
+    0 where it drops, in ``dtype``, and the scale of the kept elements.
+
+    Multiplying by it gives the same values as ``masked_fill(drop, 0)`` for finite inputs, at a
+    quarter of the time on CPU (``masked_fill`` with a bool mask is not vectorised there)."""
+    threshold = min(round(p * _LEVELS), _LEVELS)
+    if threshold >= _LEVELS:
+        return torch.zeros(shape, dtype=dtype), 0.0
+    keep = torch.empty(shape, dtype=dtype)
+    torch.ge(_uniform16(shape), threshold - _LEVELS // 2, out=keep)
+    return keep, _LEVELS / (_LEVELS - threshold)
 
 
 def check_dropout(p: float) -> None:
@@ -63,16 +85,16 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
 class _Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
-        drop, keep_scale = drop_mask(x.shape, p)
-        ctx.save_for_backward(drop)
+        keep, keep_scale = keep_mask(x.shape, p, x.dtype)
+        ctx.save_for_backward(keep)
         ctx.keep_scale = keep_scale
-        return x.masked_fill(drop, 0.0).mul_(keep_scale)
+        return torch.mul(x, keep).mul_(keep_scale)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
-        (drop,) = ctx.saved_tensors
-        return grad.masked_fill(drop, 0.0).mul_(ctx.keep_scale), None
+        (keep,) = ctx.saved_tensors
+        return torch.mul(grad, keep).mul_(ctx.keep_scale), None
 
 
 class Dropout(nn.Dropout):
