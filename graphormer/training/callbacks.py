@@ -237,8 +237,13 @@ class WeightAverage(Callback):
         decay = min(self.decay, self.updates / (self.updates + 1.0))
         self.updates += 1
         with torch.no_grad():
-            for name, p in self._trained(pl_module).items():
-                self._average[name].lerp_(p.detach().float(), 1.0 - decay)
+            params = self._trained(pl_module)
+            # One foreach call rather than a lerp per tensor (~200 of them in a small model).
+            torch._foreach_lerp_(
+                [self._average[name] for name in params],
+                [p.detach().float() for p in params.values()],
+                1.0 - decay,
+            )
 
     def _swap_in(self, pl_module: pl.LightningModule) -> None:
         self._ensure(pl_module)
