@@ -427,3 +427,52 @@ def test_auto_gives_large_sets_the_graph_alone_and_samples_the_held_out_molecule
     sampled = descriptors.nearest_similarity_median(train, queries, sample=10)
     assert sampled == descriptors.nearest_similarity_median(train, [queries[i] for i in picked])
     assert sampled != descriptors.nearest_similarity_median(train, queries)
+
+
+def test_auto_depth_is_six_layers_for_an_analogue_series_and_twelve_otherwise(tmp_path, caplog):
+    import logging
+
+    from graphormer.cli.train import settings_from
+
+    path = _series_csv(tmp_path, n=30)
+    common = [
+        *TINY,
+        "model.num_layers=auto",
+        "dataset=smiles_csv",
+        f"dataset.path={path}",
+        "dataset.targets=[tpsa]",
+        f"dataset.root={tmp_path / 'cache'}",
+        "trainer.max_epochs=1",
+    ]
+    assert compose_train(["dataset=smiles_csv"]).model.num_layers == "auto"  # slim's default
+    depths = {}
+    for split, features in (("random", "auto"), ("scaffold", "auto"), ("random", "morgan_counts")):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="graphormer"):
+            run = train_config(
+                compose_train(
+                    [
+                        *common,
+                        f"dataset.split={split}",
+                        f"dataset.molecule_features={features}",
+                        f"output_dir={tmp_path / (split + features)}",
+                    ]
+                )
+            )
+        record = checkpoint.load(run["best_checkpoint"])
+        held = {key.split(".")[2] for key in record.state_dict if key.startswith("model.layers.")}
+        assert record.model["num_layers"] == len(held)  # the number, never auto
+        depths[split, features] = len(held)
+        assert f"model.num_layers=auto: {len(held)} layers" in caplog.text
+    # auto's analogue series gets 6 layers; a scaffold split, and Morgan counts named outright
+    # (which say nothing about the split), get 12.
+    assert depths == {
+        ("random", "auto"): 6,
+        ("scaffold", "auto"): 12,
+        ("random", "morgan_counts"): 12,
+    }
+    # Anything but a positive integer or auto is refused before any data is read.
+    for bad in ("deep", 0):
+        cfg = compose_train([*common, f"model.num_layers={bad}", f"output_dir={tmp_path / 'x'}"])
+        with pytest.raises(ConfigError, match="num_layers"):
+            settings_from(cfg)

@@ -94,9 +94,10 @@ def _plain_text(text: str) -> str:
     return "`".join(parts).replace("|", "\\|")
 
 
-def docstring_entries(obj: Any) -> dict[str, str]:
+def docstring_entries(obj: Any, types: dict[str, str] | None = None) -> dict[str, str]:
     """The ``Args:`` / ``Attributes:`` entries of a Google-style docstring: name -> text (an entry
-    naming several, ``a, b: ...``, gives each the same text)."""
+    naming several, ``a, b: ...``, gives each the same text). An entry's own type,
+    ``name (int or auto): ...``, goes into ``types`` when given."""
     doc = inspect.cleandoc(obj.__doc__ or "")
     entries: dict[str, str] = {}
     section = False
@@ -116,6 +117,8 @@ def docstring_entries(obj: Any) -> dict[str, str]:
             names = match["names"].split(", ")
             for name in names:
                 entries[name] = match["text"]
+                if types is not None and match["type"]:
+                    types[name] = match["type"]
         elif names and body.strip():
             for name in names:
                 entries[name] = f"{entries[name]} {body.strip()}"
@@ -200,7 +203,8 @@ def _default(value: Any) -> Any:
 
 
 def _dataclass_keys(cls: type, prefix: str, defaults: Mapping[str, Any]) -> list[Key]:
-    meanings = docstring_entries(cls)
+    types: dict[str, str] = {}
+    meanings = docstring_entries(cls, types)
     keys = []
     for f in dataclasses.fields(cls):
         if f.name == "extra":
@@ -211,7 +215,7 @@ def _dataclass_keys(cls: type, prefix: str, defaults: Mapping[str, Any]) -> list
             Key(
                 name,
                 defaults.get(name, _default(default)),
-                _annotation(f.type),
+                _annotation(types.get(f.name, f.type)),
                 meanings.get(f.name, ""),
             )
         )

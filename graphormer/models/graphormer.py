@@ -55,7 +55,11 @@ class GraphormerConfig:
     """Hyperparameters of :class:`Graphormer`. Presets live in ``configs/model/``.
 
     Attributes:
-        num_layers, hidden_dim, ffn_dim, num_heads: transformer size (``hidden_dim`` divisible by
+        num_layers (int or auto): transformer layers. In a run's settings, ``auto`` (the slim
+            preset's default) is 12, or 6 for an analogue series: a set to which
+            ``dataset.molecule_features=auto`` gave Morgan counts (its held-out molecules are
+            analogues of its training ones); the checkpoint keeps the number.
+        hidden_dim, ffn_dim, num_heads: transformer size (``hidden_dim`` divisible by
             ``num_heads``).
         dropout, attention_dropout, activation_dropout: dropout rates.
         input_dropout: dropout on the summed input embeddings; None uses ``dropout``
@@ -376,6 +380,22 @@ class GraphormerConfig:
         if self.embedding_layernorm is None:
             return self.pre_layernorm
         return self.embedding_layernorm
+
+
+# model.num_layers=auto (the slim preset's default): 12 layers, or 6 for an analogue series, a set
+# whose dataset.molecule_features=auto found its held-out molecules analogues of its training ones
+# and gave Morgan counts beside the graph. On MoleculeACE's sets the shallower model scores as the
+# deeper one at about two thirds of its time (docs/benchmarks/moleculeace.md).
+AUTO_DEPTH = 12
+ANALOGUE_DEPTH = 6
+
+
+def resolve_depth(num_layers: int | str, analogues: bool) -> int | str:
+    """``model.num_layers``: ``auto`` becomes :data:`ANALOGUE_DEPTH` when the data is an
+    analogue series (``analogues``), else :data:`AUTO_DEPTH`; any other value is kept."""
+    if num_layers == "auto":
+        return ANALOGUE_DEPTH if analogues else AUTO_DEPTH
+    return num_layers
 
 
 # Sizes of the presets (slim), to name the setting that makes a network too large.

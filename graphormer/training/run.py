@@ -23,6 +23,7 @@ from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.sources import Source, build_source
 from graphormer.devices import on_gpu, resolve_pad_to_multiple, resolve_precision
 from graphormer.errors import ConfigError
+from graphormer.models.graphormer import resolve_depth
 from graphormer.models.molecule_features import MOLECULE_FEATURE_RULE
 from graphormer.rundir import is_first_process, newest_checkpoint
 from graphormer.training.callbacks import EpochSummary, RunCheckpoint, WeightAverage
@@ -71,6 +72,7 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
     """The LightningModule of a run: the network sized for the data, the task, the optimiser."""
     model = dict(settings.model)
     _dataset_feature_dims(model, datamodule)
+    _resolve_depth(model, datamodule)
     data = {
         # What the data resolved (molecule_features=auto's choice) over what was asked: the
         # checkpoint rebuilds these inputs.
@@ -115,6 +117,24 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
     except (ValueError, TypeError) as error:
         # The model's and the module's own checks name the key ("model.hidden_dim ...").
         raise ConfigError(str(error)) from error
+
+
+def _resolve_depth(model_cfg: dict[str, Any], datamodule: GraphDataModule) -> None:
+    """``model.num_layers=auto``: 6 layers when ``dataset.molecule_features=auto`` found an
+    analogue series and gave Morgan counts, 12 otherwise (logged); the checkpoint keeps the
+    number."""
+    if model_cfg.get("num_layers") != "auto":
+        return
+    choice = getattr(datamodule.source, "auto_choice", None) or {}
+    analogues = choice.get("molecule_features") == "morgan_counts"
+    model_cfg["num_layers"] = resolve_depth("auto", analogues)
+    log.info(
+        "model.num_layers=auto: %d layers (%s)",
+        model_cfg["num_layers"],
+        "an analogue series, Morgan counts beside the graph"
+        if analogues
+        else "not an analogue series given Morgan counts by dataset.molecule_features=auto",
+    )
 
 
 def _dataset_feature_dims(model_cfg: dict[str, Any], datamodule: GraphDataModule) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from graphormer.data.structure import max_useful_hops
 from graphormer.devices import PRECISIONS
 from graphormer.errors import ConfigError
-from graphormer.models.graphormer import GraphormerConfig
+from graphormer.models.graphormer import AUTO_DEPTH, GraphormerConfig, resolve_depth
 from graphormer.portable.calibration import CALIBRATIONS
 
 __all__ = [
@@ -676,7 +676,14 @@ class RunSettings:
         _choice("pretrained_head", self.pretrained_head, PRETRAINED_HEADS)
         _boolean("require_pretrained", self.require_pretrained)
         try:  # the model's own checks, now rather than after the data has been read
-            GraphormerConfig.from_dict({**self.model, "num_tasks": 1})
+            depth = resolve_depth(self.model.get("num_layers", AUTO_DEPTH), analogues=False)
+            if isinstance(depth, str):
+                raise _bad(
+                    "model.num_layers",
+                    depth,
+                    "an integer >= 1, or auto (12; 6 for an analogue series)",
+                )
+            GraphormerConfig.from_dict({**self.model, "num_layers": depth, "num_tasks": 1})
         except (TypeError, ValueError) as error:
             raise ConfigError(str(error)) from error
         _choice("nonfinite", self.nonfinite, NONFINITE)
