@@ -170,13 +170,18 @@ def nci_ogb_dataset(root: Path, name: str = "ogbg-molhiv", limit: int = 400) -> 
 
 
 def model_preset(name: str) -> dict:
-    """A model preset from ``configs/model/<name>.yaml``, composed by Hydra (defaults resolved)."""
+    """A model preset from ``configs/model/<name>.yaml``, composed by Hydra (defaults resolved;
+    ``num_layers: auto`` as for data that is not an analogue series: 12)."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from graphormer.models.graphormer import resolve_depth
+
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         cfg = compose("train", overrides=[f"model={name}", "output_dir=."])
-    return OmegaConf.to_container(cfg.model, resolve=True)
+    preset = OmegaConf.to_container(cfg.model, resolve=True)
+    preset["num_layers"] = resolve_depth(preset["num_layers"], analogues=False)
+    return preset
 
 
 def write_pcqm4mv2_layout(

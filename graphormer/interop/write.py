@@ -18,7 +18,7 @@ from graphormer.interop.huggingface import huggingface_settings
 from graphormer.interop.layouts import HUGGINGFACE
 from graphormer.interop.microsoft import from_microsoft
 from graphormer.interop.read import Source, read_source
-from graphormer.models.graphormer import Graphormer, GraphormerConfig
+from graphormer.models.graphormer import AUTO_DEPTH, Graphormer, GraphormerConfig, resolve_depth
 
 __all__ = ["convert_checkpoint", "convert_source", "fine_tune_overrides"]
 
@@ -159,8 +159,11 @@ def fine_tune_overrides(
     keys = [f.name for f in fields(GraphormerConfig) if f.name != "num_tasks"]
 
     def differing(preset: Mapping[str, Any]) -> list[str]:
-        built = GraphormerConfig.from_dict({**preset, "num_tasks": config.num_tasks}).to_dict()
-        return [k for k in keys if built[k] != target[k]]
+        # num_layers: auto follows the data of the fine-tuning run: always give the number.
+        depth = preset.get("num_layers", AUTO_DEPTH)
+        values = {**preset, "num_layers": resolve_depth(depth, analogues=False)}
+        built = GraphormerConfig.from_dict({**values, "num_tasks": config.num_tasks}).to_dict()
+        return [k for k in keys if built[k] != target[k] or (k == "num_layers" and depth == "auto")]
 
     if not presets:
         return [f"model.{k}={_override_value(target[k])}" for k in keys]
