@@ -286,21 +286,22 @@ def similarity_table(splits: dict[str, tuple[Sequence[str], dict]]) -> str:
     per set (``{name: (smiles, split)}``, the split's ``train``/``valid``/``test`` rows), the
     median over the validation and over the test molecules of each one's highest Tanimoto
     similarity to a training molecule (ECFP4 bits), and what ``dataset.molecule_features=auto``
-    chooses from the validation median."""
-    from graphormer.data.descriptors import ANALOGUE_SIMILARITY, nearest_similarity_median
+    and ``model.num_layers=auto`` choose (the data's own rule,
+    :func:`graphormer.data.descriptors.analogue_features`, on the validation molecules)."""
+    from graphormer.data.descriptors import analogue_features, nearest_similarity_median
+    from graphormer.models.graphormer import resolve_depth
 
     lines = [
-        "| set | validation vs train | test vs train | `molecule_features=auto` |",
-        "|---|---|---|---|",
+        "| set | validation vs train | test vs train | `molecule_features=auto` | layers |",
+        "|---|---|---|---|---|",
     ]
     for name, (smiles, split) in splits.items():
         train = [smiles[i] for i in split["train"]]
-        medians = [
-            nearest_similarity_median(train, [smiles[i] for i in split[part]])
-            for part in ("valid", "test")
-        ]
-        chosen = "morgan_counts" if medians[0] >= ANALOGUE_SIMILARITY else "the graph alone"
-        lines.append(f"| {name} | {medians[0]:.2f} | {medians[1]:.2f} | {chosen} |")
+        chosen, valid = analogue_features(train, [smiles[i] for i in split["valid"]], len(smiles))
+        test = nearest_similarity_median(train, [smiles[i] for i in split["test"]])
+        shown = "-" if valid is None else f"{valid:.2f}"
+        depth = resolve_depth("auto", analogues=chosen == "morgan_counts")
+        lines.append(f"| {name} | {shown} | {test:.2f} | {chosen or 'the graph alone'} | {depth} |")
     return "\n".join(lines)
 
 

@@ -338,7 +338,9 @@ def test_keep_mask_is_the_drop_masks_complement_and_the_kernel_applies_it_exactl
     torch.manual_seed(1)
     drop, scale = drop_mask((6, 19, 19), 0.1)
     scores = torch.baddbmm(
-        bias.reshape(6, 19, 19), q.reshape(6, 19, 10), k.reshape(6, 19, 10).transpose(1, 2),
+        bias.reshape(6, 19, 19),
+        q.reshape(6, 19, 10),
+        k.reshape(6, 19, 10).transpose(1, 2),
         alpha=10**-0.5,
     )
     weights = scores.softmax(-1).masked_fill(drop, 0.0)

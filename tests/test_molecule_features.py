@@ -395,7 +395,6 @@ def test_auto_gives_large_sets_the_graph_alone_and_samples_the_held_out_molecule
     import numpy as np
 
     from graphormer.data import descriptors
-    from graphormer.data.sources import smiles_csv
     from graphormer.data.sources.smiles_csv import SmilesCsvSource
 
     path = _series_csv(tmp_path)
@@ -411,7 +410,7 @@ def test_auto_gives_large_sets_the_graph_alone_and_samples_the_held_out_molecule
     assert source.auto_choice["molecule_features"] == "morgan_counts"
     assert loaded.dataset[0].molecule_features.shape == (1, descriptors.MORGAN_BITS)
     # One molecule more than the cap: the graph alone, said in the log and in the record.
-    monkeypatch.setattr(smiles_csv, "ANALOGUE_MAX_MOLECULES", len(loaded.dataset) - 1)
+    monkeypatch.setattr(descriptors, "ANALOGUE_MAX_MOLECULES", len(loaded.dataset) - 1)
     with caplog.at_level(logging.INFO, logger="graphormer"):
         source, loaded = load()
     assert source.auto_choice == {"molecule_features": None, "molecules": len(loaded.dataset)}

@@ -174,5 +174,5 @@ def test_the_similarity_table_reports_what_auto_chooses_from_the_validation_mole
     assert nearest_similarity_median(train, train[:2]) == 1.0
     table = similarity_table({"near": (smiles, split), "far": (smiles, {**split, "valid": [5, 6]})})
     near_row, far_row = table.splitlines()[2:]
-    assert near_row == f"| near | {close:.2f} | {far:.2f} | morgan_counts |"
-    assert far_row == f"| far | {far:.2f} | {far:.2f} | the graph alone |"
+    assert near_row == f"| near | {close:.2f} | {far:.2f} | morgan_counts | 6 |"
+    assert far_row == f"| far | {far:.2f} | {far:.2f} | the graph alone | 12 |"

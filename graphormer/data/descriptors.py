@@ -39,6 +39,7 @@ from graphormer.portable.features import (
 __all__ = [
     "ANALOGUE_MAX_MOLECULES",
     "ANALOGUE_SIMILARITY",
+    "analogue_features",
     "ATOM_DESCRIPTORS",
     "MOLECULE_FEATURE_SETS",
     "MORGAN_BITS",
@@ -151,6 +152,20 @@ def nearest_similarity_median(
         return 0.0
     nearest = [max(DataStructs.BulkTanimotoSimilarity(f, known)) for f in held]
     return float(np.median(nearest))
+
+
+def analogue_features(
+    train: Sequence[str], held: Sequence[str], molecules: int
+) -> tuple[str | None, float | None]:
+    """``dataset.molecule_features=auto``'s rule, one place for the data and the benchmarks:
+    ``("morgan_counts", median)`` when the ``held``-out molecules' median nearest-neighbour
+    similarity to the ``train`` ones (:func:`nearest_similarity_median`) is at least
+    :data:`ANALOGUE_SIMILARITY`, ``(None, median)`` below it, and ``(None, None)`` for a set of
+    more than :data:`ANALOGUE_MAX_MOLECULES` ``molecules`` (not measured)."""
+    if molecules > ANALOGUE_MAX_MOLECULES:
+        return None, None
+    similarity = nearest_similarity_median(train, held)
+    return ("morgan_counts" if similarity >= ANALOGUE_SIMILARITY else None), similarity
 
 
 def auxiliary_atoms_apply(setting: bool | str, regression: bool, blockers: Sequence[str]) -> bool:

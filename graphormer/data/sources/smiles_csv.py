@@ -30,10 +30,10 @@ from graphormer.data.descriptors import (
     ANALOGUE_SIMILARITY,
     ATOM_DESCRIPTORS,
     MoleculeFeatures,
+    analogue_features,
     atom_descriptor_values,
     auxiliary_atoms_apply,
     morgan_count_values,
-    nearest_similarity_median,
     rdkit2d_names,
     rdkit2d_values,
     require_columns,
@@ -821,7 +821,14 @@ class SmilesCsvSource(Source):
         every graph before any file column; the choice is logged and kept in
         :attr:`auto_choice`."""
         columns = self.features.columns
-        if len(dataset) > ANALOGUE_MAX_MOLECULES:
+        held = split["valid"] if len(split["valid"]) else split["test"]
+        table = dataset.read_table()
+        column = table[self.smiles_column_name].tolist()
+        smiles = [column[r] for r in dataset.row.view(-1).tolist()]  # one per graph
+        chosen, similarity = analogue_features(
+            [smiles[int(i)] for i in split["train"]], [smiles[int(i)] for i in held], len(dataset)
+        )
+        if similarity is None:
             self.features = MoleculeFeatures(None, columns)
             self.auto_choice = {"molecule_features": None, "molecules": len(dataset)}
             log.info(
@@ -832,14 +839,6 @@ class SmilesCsvSource(Source):
                 ANALOGUE_MAX_MOLECULES,
             )
             return
-        held = split["valid"] if len(split["valid"]) else split["test"]
-        table = dataset.read_table()
-        column = table[self.smiles_column_name].tolist()
-        smiles = [column[r] for r in dataset.row.view(-1).tolist()]  # one per graph
-        similarity = nearest_similarity_median(
-            [smiles[int(i)] for i in split["train"]], [smiles[int(i)] for i in held]
-        )
-        chosen = "morgan_counts" if similarity >= ANALOGUE_SIMILARITY else None
         self.features = MoleculeFeatures(chosen, columns)
         self.auto_choice = {
             "molecule_features": chosen,
