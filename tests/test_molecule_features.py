@@ -470,6 +470,24 @@ def test_auto_depth_is_six_layers_for_an_analogue_series_and_twelve_otherwise(tm
         ("scaffold", "auto"): 12,
         ("random", "morgan_counts"): 12,
     }
+    # Fine-tuning: auto takes the pre-trained network's depth (12, from the scaffold run), not
+    # the 6 of the analogue series it now trains on, whose Morgan counts are new inputs.
+    pretrained = checkpoint.load(
+        next((tmp_path / "scaffoldauto" / "checkpoints").glob("best-*.ckpt"))
+    )
+    assert pretrained.model["num_layers"] == 12
+    tuned = train_config(
+        compose_train(
+            [
+                *common,
+                "dataset.split=random",
+                f"pretrained={pretrained.path}",
+                "pretrained_strict=false",
+                f"output_dir={tmp_path / 'tuned'}",
+            ]
+        )
+    )
+    assert checkpoint.load(tuned["best_checkpoint"]).model["num_layers"] == 12
     # Anything but a positive integer or auto is refused before any data is read.
     for bad in ("deep", 0):
         cfg = compose_train([*common, f"model.num_layers={bad}", f"output_dir={tmp_path / 'x'}"])

@@ -111,6 +111,10 @@ def test_a_resume_takes_its_runs_settings_and_refuses_changes_that_break_it(base
     )
     assert (run / "metrics.json").read_bytes() == before
     assert len(list((run / ".hydra").glob("resume-*"))) == 1  # the refused left no record
+    # model.num_layers=auto on the command line stands for the number the run has: no change.
+    log = call_script("train.py", [f"ckpt_path={last}", "model.num_layers=auto"], cwd=work)
+    assert "resuming" in log and "changed by this command" not in log
+    assert "num_layers: 3" in (run / ".hydra" / "config.yaml").read_text()
 
     log = call_script(
         "train.py",

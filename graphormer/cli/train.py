@@ -214,6 +214,8 @@ def resume_values(cfg: DictConfig, given: list[str], choices: dict[str, Any]) ->
             if key in choices and _safe(leaf):
                 continue
             before, after = old.get(leaf, _ABSENT), new.get(leaf, _ABSENT)
+            if leaf == "model.num_layers" and after == "auto" and isinstance(before, int):
+                continue  # the number auto chose when the run started: no change
             if _under(leaf, prefix) and before != after:
                 changes[leaf] = (before, after)
     unsafe = [k for k in changes if not _safe(k)]

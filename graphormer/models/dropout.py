@@ -46,8 +46,10 @@ def keep_mask(
     """:func:`drop_mask`'s complement from the same draw, as numbers: 1 where an element is kept,
     0 where it drops, in ``dtype``, and the scale of the kept elements.
 
-    Multiplying by it gives the same values as ``masked_fill(drop, 0)`` for finite inputs, at a
-    quarter of the time on CPU (``masked_fill`` with a bool mask is not vectorised there)."""
+    Multiplying by it gives the values of ``masked_fill(drop, 0)`` at a quarter of the time on
+    CPU (``masked_fill`` with a bool mask is not vectorised there), except that a dropped
+    negative number becomes -0.0 and a dropped infinity NaN (a non-finite loss stops a run
+    anyway). The mask takes the dtype's bytes per element where a bool took one."""
     threshold = min(round(p * _LEVELS), _LEVELS)
     if threshold >= _LEVELS:
         return torch.zeros(shape, dtype=dtype), 0.0

@@ -239,11 +239,12 @@ class WeightAverage(Callback):
         with torch.no_grad():
             params = self._trained(pl_module)
             # One foreach call rather than a lerp per tensor (~200 of them in a small model).
-            torch._foreach_lerp_(
-                [self._average[name] for name in params],
-                [p.detach().float() for p in params.values()],
-                1.0 - decay,
-            )
+            if params:
+                torch._foreach_lerp_(
+                    [self._average[name] for name in params],
+                    [p.detach().float() for p in params.values()],
+                    1.0 - decay,
+                )
 
     def _swap_in(self, pl_module: pl.LightningModule) -> None:
         self._ensure(pl_module)

@@ -72,7 +72,7 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
     """The LightningModule of a run: the network sized for the data, the task, the optimiser."""
     model = dict(settings.model)
     _dataset_feature_dims(model, datamodule)
-    _resolve_depth(model, datamodule)
+    _resolve_depth(model, datamodule, settings.pretrained if not settings.ckpt_path else None)
     data = {
         # What the data resolved (molecule_features=auto's choice) over what was asked: the
         # checkpoint rebuilds these inputs.
@@ -119,12 +119,20 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
         raise ConfigError(str(error)) from error
 
 
-def _resolve_depth(model_cfg: dict[str, Any], datamodule: GraphDataModule) -> None:
-    """``model.num_layers=auto``: 6 layers when ``dataset.molecule_features=auto`` found an
-    analogue series and gave Morgan counts, 12 otherwise (logged); the checkpoint keeps the
-    number."""
+def _resolve_depth(
+    model_cfg: dict[str, Any], datamodule: GraphDataModule, pretrained: str | None = None
+) -> None:
+    """``model.num_layers=auto``: a fine-tuning's checkpoint's depth (``pretrained``: its
+    weights must fit), else 6 layers when ``dataset.molecule_features=auto`` found an analogue
+    series and gave Morgan counts, 12 otherwise (logged); the checkpoint keeps the number."""
     if model_cfg.get("num_layers") != "auto":
         return
+    if pretrained and Path(pretrained).is_file():  # a missing file: load_pretrained says so
+        depth = checkpoints.load(pretrained).model.get("num_layers")
+        if isinstance(depth, int):
+            model_cfg["num_layers"] = depth
+            log.info("model.num_layers=auto: %d layers, as pretrained=%s", depth, pretrained)
+            return
     choice = getattr(datamodule.source, "auto_choice", None) or {}
     analogues = choice.get("molecule_features") == "morgan_counts"
     model_cfg["num_layers"] = resolve_depth("auto", analogues)

@@ -19,6 +19,7 @@ import torch
 from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import InMemoryDataset
 
+from graphormer.data import descriptors
 from graphormer.data.conformers import (
     RandomConformer,
     check_conformer_settings,
@@ -26,7 +27,6 @@ from graphormer.data.conformers import (
     unembedded_message,
 )
 from graphormer.data.descriptors import (
-    ANALOGUE_MAX_MOLECULES,
     ANALOGUE_SIMILARITY,
     ATOM_DESCRIPTORS,
     MoleculeFeatures,
@@ -821,13 +821,17 @@ class SmilesCsvSource(Source):
         every graph before any file column; the choice is logged and kept in
         :attr:`auto_choice`."""
         columns = self.features.columns
-        held = split["valid"] if len(split["valid"]) else split["test"]
-        table = dataset.read_table()
-        column = table[self.smiles_column_name].tolist()
-        smiles = [column[r] for r in dataset.row.view(-1).tolist()]  # one per graph
-        chosen, similarity = analogue_features(
-            [smiles[int(i)] for i in split["train"]], [smiles[int(i)] for i in held], len(dataset)
-        )
+        chosen, similarity = None, None
+        if len(dataset) <= descriptors.ANALOGUE_MAX_MOLECULES:  # else not even read
+            held = split["valid"] if len(split["valid"]) else split["test"]
+            table = dataset.read_table()
+            column = table[self.smiles_column_name].tolist()
+            smiles = [column[r] for r in dataset.row.view(-1).tolist()]  # one per graph
+            chosen, similarity = analogue_features(
+                [smiles[int(i)] for i in split["train"]],
+                [smiles[int(i)] for i in held],
+                len(dataset),
+            )
         if similarity is None:
             self.features = MoleculeFeatures(None, columns)
             self.auto_choice = {"molecule_features": None, "molecules": len(dataset)}
@@ -836,7 +840,7 @@ class SmilesCsvSource(Source):
                 "Morgan counts are given: the graph alone (dataset.molecule_features="
                 "morgan_counts gives them anyway)",
                 len(dataset),
-                ANALOGUE_MAX_MOLECULES,
+                descriptors.ANALOGUE_MAX_MOLECULES,
             )
             return
         self.features = MoleculeFeatures(chosen, columns)
