@@ -69,12 +69,16 @@ def test_every_group_option_composes_and_instantiates(tmp_path, nci_csv):
         "graphormer_large": 120_326_209,
     }
     assert set(options("model")) == set(counts)
+    from graphormer.models.graphormer import resolve_depth
+
     for name in options("model"):
         cfg = compose_train([f"model={name}", f"output_dir={tmp_path}"])
         # On the meta device: the same modules and shapes, without allocating and initialising
         # 120M weights (test_model builds slim, small and base for real).
+        values = dict(cfg.model)  # num_layers: auto (slim) is 12 where the data is no series
+        values["num_layers"] = resolve_depth(values["num_layers"], analogues=False)
         with torch.device("meta"):
-            model = Graphormer(GraphormerConfig.from_dict(dict(cfg.model)))
+            model = Graphormer(GraphormerConfig.from_dict(values))
         assert sum(p.numel() for p in model.parameters()) == counts[name], name
     for name in options("trainer"):
         cfg = compose_train(

@@ -40,6 +40,7 @@ __all__ = [
     "ANALOGUE_MAX_MOLECULES",
     "ANALOGUE_SIMILARITY",
     "analogue_features",
+    "over_analogue_cap",
     "ATOM_DESCRIPTORS",
     "MOLECULE_FEATURE_SETS",
     "MORGAN_BITS",
@@ -154,6 +155,12 @@ def nearest_similarity_median(
     return float(np.median(nearest))
 
 
+def over_analogue_cap(molecules: int) -> bool:
+    """Whether a set of ``molecules`` is beyond :data:`ANALOGUE_MAX_MOLECULES`, where
+    ``dataset.molecule_features=auto`` gives the graph alone without measuring similarity."""
+    return molecules > ANALOGUE_MAX_MOLECULES
+
+
 def analogue_features(
     train: Sequence[str], held: Sequence[str], molecules: int
 ) -> tuple[str | None, float | None]:
@@ -162,7 +169,7 @@ def analogue_features(
     similarity to the ``train`` ones (:func:`nearest_similarity_median`) is at least
     :data:`ANALOGUE_SIMILARITY`, ``(None, median)`` below it, and ``(None, None)`` for a set of
     more than :data:`ANALOGUE_MAX_MOLECULES` ``molecules`` (not measured)."""
-    if molecules > ANALOGUE_MAX_MOLECULES:
+    if over_analogue_cap(molecules):
         return None, None
     similarity = nearest_similarity_median(train, held)
     return ("morgan_counts" if similarity >= ANALOGUE_SIMILARITY else None), similarity

@@ -19,7 +19,6 @@ import torch
 from rdkit.Chem.Scaffolds import MurckoScaffold
 from torch_geometric.data import InMemoryDataset
 
-from graphormer.data import descriptors
 from graphormer.data.conformers import (
     RandomConformer,
     check_conformer_settings,
@@ -27,6 +26,7 @@ from graphormer.data.conformers import (
     unembedded_message,
 )
 from graphormer.data.descriptors import (
+    ANALOGUE_MAX_MOLECULES,
     ANALOGUE_SIMILARITY,
     ATOM_DESCRIPTORS,
     MoleculeFeatures,
@@ -34,6 +34,7 @@ from graphormer.data.descriptors import (
     atom_descriptor_values,
     auxiliary_atoms_apply,
     morgan_count_values,
+    over_analogue_cap,
     rdkit2d_names,
     rdkit2d_values,
     require_columns,
@@ -822,7 +823,7 @@ class SmilesCsvSource(Source):
         :attr:`auto_choice`."""
         columns = self.features.columns
         chosen, similarity = None, None
-        if len(dataset) <= descriptors.ANALOGUE_MAX_MOLECULES:  # else not even read
+        if not over_analogue_cap(len(dataset)):  # else not even read
             held = split["valid"] if len(split["valid"]) else split["test"]
             table = dataset.read_table()
             column = table[self.smiles_column_name].tolist()
@@ -840,7 +841,7 @@ class SmilesCsvSource(Source):
                 "Morgan counts are given: the graph alone (dataset.molecule_features="
                 "morgan_counts gives them anyway)",
                 len(dataset),
-                descriptors.ANALOGUE_MAX_MOLECULES,
+                ANALOGUE_MAX_MOLECULES,
             )
             return
         self.features = MoleculeFeatures(chosen, columns)
