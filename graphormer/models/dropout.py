@@ -29,15 +29,21 @@ def _uniform16(shape: torch.Size | tuple[int, ...]) -> Tensor:
     return words.view(torch.int16)[:count].view(shape)
 
 
+def _threshold(p: float) -> int | None:
+    """The int16 value below which a :func:`_uniform16` number drops its element (probability
+    ``round(p * 65536) / 65536``), or None when every element drops (it would overflow int16)."""
+    levels = min(round(p * _LEVELS), _LEVELS)
+    return None if levels >= _LEVELS else levels - _LEVELS // 2
+
+
 def drop_mask(shape: torch.Size | tuple[int, ...], p: float) -> tuple[Tensor, float]:
     """A bool mask of ``shape`` (True = drop, each element independently) and the scale of the
     kept elements; drawn from torch's default CPU generator, so ``torch.manual_seed`` and saved
     RNG states reproduce it."""
-    threshold = min(round(p * _LEVELS), _LEVELS)
-    if threshold >= _LEVELS:  # everything drops (the int16 threshold would overflow)
+    threshold = _threshold(p)
+    if threshold is None:  # everything drops
         return torch.ones(shape, dtype=torch.bool), 0.0
-    drop = _uniform16(shape) < threshold - _LEVELS // 2
-    return drop, _LEVELS / (_LEVELS - threshold)
+    return _uniform16(shape) < threshold, _LEVELS / (_LEVELS // 2 - threshold)
 
 
 def keep_mask(
@@ -50,12 +56,12 @@ def keep_mask(
     CPU (``masked_fill`` with a bool mask is not vectorised there), except that a dropped
     negative number becomes -0.0 and a dropped infinity NaN (a non-finite loss stops a run
     anyway). The mask takes the dtype's bytes per element where a bool took one."""
-    threshold = min(round(p * _LEVELS), _LEVELS)
-    if threshold >= _LEVELS:
+    threshold = _threshold(p)
+    if threshold is None:
         return torch.zeros(shape, dtype=dtype), 0.0
     keep = torch.empty(shape, dtype=dtype)
-    torch.ge(_uniform16(shape), threshold - _LEVELS // 2, out=keep)
-    return keep, _LEVELS / (_LEVELS - threshold)
+    torch.ge(_uniform16(shape), threshold, out=keep)
+    return keep, _LEVELS / (_LEVELS // 2 - threshold)
 
 
 def check_dropout(p: float) -> None:
