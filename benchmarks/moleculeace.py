@@ -37,7 +37,9 @@ tenths. Seeds change the models' initialisation and batch order only. Rows:
 Scored here from each run's test predictions, one formula for every row: test RMSE, and RMSE on
 the test molecules with ``cliff_mol`` = 1. Per set: mean ± std (numpy's, population) over the
 seeds, wall seconds per run; then each row's wins over the sets (lowest mean test RMSE, and
-lowest cliff RMSE) and its mean over the sets. Finished runs are kept under ``--work`` and reused;
+lowest cliff RMSE) and its mean over the sets; then each graphormer row paired, set by set, with
+the defaults (``graphormer``) and every baseline: on how many sets each RMSE is lower, the mean
+difference with its standard error, and against chemprop the wall-time ratio. Finished runs are kept under ``--work`` and reused;
 ``--report`` prints the markdown table of the finished runs and runs nothing; ``--similarity``
 also prints, per set, the median over its validation and over its test molecules of each one's
 highest Tanimoto similarity to a training molecule (ECFP4 bits): what
@@ -72,6 +74,7 @@ from common import (
 )
 
 ROWS = ("graphormer", "graphormer+pretrained", "chemprop", "svm", "rf")
+BASELINES = ("chemprop", "svm", "rf")  # the rows that are not graphormer's
 GRAPHORMER_ROWS = {"graphormer": [], "graphormer+pretrained": ["+pretrained"]}
 INSIDE_WHEEL = "MoleculeACE/Data/benchmark_data/"
 COLUMNS = ("smiles", "y", "cliff_mol", "split")
@@ -241,6 +244,7 @@ def summary(
         "|---|---|---|---|---|---|",
     ]
     means: dict[tuple[str, str], tuple[float, float]] = {}
+    walls: dict[tuple[str, str], float] = {}
     sets = list(sizes)
     for name in sets:
         for row in rows:
@@ -252,6 +256,7 @@ def summary(
             wall = np.mean([r["wall_s"] for r in runs])
             wall_text = f"{wall:.0f}" if wall >= 10 else f"{wall:.1f}"  # the SVM: under a second
             means[name, row] = (float(test.mean()), float(cliff.mean()))
+            walls[name, row] = float(wall)
             lines.append(
                 f"| {name} ({sizes[name]:,}) | {row} | {test.mean():.3f} ± {test.std():.3f} | "
                 f"{cliff.mean():.3f} ± {cliff.std():.3f} | {wall_text} | {len(runs)} |"
@@ -273,11 +278,47 @@ def summary(
             np.mean([means[n, row][k] for n in complete]) if complete else np.nan for k in (0, 1)
         ]
         lines.append(f"| {row} | {wins[0]} | {wins[1]} | {mean[0]:.3f} | {mean[1]:.3f} |")
-    if "chemprop" in rows:
-        for row in (r for r in rows if r not in ("chemprop", "svm", "rf")):
-            beat = sum(means[n, row][0] < means[n, "chemprop"][0] for n in complete)
-            lines.append(f"\n{row} below chemprop's test RMSE on {beat} of {len(complete)} set(s).")
+    ours = [r for r in rows if r not in BASELINES]
+    for row in ours:
+        for other in [r for r in ours if r != row and r == "graphormer"] + [
+            r for r in BASELINES if r in rows
+        ]:
+            lines.append("\n" + paired(means, walls, complete, row, other))
     return "\n".join(lines)
+
+
+def paired(
+    means: dict[tuple[str, str], tuple[float, float]],
+    walls: dict[tuple[str, str], float],
+    sets: list[str],
+    row: str,
+    other: str,
+) -> str:
+    """One line comparing ``row`` with ``other`` set by set over ``sets``: on how many each
+    RMSE is lower, the mean paired difference (``row`` less ``other``) with its standard error,
+    and, against chemprop, the range and median of the wall-time ratio."""
+    if not sets:
+        return f"{row} against {other}: no set where both finished."
+    n = len(sets)
+    text = [f"{row} against {other} ({n} set(s)):"]
+    for k, name in enumerate(("test", "cliff")):
+        diff = np.array([means[s, row][k] - means[s, other][k] for s in sets])
+        below = int((diff < 0).sum())
+        se = diff.std(ddof=1) / np.sqrt(n) if n > 1 else float("nan")
+        text.append(
+            # rounded first, so that a difference of about nothing reads +0.000, never -0.000
+            f"{name} RMSE lower on {below} of {n}, difference "
+            f"{round(float(diff.mean()), 3) + 0.0:+.3f} ± {se:.3f};"
+        )
+    if other == "chemprop":
+        ratio = np.array([walls[s, row] / walls[s, other] for s in sets])
+        text.append(
+            f"wall time {ratio.min():.2f}x to {ratio.max():.2f}x chemprop's, "
+            f"{np.median(ratio):.2f}x in the median, {sum(ratio <= 1)} of {n} at most chemprop's."
+        )
+    else:
+        text[-1] = text[-1].rstrip(";") + "."
+    return " ".join(text)
 
 
 def main(argv: list[str] | None = None) -> None:

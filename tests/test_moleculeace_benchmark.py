@@ -108,8 +108,42 @@ def test_summary_counts_wins_over_the_sets_where_every_row_finished():
     text = moleculeace.summary(results, {"A": 10, "B": 20, "C": 30}, ["graphormer", "chemprop"])
     assert "| graphormer | 2 | 1 | 0.600 | 0.950 |" in text
     assert "| chemprop | 1 | 1 | 0.650 | 0.950 |" in text
-    assert "graphormer below chemprop's test RMSE on 1 of 2 set(s)." in text
     assert "| C (30) | graphormer | 0.100 ± 0.000 |" in text
+    # Set by set over A and B: test 0.5 - 0.6 and 0.7 - 0.7, cliff 0.9 - 0.8 and 1.0 - 1.1.
+    assert (
+        "graphormer against chemprop (2 set(s)): test RMSE lower on 1 of 2, difference "
+        "-0.050 ± 0.050; cliff RMSE lower on 1 of 2, difference +0.000 ± 0.100; wall time "
+        "1.00x to 1.00x chemprop's, 1.00x in the median, 2 of 2 at most chemprop's." in text
+    )
+
+
+def test_summary_pairs_a_lever_with_the_defaults_and_times_against_chemprop():
+    def runs(test, cliff, wall):
+        return [{"rmse": test, "cliff_rmse": cliff, "wall_s": wall}]
+
+    results = {
+        ("A", "graphormer"): runs(0.5, 0.9, 100.0),
+        ("A", "graphormer+pretrained"): runs(0.4, 1.0, 150.0),
+        ("A", "chemprop"): runs(0.6, 0.8, 50.0),
+        ("B", "graphormer"): runs(0.7, 1.0, 60.0),
+        ("B", "graphormer+pretrained"): runs(0.8, 1.2, 40.0),
+        ("B", "chemprop"): runs(0.7, 1.1, 80.0),
+        ("C", "graphormer"): runs(0.6, 0.6, 30.0),
+        ("C", "graphormer+pretrained"): runs(0.5, 0.9, 30.0),
+        ("C", "chemprop"): runs(0.9, 0.9, 10.0),
+    }
+    rows = ["graphormer", "graphormer+pretrained", "chemprop"]
+    text = moleculeace.summary(results, {"A": 10, "B": 20, "C": 30}, rows)
+    # pretrained - graphormer: test -0.1, +0.1, -0.1 (mean -0.033, sd 0.115, se 0.067);
+    # cliff +0.1, +0.2, +0.3 (mean +0.2, sd 0.1, se 0.058)
+    assert (
+        "graphormer+pretrained against graphormer (3 set(s)): test RMSE lower on 2 of 3, "
+        "difference -0.033 ± 0.067; cliff RMSE lower on 0 of 3, difference +0.200 ± 0.058." in text
+    )
+    # wall ratios 3.0, 0.5, 3.0 against chemprop
+    assert "wall time 0.50x to 3.00x chemprop's, 3.00x in the median, 1 of 3 at most" in text
+    assert "graphormer against graphormer" not in text
+    assert "chemprop against" not in text
 
 
 def test_epoch_profile_leaves_out_the_first_epoch_and_splits_the_forward_pass():
