@@ -39,10 +39,11 @@ the test molecules with ``cliff_mol`` = 1. Per set: mean ± std (numpy's, popula
 seeds, wall seconds per run; then each row's wins over the sets (lowest mean test RMSE, and
 lowest cliff RMSE) and its mean over the sets; then each graphormer row paired, set by set, with
 the defaults (``graphormer``) and every baseline: on how many sets each RMSE is lower, the mean
-difference with its standard error, and against chemprop the wall-time ratio. Finished runs are kept under ``--work`` and reused;
-``--report`` prints the markdown table of the finished runs and runs nothing; ``--similarity``
-also prints, per set, the median over its validation and over its test molecules of each one's
-highest Tanimoto similarity to a training molecule (ECFP4 bits): what
+difference with its standard error, and against chemprop the wall-time ratio. Finished runs are
+kept under ``--work`` and reused; ``--report`` prints the markdown table of the finished runs
+and runs nothing; ``--similarity`` also prints, per set, the median over its validation and over
+its test molecules of each one's highest Tanimoto similarity to a training molecule (ECFP4
+bits): what
 ``dataset.molecule_features=auto`` decides by (``graphormer``'s defaults give Morgan counts beside
 the graph at 0.5 or more, as on every MoleculeACE set). Run one process at a time on one thread
 (``OMP_NUM_THREADS=1``) for comparable wall times.
@@ -278,11 +279,10 @@ def summary(
             np.mean([means[n, row][k] for n in complete]) if complete else np.nan for k in (0, 1)
         ]
         lines.append(f"| {row} | {wins[0]} | {wins[1]} | {mean[0]:.3f} | {mean[1]:.3f} |")
-    ours = [r for r in rows if r not in BASELINES]
-    for row in ours:
-        for other in [r for r in ours if r != row and r == "graphormer"] + [
-            r for r in BASELINES if r in rows
-        ]:
+    baselines = [r for r in BASELINES if r in rows]
+    for row in (r for r in rows if r not in BASELINES):
+        defaults = ["graphormer"] if row != "graphormer" and "graphormer" in rows else []
+        for other in defaults + baselines:
             lines.append("\n" + paired(means, walls, complete, row, other))
     return "\n".join(lines)
 
