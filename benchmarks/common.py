@@ -276,8 +276,10 @@ def test_predictions(row: str, out: Path, smiles: list[str]) -> np.ndarray:
         return chemprop_predictions(out)
     from graphormer import Predictor
 
-    best = json.loads((out / "graphormer" / "metrics.json").read_text())["best_checkpoint"]
-    predicted = Predictor.from_checkpoint(best, device="cpu").predict(smiles)["y"]
+    best = Path(json.loads((out / "graphormer" / "metrics.json").read_text())["best_checkpoint"])
+    moved = out / "graphormer" / "checkpoints" / best.name  # the work folder may have moved
+    best = moved if moved.is_file() else best
+    predicted = Predictor.from_checkpoint(str(best), device="cpu").predict(smiles)["y"]
     return predicted.to_numpy(float).reshape(-1)
 
 

@@ -5,7 +5,7 @@
         --work /tmp/mace-work [--sets CHEMBL2835_Ki CHEMBL2047_EC50 ...] [--smallest N] \
         [--rows graphormer graphormer+pretrained chemprop svm rf] [--seeds 0 1 2] [--epochs 40] \
         [--chemprop chemprop] [--pretrain-smiles FILE.csv[.gz] --pretrain-size N ...] \
-        [--lever NAME KEY=VALUE ...] [--similarity] [--report]
+        [--lever NAME KEY=VALUE ...] [--ensemble] [--similarity] [--report]
 
 Data: MoleculeACE 3.0.0 (van Tilborg, Alenicheva and Grisoni, "Exposing the limitations of
 molecular machine learning with activity cliffs", J. Chem. Inf. Model. 2022): 30 ChEMBL sets of
@@ -39,7 +39,13 @@ the test molecules with ``cliff_mol`` = 1. Per set: mean ± std (numpy's, popula
 seeds, wall seconds per run; then each row's wins over the sets (lowest mean test RMSE, and
 lowest cliff RMSE) and its mean over the sets; then each graphormer row paired, set by set, with
 the defaults (``graphormer``) and every baseline: on how many sets each RMSE is lower, the mean
-difference with its standard error, and against chemprop the wall-time ratio. Finished runs are
+difference with its standard error, and against chemprop the wall-time ratio. ``--ensemble``
+adds the same tables for each row's ensemble over the seeds (``graphormer x3``: the mean of the
+seeds' test predictions, its wall time the sum of theirs), paired with the baselines' ensembles
+of as many seeds (the SVM's fit does not depend on the seed, so its ensemble is itself). Each
+run's test predictions are kept with its scores; for runs finished before they were, the
+ensemble reads them back from the run (graphormer's best checkpoint, chemprop's
+``test_predictions.csv``) or refits the SVM or forest. Finished runs are
 kept under ``--work`` and reused; ``--report`` prints the markdown table of the finished runs
 and runs nothing; ``--similarity`` also prints, per set, the median over its validation and over
 its test molecules of each one's highest Tanimoto similarity to a training molecule (ECFP4
@@ -231,7 +237,53 @@ def run_one(args, name: str, row: str, seed: int, table: pd.DataFrame, pretraine
         pred = test_predictions(row, out, list(table["smiles"].iloc[split["test"]]))
     else:
         pred, wall = run_classical(row, table, split, seed)
-    return {**scores(pred, table, split), "wall_s": wall}
+    pred = np.asarray(pred, dtype=float).reshape(-1)
+    return {**scores(pred, table, split), "wall_s": wall, "pred": pred.tolist()}
+
+
+def member_predictions(args, name: str, row: str, seed: int, table: pd.DataFrame) -> np.ndarray:
+    """A finished run's test predictions: kept in its ``result.json``, or (runs finished before
+    they were kept) read back from the run's files, or the SVM or forest refitted (seeded, so
+    the same model); added to ``result.json`` once found."""
+    out = args.work / "runs" / name / row / f"seed{seed}"
+    result = json.loads((out / "result.json").read_text())
+    if "pred" not in result:
+        split = split_rows(table)
+        if row == "chemprop" or row in args.graphormer_rows:
+            pred = test_predictions(row, out, list(table["smiles"].iloc[split["test"]]))
+        else:
+            pred = run_classical(row, table, split, seed)[0]
+        result["pred"] = np.asarray(pred, dtype=float).reshape(-1).tolist()
+        (out / "result.json").write_text(json.dumps(result))
+    return np.asarray(result["pred"], dtype=float)
+
+
+def ensembles(
+    args, sets: list[str], every: dict[str, pd.DataFrame], results: dict
+) -> tuple[dict[tuple[str, str], list[dict]], list[str]]:
+    """Per set and row with every one of ``args.seeds`` finished: the ensemble ``ROW xN`` (the
+    mean of the seeds' test predictions, scored as one run; its wall time the sum of theirs)."""
+    n = len(args.seeds)
+    found: dict[tuple[str, str], list[dict]] = {}
+    for name in sets:
+        split = split_rows(every[name])
+        for row in args.rows:
+            runs = results.get((name, row), [])
+            if len(runs) < n:
+                continue
+            preds = [member_predictions(args, name, row, s, every[name]) for s in args.seeds]
+            found[name, f"{row} x{n}"] = [
+                {
+                    **scores(np.mean(preds, axis=0), every[name], split),
+                    "wall_s": float(sum(r["wall_s"] for r in runs)),
+                }
+            ]
+    return found, [f"{row} x{n}" for row in args.rows]
+
+
+def base_row(row: str) -> str:
+    """The row an ensemble row (``chemprop x3``) is made of."""
+    return row.split(" x", 1)[0]
 
 
 def summary(
@@ -279,9 +331,10 @@ def summary(
             np.mean([means[n, row][k] for n in complete]) if complete else np.nan for k in (0, 1)
         ]
         lines.append(f"| {row} | {wins[0]} | {wins[1]} | {mean[0]:.3f} | {mean[1]:.3f} |")
-    baselines = [r for r in BASELINES if r in rows]
-    for row in (r for r in rows if r not in BASELINES):
-        defaults = ["graphormer"] if row != "graphormer" and "graphormer" in rows else []
+    baselines = [r for r in rows if base_row(r) in BASELINES]
+    plain = next((r for r in rows if base_row(r) == "graphormer"), None)  # the defaults
+    for row in (r for r in rows if base_row(r) not in BASELINES):
+        defaults = [plain] if plain is not None and row != plain else []
         for other in defaults + baselines:
             lines.append("\n" + paired(means, walls, complete, row, other))
     return "\n".join(lines)
@@ -310,11 +363,11 @@ def paired(
             f"{name} RMSE lower on {below} of {n}, difference "
             f"{round(float(diff.mean()), 3) + 0.0:+.3f} ± {se:.3f};"
         )
-    if other == "chemprop":
+    if base_row(other) == "chemprop":
         ratio = np.array([walls[s, row] / walls[s, other] for s in sets])
         text.append(
-            f"wall time {ratio.min():.2f}x to {ratio.max():.2f}x chemprop's, "
-            f"{np.median(ratio):.2f}x in the median, {sum(ratio <= 1)} of {n} at most chemprop's."
+            f"wall time {ratio.min():.2f}x to {ratio.max():.2f}x {other}'s, "
+            f"{np.median(ratio):.2f}x in the median, {sum(ratio <= 1)} of {n} at most {other}'s."
         )
     else:
         text[-1] = text[-1].rstrip(";") + "."
@@ -343,9 +396,16 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also print each set's held-out molecules' similarity to its training ones",
     )
+    parser.add_argument(
+        "--ensemble",
+        action="store_true",
+        help="also score each row's ensemble over the seeds (the mean of their predictions)",
+    )
     add_lever_argument(parser)
     add_pretrain_arguments(parser)
     args = parser.parse_args(argv)
+    if args.ensemble and len(args.seeds) < 2:
+        parser.error("--ensemble needs two or more --seeds (an ensemble of one model is the model)")
     args.work = args.work.resolve()
     args.graphormer_rows = lever_rows(GRAPHORMER_ROWS, ROWS, args.lever, args.work)
     args.rows = list(args.rows) + [name for name, *_ in args.lever]
@@ -383,6 +443,13 @@ def main(argv: list[str] | None = None) -> None:
                 results.setdefault((name, row), []).append(json.loads(done.read_text()))
     print(f"\nepochs {args.epochs}, seeds {args.seeds}, CPU\n")
     print(summary(results, {n: len(every[n]) for n in sets}, args.rows))
+    if args.ensemble and len(args.seeds) > 1:
+        found, rows = ensembles(args, sets, every, results)
+        print(
+            f"\nEnsembles over seeds {args.seeds} (the mean of the seeds' test predictions; "
+            "wall seconds the sum of theirs):\n"
+        )
+        print(summary(found, {n: len(every[n]) for n in sets}, rows))
     if args.similarity:
         splits = {n: (list(every[n]["smiles"]), split_rows(every[n])) for n in sets}
         print("\nHeld-out molecules' median nearest-neighbour similarity to the training ones:\n")

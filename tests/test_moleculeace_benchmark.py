@@ -146,6 +146,75 @@ def test_summary_pairs_a_lever_with_the_defaults_and_times_against_chemprop():
     assert "chemprop against" not in text
 
 
+def test_ensembles_average_the_seeds_predictions_and_sum_their_wall_times(tmp_path):
+    import argparse
+    import json
+
+    table = a_set(40)
+    split = moleculeace.split_rows(table)
+    true = table["y"].to_numpy()[split["test"]]
+    args = argparse.Namespace(
+        work=tmp_path, seeds=[0, 1], rows=["graphormer", "svm"], graphormer_rows={"graphormer": []}
+    )
+    results = {}
+    # graphormer's two seeds err by +1 and +0.5 on every molecule: their mean by +0.75
+    for seed, shift in ((0, 1.0), (1, 0.5)):
+        pred = true + shift
+        run = {**moleculeace.scores(pred, table, split), "wall_s": 10.0 + seed, "pred": list(pred)}
+        folder = tmp_path / "runs" / "A" / "graphormer" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps(run))
+        results.setdefault(("A", "graphormer"), []).append(run)
+    # the SVM's seed-0 run finished before predictions were kept: refitted, then kept
+    pred, _ = moleculeace.run_classical("svm", table, split, seed=0)
+    svm = {**moleculeace.scores(pred, table, split), "wall_s": 2.0}
+    for seed in (0, 1):
+        folder = tmp_path / "runs" / "A" / "svm" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "result.json").write_text(json.dumps(svm))
+    results["A", "svm"] = [svm, svm]
+    results["B", "graphormer"] = results["A", "graphormer"][:1]  # one seed: no ensemble
+    found, rows = moleculeace.ensembles(args, ["A", "B"], {"A": table, "B": table}, results)
+    assert rows == ["graphormer x2", "svm x2"] and sorted(found) == [
+        ("A", "graphormer x2"),
+        ("A", "svm x2"),
+    ]
+    assert results["A", "graphormer"][0]["rmse"] == pytest.approx(1.0)
+    (ensemble,) = found["A", "graphormer x2"]
+    assert ensemble["rmse"] == pytest.approx(0.75) and ensemble["cliff_rmse"] == pytest.approx(0.75)
+    assert ensemble["wall_s"] == 21.0
+    assert found["A", "svm x2"][0]["rmse"] == pytest.approx(svm["rmse"])  # the same model twice
+    kept = json.loads((tmp_path / "runs" / "A" / "svm" / "seed1" / "result.json").read_text())
+    assert np.allclose(kept["pred"], pred)
+
+
+def test_ensemble_rows_pair_with_the_baselines_ensembles():
+    def runs(test, cliff, wall):
+        return [{"rmse": test, "cliff_rmse": cliff, "wall_s": wall}]
+
+    results = {
+        ("A", "graphormer x3"): runs(0.5, 0.9, 300.0),
+        ("A", "chemprop x3"): runs(0.6, 0.8, 150.0),
+        ("A", "svm x3"): runs(0.55, 0.85, 1.0),
+    }
+    rows = ["graphormer x3", "chemprop x3", "svm x3"]
+    text = moleculeace.summary(results, {"A": 10}, rows)
+    assert "| A (10) | graphormer x3 | 0.500 ± 0.000 |" in text
+    assert (
+        "graphormer x3 against chemprop x3 (1 set(s)): test RMSE lower on 1 of 1, difference "
+        "-0.100 ± nan; cliff RMSE lower on 0 of 1, difference +0.100 ± nan; wall time 2.00x to "
+        "2.00x chemprop x3's, 2.00x in the median, 0 of 1 at most chemprop x3's." in text
+    )
+    assert "graphormer x3 against svm x3 (1 set(s)): test RMSE lower on 1 of 1" in text
+    assert "chemprop x3 against" not in text and "svm x3 against" not in text
+
+
+def test_ensemble_needs_two_seeds(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        moleculeace.main(["--data", str(tmp_path), "--work", str(tmp_path), "--ensemble"])
+    assert "--ensemble needs two or more --seeds" in capsys.readouterr().err
+
+
 def test_epoch_profile_leaves_out_the_first_epoch_and_splits_the_forward_pass():
     import epoch_profile
 
