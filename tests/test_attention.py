@@ -402,3 +402,40 @@ def test_torch_func_transforms_fall_back_to_torch_kernels():
 
     per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
     assert per_sample["q_proj.weight"].shape == (B, E, E)
+
+
+def test_compiled_training_falls_back_to_torch_kernels():
+    # torch.compile cannot replay the cheap dropout's 64-to-16-bit view of its random words
+    # (AOTAutograd failed with "setStorage ... out of bounds"): compiled, both the attention and
+    # the dropout take torch's own ops, over varying sizes, and without dropout they compute
+    # what the eager CPU kernel does.
+    from graphormer.models.dropout import Dropout
+
+    class Block(nn.Module):
+        def __init__(self, p: float) -> None:
+            super().__init__()
+            self.attention = BiasedMultiheadAttention(E, H, dropout=p)
+            self.drop = Dropout(p)
+
+        def forward(self, x, bias):
+            return self.drop(self.attention(x, attn_bias=bias)[0])
+
+    torch.manual_seed(0)
+    for p in (0.1, 0.0):
+        eager = Block(p).train()
+        compiled = Block(p).train()
+        compiled.load_state_dict(eager.state_dict())
+        compiled.compile(dynamic=True, backend="aot_eager")
+        for length in (5, 9):
+            x = torch.randn(B, length, E)
+            bias = torch.randn(B, H, length, length)
+            grads = []
+            for block in (eager, compiled):
+                xi, bi = x.clone().requires_grad_(), bias.clone().requires_grad_()
+                out = block(xi, bi)
+                out.square().sum().backward()
+                assert torch.isfinite(xi.grad).all() and bi.grad.abs().sum() > 0
+                grads.append((out.detach(), xi.grad, bi.grad))
+            if p == 0.0:
+                for a, b in zip(*grads):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

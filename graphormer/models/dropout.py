@@ -72,11 +72,13 @@ def check_dropout(p: float) -> None:
 
 def uses_fast_path(x: Tensor) -> bool:
     """CPU float32/64 tensors, outside torch.func transforms (whose vmap our autograd Functions
-    do not implement)."""
+    do not implement) and outside ``torch.compile`` (whose traced graphs cannot replay the
+    64-to-16-bit view of the random words; the compiler fuses torch's own dropout instead)."""
     return (
         x.device.type == "cpu"
         and x.dtype in (torch.float32, torch.float64)
         and not torch._C._are_functorch_transforms_active()
+        and not torch.compiler.is_compiling()
     )
 
 
