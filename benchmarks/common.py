@@ -25,10 +25,12 @@ from graphormer.testing import model_preset, nci_graphs, to_data
 __all__ = [
     "REPO",
     "add_lever_argument",
+    "add_threads_argument",
     "add_pretrain_arguments",
     "best_of",
     "chemprop_predictions",
     "check_pretrain_record",
+    "check_threads_record",
     "dimenet_plus_plus",
     "lever_rows",
     "model_preset",
@@ -60,12 +62,24 @@ def train_command(out: Path, *overrides: str) -> list[str]:
     ]
 
 
-def run_timed(command: list[str], name: str, one_thread: bool = True, show: bool = False) -> float:
+def run_timed(
+    command: list[str],
+    name: str,
+    one_thread: bool = True,
+    show: bool = False,
+    threads: int | None = None,
+) -> float:
     """Runs ``command`` with this checkout first on ``PYTHONPATH`` (and, with ``one_thread``,
-    one thread); its wall seconds. A failure ends the benchmark with the command's last output;
-    ``show`` prints the output of a success too (a benchmark's figures)."""
+    one thread; ``threads`` N gives it N instead, 0 torch's default); its wall seconds. A failure
+    ends the benchmark with the command's last output; ``show`` prints the output of a success
+    too (a benchmark's figures)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    if one_thread:
+    if threads is not None and threads > 0:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    elif threads == 0:
+        for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.pop(key, None)
+    elif one_thread:
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
     start = time.perf_counter()
@@ -172,7 +186,7 @@ def run_chemprop(
     ]
     if descriptors:
         command += ["--molecule-featurizers", "v1_rdkit_2d_normalized"]
-    wall = run_timed(command, str(out))
+    wall = run_timed(command, str(out), threads=getattr(args, "threads", None))
     return chemprop_predictions(out), wall
 
 
@@ -206,6 +220,41 @@ def add_lever_argument(parser: argparse.ArgumentParser) -> None:
         help="one more graphormer row: its name, then settings added to train.py's defaults "
         "(+pretrained: fine-tuned from the pre-training)",
     )
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: the threads of every training run, graphormer's and chemprop's."""
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="threads per training run, every tool alike (default 1; 0: torch's default). "
+        "A --work keeps the runs of one setting",
+    )
+
+
+def check_threads_record(args: argparse.Namespace) -> None:
+    """``--threads`` is recorded in ``work/threads.json`` at the first run, and another value
+    refused there: the work folder's finished runs, reused, would be timed at another setting."""
+    if args.threads < 0:
+        raise SystemExit(
+            f"error: --threads {args.threads}: give 1 or more, or 0 for torch's default"
+        )
+    record = args.work / "threads.json"
+    if record.is_file():
+        before = json.loads(record.read_text())["threads"]
+        if before != args.threads:
+            raise SystemExit(
+                f"error: --work {args.work} holds runs timed with --threads {before}, not "
+                f"{args.threads}; give this setting another --work"
+            )
+    elif (args.work / "runs").is_dir() and args.threads != 1:
+        raise SystemExit(
+            f"error: --work {args.work} holds runs timed on one thread; give --threads "
+            f"{args.threads} another --work"
+        )
+    args.work.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"threads": args.threads}))
 
 
 def lever_rows(
@@ -263,7 +312,7 @@ def run_graphormer(
         wall = json.loads((out / "wall.json").read_text())["wall_s"]
     else:
         shutil.rmtree(out, ignore_errors=True)
-        wall = run_timed(command, str(out))
+        wall = run_timed(command, str(out), threads=getattr(args, "threads", None))
     (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
     return json.loads((out / "metrics.json").read_text()), wall
 

