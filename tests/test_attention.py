@@ -437,5 +437,5 @@ def test_compiled_training_falls_back_to_torch_kernels():
                 assert torch.isfinite(xi.grad).all() and bi.grad.abs().sum() > 0
                 grads.append((out.detach(), xi.grad, bi.grad))
             if p == 0.0:
-                for a, b in zip(*grads):
+                for a, b in zip(*grads, strict=True):
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -317,3 +317,21 @@ def test_model_settings_are_checked_before_anything_is_allocated():
         config = GraphormerConfig.from_dict(model_preset(name))
         real = sum(p.numel() for p in Graphormer(config).parameters())
         assert abs(config.estimated_parameters() - real) < 0.005 * real, name
+
+
+def test_a_zero_readout_init_starts_every_atom_contribution_at_zero():
+    batch = batch_of(molecules([0, 5, 9]))
+    normal = tiny(readout="token_sum")
+    zero = tiny(readout="token_sum", readout_init="zero")
+    assert zero.readout.weight.abs().sum() == 0 and normal.readout.weight.abs().sum() > 0
+    with torch.no_grad():
+        h, _ = zero.encode(batch)
+        assert zero.atom_contributions(h, batch).abs().sum() == 0
+        # the rest of the network is initialised as before: only the atoms' sum differs
+        head = normal.head(normal.head_inputs(*normal.encode(batch)[:1], batch)[0])
+        torch.testing.assert_close(zero(batch), head)
+        assert not torch.allclose(normal(batch), head)
+    with pytest.raises(ValueError, match="readout_init must be 'normal' or 'zero'"):
+        GraphormerConfig(readout="token_sum", readout_init="ones")
+    with pytest.raises(ValueError, match="model.readout=token has none"):
+        GraphormerConfig(readout="token", readout_init="zero")

@@ -110,6 +110,10 @@ class GraphormerConfig:
             (the graph token's head plus a sum over atoms of a learned linear contribution of
             each atom's final state: an additive term that grows with the molecule, as
             group-contribution models of extensive properties do).
+        readout_init: the readout's map at initialisation (``token_sum`` and ``token_mean``):
+            ``"normal"`` (N(0, 0.02), as every other linear map) or ``"zero"`` (the atoms'
+            contributions start at zero, so that a large molecule's first outputs are not a sum
+            of dozens of random terms).
         channels: what the network reads: ``"2d"`` (the bond graph: degrees, spatial and edge
             encodings; positions are ignored), ``"3d"`` (the atoms' own features and their
             positions through Graphormer-3D's Gaussian distance encoding; no degrees, hop
@@ -164,6 +168,7 @@ class GraphormerConfig:
     molecule_features_dim: int = 0
     molecule_features_at: str = "head"
     readout: str = "token"
+    readout_init: str = "normal"
     channels: str = "2d"
     channel_probs: list[float] = field(default_factory=lambda: [0.2, 0.6, 0.2])
     num_kernels: int = 128
@@ -230,6 +235,15 @@ class GraphormerConfig:
         if self.readout not in READOUTS:
             raise ValueError(
                 f"model.readout must be one of {', '.join(READOUTS)}, got {self.readout!r}"
+            )
+        if self.readout_init not in ("normal", "zero"):
+            raise ValueError(
+                f"model.readout_init must be 'normal' or 'zero', got {self.readout_init!r}"
+            )
+        if self.readout_init == "zero" and self.readout == "token":
+            raise ValueError(
+                "model.readout_init=zero initialises the readout map of model.readout=token_sum "
+                "or token_mean; model.readout=token has none (set one, or readout_init=normal)"
             )
         if self.head_bias not in ("per_task", "shared"):
             raise ValueError(
@@ -560,6 +574,8 @@ class Graphormer(nn.Module):
             nn.init.normal_(self.tag_encoder.weight, std=0.02)
         if self.head_bias is not None:
             nn.init.zeros_(self.head_bias)
+        if self.readout is not None and self.config.readout_init == "zero":
+            nn.init.zeros_(self.readout.weight)
 
     def encode(
         self,
