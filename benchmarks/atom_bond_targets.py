@@ -80,7 +80,7 @@ def quality(args: argparse.Namespace) -> None:
             "optim.lr=2e-3",
             "seed=0",
         )
-        wall = run_timed(command, "training", one_thread=False)
+        wall = run_timed(command, "training", threads=0)
         print(f"trained in {wall:.0f} s (shared machine)")
     checkpoint = args.checkpoint
     metrics = None

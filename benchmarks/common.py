@@ -62,25 +62,16 @@ def train_command(out: Path, *overrides: str) -> list[str]:
     ]
 
 
-def run_timed(
-    command: list[str],
-    name: str,
-    one_thread: bool = True,
-    show: bool = False,
-    threads: int | None = None,
-) -> float:
-    """Runs ``command`` with this checkout first on ``PYTHONPATH`` (and, with ``one_thread``,
-    one thread; ``threads`` N gives it N instead, 0 torch's default); its wall seconds. A failure
-    ends the benchmark with the command's last output; ``show`` prints the output of a success
-    too (a benchmark's figures)."""
+def run_timed(command: list[str], name: str, show: bool = False, threads: int = 1) -> float:
+    """Runs ``command`` with this checkout first on ``PYTHONPATH`` and ``threads`` threads (0:
+    torch's default); its wall seconds. A failure ends the benchmark with the command's last
+    output; ``show`` prints the output of a success too (a benchmark's figures)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    if threads is not None and threads > 0:
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    elif threads == 0:
-        for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if threads:
+            env[key] = str(threads)
+        else:
             env.pop(key, None)
-    elif one_thread:
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}".rstrip(os.pathsep)
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -186,7 +177,7 @@ def run_chemprop(
     ]
     if descriptors:
         command += ["--molecule-featurizers", "v1_rdkit_2d_normalized"]
-    wall = run_timed(command, str(out), threads=getattr(args, "threads", None))
+    wall = run_timed(command, str(out), threads=getattr(args, "threads", 1))
     return chemprop_predictions(out), wall
 
 
@@ -312,7 +303,7 @@ def run_graphormer(
         wall = json.loads((out / "wall.json").read_text())["wall_s"]
     else:
         shutil.rmtree(out, ignore_errors=True)
-        wall = run_timed(command, str(out), threads=getattr(args, "threads", None))
+        wall = run_timed(command, str(out), threads=getattr(args, "threads", 1))
     (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
     return json.loads((out / "metrics.json").read_text()), wall
 
@@ -456,7 +447,7 @@ def pretrain(args: argparse.Namespace, held_out) -> tuple[str, float]:
             f"trainer.max_epochs={args.pretrain_epochs}",
             *args.pretrain_overrides,
         )
-        wall = run_timed(command, "pretrain", one_thread=args.pretrain_threads == 1)
+        wall = run_timed(command, "pretrain", threads=args.pretrain_threads)
         (out / "wall.json").write_text(json.dumps({"wall_s": wall}))
         record.write_text(json.dumps(settings))
     wall = json.loads((out / "wall.json").read_text())["wall_s"]

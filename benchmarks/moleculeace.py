@@ -448,7 +448,7 @@ def main(argv: list[str] | None = None) -> None:
                 results.setdefault((name, row), []).append(json.loads(done.read_text()))
     print(f"\nepochs {args.epochs}, seeds {args.seeds}, CPU\n")
     print(summary(results, {n: len(every[n]) for n in sets}, args.rows))
-    if args.ensemble and len(args.seeds) > 1:
+    if args.ensemble:
         found, rows = ensembles(args, sets, every, results)
         print(
             f"\nEnsembles over seeds {args.seeds} (the mean of the seeds' test predictions; "

@@ -17,8 +17,8 @@ One Bemis-Murcko scaffold split per set (80/10/10, the largest scaffolds in trai
 once as JSON and handed to both tools (graphormer's ``dataset.split_file`` of CSV rows, chemprop's
 ``--splits-file`` of the same rows). Every seed changes the models' initialisation and batch order,
 never the split. Both tools run on the CPU with one thread (``OMP_NUM_THREADS=1``; ``--threads N``
-gives every run N, 0 torch's default, in a ``--work`` of its own), one run at a time, each from its own command line with its defaults and ``--epochs`` / ``trainer.max_epochs``
-the same. Test RMSE (ROC-AUC) is computed here from each run's test predictions, the same formula
+gives every run N, 0 torch's default, in a ``--work`` of its own), one run at a time, each from
+its own command line with its defaults and ``--epochs`` / ``trainer.max_epochs`` the same. Test RMSE (ROC-AUC) is computed here from each run's test predictions, the same formula
 for both (the classification set shares the solubility set's split).
 
 Rows: ``chemprop`` (defaults), ``chemprop+rdkit2d`` (``--molecule-featurizers
