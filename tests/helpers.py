@@ -104,6 +104,24 @@ def tpsa_run_args(csv: Path, out: Path, *extra: str) -> list[str]:
     ]
 
 
+def series_csv(work, n=60):
+    """NCI molecules, each also as a homologue (one more carbon on a methyl end, written as a
+    second SMILES), with a TPSA-like target and a numeric column: a random split puts most
+    molecules' close analogue in training."""
+    from rdkit import Chem
+
+    table = nci_table().head(n)
+    rows = []
+    for smiles, tpsa in zip(table.smiles, table.tpsa, strict=True):
+        rows.append((smiles, tpsa, len(smiles)))
+        homologue = Chem.MolToSmiles(Chem.MolFromSmiles("C" + smiles)) if smiles[0] == "C" else None
+        if homologue and Chem.MolFromSmiles(homologue) is not None:
+            rows.append((homologue, tpsa + 0.5, len(homologue)))
+    path = work / "series.csv"
+    pd.DataFrame(rows, columns=["smiles", "tpsa", "length"]).to_csv(path, index=False)
+    return path
+
+
 def compose_config(name: str, overrides) -> object:
     """A packaged config (``train``, ``eval``, ...) composed with ``overrides``, as the command
     line would."""

@@ -25,7 +25,7 @@ from graphormer.errors import ConfigError, DataError
 from graphormer.models import Graphormer, GraphormerConfig, MoleculeFeatureInput
 from graphormer.training import GraphormerModule, build_datamodule
 
-from helpers import TINY, compose_train, evaluate_run, nci_table, train_config
+from helpers import TINY, compose_train, evaluate_run, nci_table, series_csv, train_config
 
 FIXTURES_CKPT = "format1_tiny.ckpt"
 
@@ -296,24 +296,6 @@ def test_ogb_molecules_get_descriptors_from_their_mapping_smiles(tmp_path):
     torch.testing.assert_close(again[5].molecule_features, torch.from_numpy(expected))
 
 
-def _series_csv(work, n=60):
-    """NCI molecules, each also as a homologue (one more carbon on a methyl end, written as a
-    second SMILES), with a TPSA-like target and a numeric column: a random split puts most
-    molecules' close analogue in training."""
-    from rdkit import Chem
-
-    table = nci_table().head(n)
-    rows = []
-    for smiles, tpsa in zip(table.smiles, table.tpsa, strict=True):
-        rows.append((smiles, tpsa, len(smiles)))
-        homologue = Chem.MolToSmiles(Chem.MolFromSmiles("C" + smiles)) if smiles[0] == "C" else None
-        if homologue and Chem.MolFromSmiles(homologue) is not None:
-            rows.append((homologue, tpsa + 0.5, len(homologue)))
-    path = work / "series.csv"
-    pd.DataFrame(rows, columns=["smiles", "tpsa", "length"]).to_csv(path, index=False)
-    return path
-
-
 def test_auto_features_follow_the_split_and_the_run_keeps_what_auto_chose(tmp_path, caplog):
     import logging
 
@@ -323,7 +305,7 @@ def test_auto_features_follow_the_split_and_the_run_keeps_what_auto_chose(tmp_pa
         nearest_similarity_median,
     )
 
-    path = _series_csv(tmp_path)
+    path = series_csv(tmp_path)
     assert nearest_similarity_median(["CCO", "c1ccccc1O"], ["CCCO"]) > 0.3
     assert nearest_similarity_median([], ["CCO"]) == 0.0
     common = [
@@ -362,6 +344,7 @@ def test_auto_features_follow_the_split_and_the_run_keeps_what_auto_chose(tmp_pa
                 *common,
                 "dataset.split=random",
                 "dataset.molecule_features=morgan_counts",
+                "fingerprint_kernel.use=true",  # what auto adds for an analogue series
                 f"output_dir={tmp_path / 'named'}",
             ]
         )
@@ -397,7 +380,7 @@ def test_auto_gives_large_sets_the_graph_alone_and_samples_the_held_out_molecule
     from graphormer.data import descriptors
     from graphormer.data.sources.smiles_csv import SmilesCsvSource
 
-    path = _series_csv(tmp_path)
+    path = series_csv(tmp_path)
 
     def load():
         source = SmilesCsvSource(
@@ -433,7 +416,7 @@ def test_auto_depth_is_six_layers_for_an_analogue_series_and_twelve_otherwise(tm
 
     from graphormer.cli.train import settings_from
 
-    path = _series_csv(tmp_path, n=30)
+    path = series_csv(tmp_path, n=30)
     common = [
         *TINY,
         "model.num_layers=auto",

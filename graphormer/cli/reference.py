@@ -268,6 +268,7 @@ def train_keys() -> dict[str, list[Key]]:
         CrossValidationSettings,
         DataModuleSettings,
         EnsembleSettings,
+        FingerprintKernelSettings,
         FlagSettings,
         OptimSettings,
         RunSettings,
@@ -281,6 +282,7 @@ def train_keys() -> dict[str, list[Key]]:
         "flag": FlagSettings,
         "ensemble": EnsembleSettings,
         "cv": CrossValidationSettings,
+        "fingerprint_kernel": FingerprintKernelSettings,
         "trainer": TrainerSettings,
     }
     top = [
@@ -484,6 +486,7 @@ def configuration_page() -> str:
         "flag": "FLAG: `flag.*`",
         "ensemble": "Ensembles: `ensemble.*`",
         "cv": "Cross-validation: `cv.*`",
+        "fingerprint_kernel": "The fingerprint kernel: `fingerprint_kernel.*`",
         "trainer": "The trainer: `trainer.*`",
         "model": "The model: `model.*`",
     }

@@ -482,16 +482,25 @@ class GraphDataModule(pl.LightningDataModule):
         y = self.loaded.dataset.y
         return y.view(y.size(0), -1)[self.train_index]
 
+    def _split_index(self, split: str) -> torch.Tensor:
+        return self.train_index if split == "train" else self.loaded.split[split]
+
     def train_rows(self, key: str) -> torch.Tensor | None:
         """The rows of the per-node or per-edge feature ``key`` (``x_continuous``, ...) of the
         graphs training uses, ``[rows, F]``; None when the graphs have no such feature."""
+        return self.split_rows(key, "train")
+
+    def split_rows(self, key: str, split: str) -> torch.Tensor | None:
+        """The rows of the feature ``key`` of ``split``'s graphs (for ``train``, the graphs
+        training uses), ``[rows, F]``; None when the graphs have no such feature."""
         dataset = self.loaded.dataset
         slices = getattr(dataset, "slices", None)
         if slices is None or key not in slices:
             return None
         ptr = slices[key]
         values = dataset._data[key]  # the collated storage (every graph's rows, in order)
-        starts, ends = ptr[self.train_index], ptr[self.train_index + 1]
+        index = self._split_index(split)
+        starts, ends = ptr[index], ptr[index + 1]
         counts = ends - starts
         offsets = torch.repeat_interleave(starts - (counts.cumsum(0) - counts), counts)
         rows = torch.arange(int(counts.sum())) + offsets

@@ -221,16 +221,19 @@ def _one_pass(predictor: Any, batch: Any) -> dict[str, Any]:
         elif explains_atoms:
             # One pass: the prediction and the atoms' terms from the same final states.
             h, attention = model.encode(on_device, return_attention=True)
-            out = predictor.module.to_units(model.molecule_output(h, on_device))
+            out = predictor.module.molecule_units(model.molecule_output(h, on_device), on_device)
         else:
             out, attention = predictor.module(on_device, return_attention=True)
         if explains_atoms:
             if h is None:  # a model of atom or bond targets too: the same kernels again
                 h, _ = model.encode(on_device, return_attention=True)
             # Each atom's additive term in the targets' units (logits for binary tasks):
-            # the target standardisation scales it; its mean is the graph token's part.
+            # the target standardisation scales it; its mean is the graph token's part. With a
+            # fingerprint kernel the network makes only its share of the prediction (the
+            # kernel's part is the molecule's, as the graph token's is).
             per_atom = model.atom_contributions(h, on_device).float()
-            contributions = (per_atom * predictor.module.target_std.float()).cpu().numpy()
+            scale = predictor.module.target_std.float() * predictor.module.network_share
+            contributions = (per_atom * scale).cpu().numpy()
     return {
         "values": predictor._outputs(out),
         "attention": torch.stack([a.float() for a in attention], dim=1).cpu().numpy(),

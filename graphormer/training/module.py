@@ -20,6 +20,7 @@ from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.tasks import ITEM_LEVELS, Level, TaskInfo, score, score_level, score_reported
 from graphormer.errors import DataError, UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
+from graphormer.training.kernel import FingerprintKernel
 from graphormer.training.rng import (
     capture_rng_states_of_all_ranks,
     restore_rng_state_of_rank,
@@ -228,6 +229,13 @@ class GraphormerModule(pl.LightningModule):
             ``weight_decay`` toward zero. The pre-trained values (:attr:`pretrained_anchor`,
             which ``train()`` sets) are kept in every checkpoint, so that a resume pulls toward
             the same point. None: every tensor decays toward zero. (default: :obj:`None`)
+        fingerprint_kernel (dict | None, optional): mix the molecule predictions with a
+            Tanimoto kernel ridge regression on the Morgan counts among the molecule features
+            (:class:`~graphormer.training.kernel.FingerprintKernel`, fitted on the training
+            molecules when training starts): ``columns`` ``[start, stop)`` of those counts in
+            ``molecule_features``, ``references`` (the training molecules it keeps) and
+            ``weight`` (the network's share). Regression only. None: the network alone.
+            (default: :obj:`None`)
     """
 
     def __init__(
@@ -254,6 +262,7 @@ class GraphormerModule(pl.LightningModule):
         pretrained_decay: float | None = None,
         item_loss: str = "auto",
         loss_weights_end: dict[str, float] | None = None,
+        fingerprint_kernel: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -309,6 +318,24 @@ class GraphormerModule(pl.LightningModule):
             # Only for a level with targets: existing checkpoints keep exactly their tensors.
             self.register_buffer(level.mean, torch.zeros(level.buffer_shape(self.task)))
             self.register_buffer(level.std, torch.ones(level.buffer_shape(self.task)))
+        # A Tanimoto kernel ridge regression on the Morgan counts among the molecule features,
+        # mixed with the network's molecule predictions (fitted in setup; None: the network's).
+        self.kernel: FingerprintKernel | None = None
+        self._kernel_columns: tuple[int, int] | None = None
+        if fingerprint_kernel is not None:
+            start, stop = (int(c) for c in fingerprint_kernel["columns"])
+            if self.task.is_classification or self.task.is_multiclass or self.head_width > 1:
+                raise ValueError(
+                    "fingerprint_kernel mixes regression predictions: not for classification "
+                    "or a head that predicts its own spread (loss=mve, evidential)"
+                )
+            self._kernel_columns = (start, stop)
+            self.kernel = FingerprintKernel(
+                int(fingerprint_kernel["references"]),
+                stop - start,
+                num_tasks,
+                float(fingerprint_kernel["weight"]),
+            )
         self._eval_outputs: list[tuple[Tensor, Tensor, Tensor]] = []
         # Per item level and evaluated batch: the graph index and position of each real atom
         # (bond: its position in the graph's bond list), predictions, labels.
@@ -379,6 +406,7 @@ class GraphormerModule(pl.LightningModule):
             self._data_digest = datamodule.data_digest()
         self._standardise_inputs()
         self._fit_molecule_features()
+        self._fit_kernel()
         for level in self.task.item_levels:
             if level.loss(self.task) == "mse":
                 self._standardise_level_targets(level)
@@ -400,6 +428,38 @@ class GraphormerModule(pl.LightningModule):
         # issue #22) is centred but not scaled: dividing by its ~0 spread would turn any other
         # value in validation into a loss of 1e12.
         self.target_std.copy_(torch.where(std > 1e-6, std, torch.ones_like(std)))
+
+    def _fit_kernel(self) -> None:
+        """The fingerprint kernel, fitted on the training molecules' Morgan counts and targets,
+        its ridge chosen on the validation molecules (a resume then restores the same values
+        from its checkpoint)."""
+        if self.kernel is None:
+            return
+        datamodule = self.trainer.datamodule
+        if not isinstance(datamodule, GraphDataModule):
+            raise ValueError(
+                "fingerprint_kernel needs the training molecules: fit with a GraphDataModule"
+            )
+        start, stop = self._kernel_columns
+        counts = datamodule.train_rows("molecule_features")[:, start:stop]
+        valid = datamodule.split_rows("molecule_features", "valid")
+        valid = valid[:, start:stop] if valid is not None else counts[:0]
+        valid_targets = datamodule.split_targets("valid")
+        fits = self.kernel.fit(counts, datamodule.train_targets().float(), valid, valid_targets)
+        chosen = ", ".join(
+            f"ridge {fit['ridge']:g}"
+            + (
+                ""
+                if math.isnan(fit["valid_rmse"])
+                else f" (validation RMSE {fit['valid_rmse']:.4f})"
+            )
+            for fit in fits
+        )
+        rank_zero_only(report)(
+            f"fingerprint kernel: Tanimoto kernel ridge regression on the Morgan counts of "
+            f"{len(counts)} training molecules, {chosen}; predictions are "
+            f"{self.kernel.weight:g} x the network's + {1 - self.kernel.weight:g} x the kernel's"
+        )
 
     def _standardise_level_targets(self, level: Level) -> None:
         """Atom (bond, atom vector) regression targets are standardised with the training
@@ -478,6 +538,27 @@ class GraphormerModule(pl.LightningModule):
         # float32 whatever the trainer's precision (bf16-true keeps these buffers in bf16).
         return raw.float() * self.target_std.float() + self.target_mean.float()
 
+    def molecule_units(self, raw: Tensor, batch: GraphormerBatch) -> Tensor:
+        """The molecule predictions in the targets' units: :meth:`to_units` of the network's
+        raw outputs, mixed with the fingerprint kernel's where the model has one."""
+        out = self.to_units(raw)
+        if self.kernel is None:
+            return out
+        return self.kernel(out, self.kernel_counts(batch))
+
+    def kernel_counts(self, batch: GraphormerBatch) -> Tensor:
+        """The Morgan counts the fingerprint kernel reads, ``[B, bits]``."""
+        if batch.molecule_features is None:
+            raise ValueError("the fingerprint kernel reads Morgan counts; the batch has none")
+        start, stop = self._kernel_columns
+        return batch.molecule_features[:, start:stop]
+
+    @property
+    def network_share(self) -> float:
+        """The network's share of the molecule predictions (1 without a fingerprint kernel):
+        what scales its per-atom contributions."""
+        return 1.0 if self.kernel is None else self.kernel.weight
+
     @property
     def predicts_std(self) -> bool:
         """Whether the model predicts its own spread (``loss=mve`` or ``evidential``)."""
@@ -496,8 +577,8 @@ class GraphormerModule(pl.LightningModule):
         """Predictions in the targets' units (logits for classification)."""
         if return_attention:
             out, attention = self.model(batch, return_attention=True)
-            return self.to_units(out), attention
-        return self.to_units(self.model(batch))
+            return self.molecule_units(out, batch), attention
+        return self.molecule_units(self.model(batch), batch)
 
     def forward_levels(self, batch: GraphormerBatch, return_attention: bool = False):
         """Predictions of every level in the targets' units (logits for classification):
@@ -510,7 +591,7 @@ class GraphormerModule(pl.LightningModule):
             raw, attention = self.model.forward_levels(batch, return_attention=True)
         else:
             raw = self._raw_outputs(batch)
-        out = {"molecule": self.to_units(raw["molecule"])}
+        out = {"molecule": self.molecule_units(raw["molecule"], batch)}
         for level in ITEM_LEVELS:
             if level.name in raw:
                 out[level.name] = self.level_units(level, raw[level.name])
@@ -721,7 +802,7 @@ class GraphormerModule(pl.LightningModule):
         # over every graph of the split, gathered from all ranks (no per-step collective, so a
         # rank with fewer batches never leaves the others waiting).
         raw = self._raw_outputs(batch)
-        pred = self.to_units(raw["molecule"].float())
+        pred = self.molecule_units(raw["molecule"].float(), batch)
         self._eval_outputs.append((batch.index, pred.detach(), batch.y))
         for level in self.task.item_levels:
             mask = getattr(batch, level.mask)  # [B, N]: real items only, never padding
@@ -740,7 +821,7 @@ class GraphormerModule(pl.LightningModule):
 
     def predict_step(self, batch: GraphormerBatch, batch_idx: int) -> tuple[Tensor, Tensor]:
         """Dataset indices and predictions in the targets' units (logits for classification)."""
-        return batch.index, self.to_units(self.model(batch).float())
+        return batch.index, self.molecule_units(self.model(batch).float(), batch)
 
     def on_validation_epoch_start(self) -> None:
         self._eval_outputs, self._item_outputs = [], {}

@@ -95,6 +95,7 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
         chosen_by = getattr(datamodule.source, "auto_choice", None)
         if chosen_by is not None:
             data["molecule_features"]["auto"] = chosen_by
+    kernel = _resolve_kernel(settings, datamodule)
     try:
         module = GraphormerModule(
             model=model,
@@ -111,12 +112,57 @@ def build_module(settings: RunSettings, datamodule: GraphDataModule) -> Graphorm
                 {"loss_weights_end": settings.loss_weights_end} if settings.loss_weights_end else {}
             ),
             **({"item_loss": settings.item_loss} if settings.item_loss != "auto" else {}),
+            **({"fingerprint_kernel": kernel} if kernel else {}),
         )
         module.config.check_hops(settings.datamodule.max_hops)
         return module
     except (ValueError, TypeError) as error:
         # The model's and the module's own checks name the key ("model.hidden_dim ...").
         raise ConfigError(str(error)) from error
+
+
+def _resolve_kernel(settings: RunSettings, datamodule: GraphDataModule) -> dict | None:
+    """``fingerprint_kernel``: the module's kernel settings (the Morgan counts' columns among the
+    molecule features, the training molecules it keeps, the network's share), or None. ``auto``
+    mixes a kernel into regression on an analogue series given Morgan counts by
+    ``dataset.molecule_features=auto``; ``true`` asks for it (one error line where it cannot
+    be)."""
+    chosen = settings.fingerprint_kernel
+    if chosen.use is False or chosen.weight == 1.0:
+        return None
+    task = datamodule.task
+    regression = task.num_tasks > 0 and not (task.is_classification or task.is_multiclass)
+    spread = settings.loss in ("mve", "evidential")
+    features = datamodule.source.molecule_features()
+    names = features.names() if features is not None else []
+    columns = [i for i, name in enumerate(names) if name.startswith("morgan_counts:")]
+    if chosen.use == "auto":
+        choice = getattr(datamodule.source, "auto_choice", None) or {}
+        if choice.get("molecule_features") != "morgan_counts" or not regression or spread:
+            return None
+    elif not regression:
+        raise ConfigError(
+            f"fingerprint_kernel.use=true mixes regression predictions, and {task.name} has no "
+            "regression target at molecule level: set fingerprint_kernel.use=false"
+        )
+    elif spread:
+        raise ConfigError(
+            f"fingerprint_kernel.use=true mixes point predictions, and loss={settings.loss} "
+            "predicts a spread too: use another loss, or fingerprint_kernel.use=false"
+        )
+    elif not columns:
+        raise ConfigError(
+            "fingerprint_kernel.use=true reads Morgan counts: add "
+            "dataset.molecule_features=morgan_counts (or rdkit2d+morgan_counts)"
+        )
+    if columns != list(range(columns[0], columns[-1] + 1)):
+        raise ValueError("the Morgan counts must be one block of the molecule features")
+    datamodule.setup("fit")  # the training molecules the kernel keeps (the trainer's is a no-op)
+    return {
+        "columns": [columns[0], columns[-1] + 1],
+        "references": len(datamodule.train_index),
+        "weight": chosen.weight,
+    }
 
 
 def _resolve_depth(

@@ -29,6 +29,7 @@ __all__ = [
     "CrossValidationSettings",
     "DataModuleSettings",
     "EnsembleSettings",
+    "FingerprintKernelSettings",
     "FlagSettings",
     "OptimSettings",
     "RunSettings",
@@ -561,6 +562,35 @@ class EnsembleSettings:
 
 
 @dataclass(frozen=True)
+class FingerprintKernelSettings:
+    """A Tanimoto kernel ridge regression on Morgan counts mixed with the network's regression
+    predictions (``fingerprint_kernel.*``; :class:`~graphormer.training.kernel.FingerprintKernel`).
+
+    Attributes:
+        use: ``auto`` (on for regression when ``dataset.molecule_features=auto`` found an
+            analogue series and gave Morgan counts), ``true`` (needs Morgan counts among the
+            molecule features) or ``false``.
+        weight: the network's share of the mix; the kernel's is ``1 - weight``.
+    """
+
+    use: bool | str = "auto"
+    weight: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.use, bool) or self.use == "auto"):
+            raise _bad("fingerprint_kernel.use", self.use, "auto, true or false")
+        weight = self.weight
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 <= weight <= 1:
+            raise _bad(
+                "fingerprint_kernel.weight", weight, "a number in [0, 1] (the network's share)"
+            )
+        object.__setattr__(self, "weight", float(self.weight))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class CrossValidationSettings:
     """K-fold cross-validation or N seeded random splits (``cv.*``, #19); both null: off.
 
@@ -631,6 +661,8 @@ class RunSettings:
             ``loss_weights``; None (or a level not named): constant weights.
         item_loss: the loss of regression atom, bond and atom-vector targets: ``auto`` (MSE
             of standardised values), ``l1`` or ``mse``.
+        fingerprint_kernel: a Tanimoto kernel model on Morgan counts mixed with the network's
+            regression predictions (:class:`FingerprintKernelSettings`).
     """
 
     dataset: dict[str, Any]
@@ -657,6 +689,7 @@ class RunSettings:
     loss_weights: dict[str, float] | None = None
     loss_weights_end: dict[str, float] | None = None
     item_loss: str = "auto"
+    fingerprint_kernel: FingerprintKernelSettings = field(default_factory=FingerprintKernelSettings)
 
     def __post_init__(self) -> None:
         for key in ("dataset", "model"):
@@ -757,5 +790,10 @@ class RunSettings:
             "flag": _from(FlagSettings, "flag", values.pop("flag", None)),
             "ensemble": _from(EnsembleSettings, "ensemble", values.pop("ensemble", None)),
             "cv": _from(CrossValidationSettings, "cv", values.pop("cv", None)),
+            "fingerprint_kernel": _from(
+                FingerprintKernelSettings,
+                "fingerprint_kernel",
+                values.pop("fingerprint_kernel", None),
+            ),
         }
         return cls(**values, **groups)
