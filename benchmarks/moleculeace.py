@@ -28,7 +28,8 @@ tenths. Seeds change the models' initialisation and batch order only. Rows:
 - ``svm``: support vector regression with a Tanimoto kernel on ECFP4 counts (radius 2, 1,024
   bins), scikit-learn's precomputed kernel; ``rf``: a random forest on the same counts. These are
   the two classical models MoleculeACE found strongest; their one setting (the SVM's C, the
-  forest's max_features) is chosen on the validation rows;
+  forest's max_features) is chosen on the validation rows; ``svm+rf``: the mean of the two
+  (the classical side's ensemble; its wall time the sum of theirs);
 - ``--lever NAME KEY=VALUE ...`` (repeatable): one more row ``NAME``, ``train.py``'s defaults plus
   those settings (``--lever morgan dataset.molecule_features=morgan_counts``; ``+pretrained``
   among them fine-tunes from the pre-training, as ``graphormer+pretrained``). A lever's settings
@@ -83,8 +84,8 @@ from common import (
     test_predictions,
 )
 
-ROWS = ("graphormer", "graphormer+pretrained", "chemprop", "svm", "rf")
-BASELINES = ("chemprop", "svm", "rf")  # the rows that are not graphormer's
+ROWS = ("graphormer", "graphormer+pretrained", "chemprop", "svm", "rf", "svm+rf")
+BASELINES = ("chemprop", "svm", "rf", "svm+rf")  # the rows that are not graphormer's
 GRAPHORMER_ROWS = {"graphormer": [], "graphormer+pretrained": ["+pretrained"]}
 INSIDE_WHEEL = "MoleculeACE/Data/benchmark_data/"
 COLUMNS = ("smiles", "y", "cliff_mol", "split")
@@ -184,10 +185,16 @@ def run_classical(
     row: str, table: pd.DataFrame, split: dict, seed: int
 ) -> tuple[np.ndarray, float]:
     """The SVM or random forest on ECFP4 counts: its one setting chosen on the validation rows,
-    then the test predictions of that model (trained on the training rows) and wall seconds."""
+    then the test predictions of that model (trained on the training rows) and wall seconds;
+    ``svm+rf``: the mean of the two models' predictions, and the sum of their seconds."""
     from sklearn.ensemble import RandomForestRegressor
     from sklearn.svm import SVR
 
+    if row == "svm+rf":
+        (svm, svm_wall), (forest, forest_wall) = (
+            run_classical(one, table, split, seed) for one in ("svm", "rf")
+        )
+        return (svm + forest) / 2, svm_wall + forest_wall
     start = time.perf_counter()
     x = ecfp4_counts(list(table["smiles"]))
     y = table["y"].to_numpy(float)

@@ -168,3 +168,20 @@ def test_a_kernel_it_cannot_have_is_one_error_line(series_run):
     # auto leaves such runs as they were: a spread head on the series trains without it.
     fine = train_config(compose_train([*common, "loss=mve", f"output_dir={work / 'z'}"]))
     assert checkpoint.load(fine["best_checkpoint"]).run.trained("fingerprint_kernel") is None
+
+
+def test_an_onnx_export_carries_the_kernel(series_run, tmp_path):
+    pytest.importorskip("onnxruntime", reason="the onnx extra (onnxruntime) is absent")
+    pytest.importorskip("onnx", reason="the onnx extra (onnx) is absent")
+    from graphormer.inference.onnx_export import export_onnx
+    from graphormer.portable.onnx_predictor import OnnxPredictor
+
+    work, path, common = series_run
+    run = train_config(compose_train([*common, f"output_dir={work / 'onnx'}"]))
+    predictor = Predictor.from_checkpoint(run["best_checkpoint"], device="cpu")
+    assert predictor.modules[0].kernel is not None
+    export_onnx(predictor, tmp_path / "model.onnx")
+    smiles = pd.read_csv(path).smiles.head(12).tolist()
+    expected = predictor.predict(smiles)["tpsa"].to_numpy()
+    got = OnnxPredictor(tmp_path / "model.onnx").predict(smiles)["tpsa"].to_numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-3)

@@ -89,9 +89,14 @@ def test_cliff_rmse_scores_only_the_test_molecules_in_a_cliff_pair():
 def test_classical_rows_fit_on_the_training_rows_and_predict_the_test_split():
     table = a_set(60)
     split = moleculeace.split_rows(table)
-    for row in ("svm", "rf"):
+    found = {}
+    for row in ("svm", "rf", "svm+rf"):
         pred, wall = moleculeace.run_classical(row, table, split, seed=0)
         assert pred.shape == (len(split["test"]),) and np.isfinite(pred).all() and wall > 0
+        found[row] = pred, wall
+    # The classical ensemble: the mean of the two (each seeded, so the same fits again).
+    np.testing.assert_allclose(found["svm+rf"][0], (found["svm"][0] + found["rf"][0]) / 2)
+    assert "svm+rf" in moleculeace.BASELINES
 
 
 def test_summary_counts_wins_over_the_sets_where_every_row_finished():
