@@ -146,6 +146,20 @@ def test_an_analogue_series_gets_the_kernel_and_predicts_as_it_evaluates(series_
     )
     result, _ = evaluate_run(run, work / "auto")
     assert math.isclose(result["test"]["rmse"], run["test"]["rmse"], rel_tol=1e-5)
+    # Explained, each atom's term is the network's share of it; the prediction is the mix's.
+    predictor = Predictor.from_checkpoint(run["best_checkpoint"], device="cpu")
+    explained = predictor.attention_maps(table.smiles.iloc[rows[:1]].tolist())[0]
+    kernel, predictor.module.kernel = predictor.module.kernel, None
+    alone = predictor.attention_maps(table.smiles.iloc[rows[:1]].tolist())[0]
+    np.testing.assert_allclose(
+        explained.atom_contributions["tpsa"],
+        0.5 * np.asarray(alone.atom_contributions["tpsa"]),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    assert math.isclose(explained.predictions["tpsa"], float(mixed[0]), rel_tol=1e-4)
+    assert math.isclose(alone.predictions["tpsa"], float(network[0]), rel_tol=1e-4)
+    predictor.module.kernel = kernel
     # Off: the same network, trained alike, predicts alone (a model without the kernel keeps
     # exactly the tensors it had before the kernel existed).
     alone = train_config(
