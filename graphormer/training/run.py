@@ -31,6 +31,7 @@ from graphormer.training.module import GraphormerModule, NonFiniteError
 from graphormer.training.precision import precision_arguments
 from graphormer.training.pretrained import HeadProbe, load_pretrained
 from graphormer.training.settings import DataModuleSettings, RunSettings
+from graphormer.uncertainty.heads import DISTRIBUTION_WIDTHS
 
 __all__ = [
     "RunInterrupted",
@@ -132,7 +133,7 @@ def _resolve_kernel(settings: RunSettings, datamodule: GraphDataModule) -> dict 
         return None
     task = datamodule.task
     regression = task.num_tasks > 0 and not (task.is_classification or task.is_multiclass)
-    spread = settings.loss in ("mve", "evidential")
+    spread = settings.loss in DISTRIBUTION_WIDTHS  # a head that predicts its own spread
     features = datamodule.source.molecule_features()
     names = features.names() if features is not None else []
     columns = [i for i, name in enumerate(names) if name.startswith("morgan_counts:")]
