@@ -231,3 +231,62 @@ def test_feature_statistics_in_chunks_equal_those_of_all_rows_at_once(graph_data
             torch.testing.assert_close(mean, rows.mean(0), rtol=0, atol=1e-9)
             torch.testing.assert_close(std, rows.std(0, correction=0), rtol=0, atol=1e-9)
     assert datamodule.train_statistics("no_such_feature") is None
+
+
+def _comparable(value, folder: str):
+    """A checkpoint's contents with the run folder's name taken out of its paths."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), value.tolist())
+    if isinstance(value, dict):
+        return {_comparable(k, folder): _comparable(v, folder) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_comparable(v, folder) for v in value]
+    if isinstance(value, str):
+        return value.replace(folder, "RUN")
+    return value
+
+
+def test_a_new_best_and_last_ckpt_cost_one_dump(graph_data, tmp_path, monkeypatch):
+    """An epoch with a new best checkpoint dumps it once and copies it to last.ckpt; the files
+    hold what two dumps give (the same run with the copy turned off)."""
+    from pathlib import Path
+
+    from graphormer.training.callbacks import RunCheckpoint
+
+    args = [*NOISY, *dataset_args("tu", graph_data)]
+    dumps: list[str] = []
+    original = pl.Trainer.save_checkpoint
+
+    def counted(self, filepath, *rest, **kwargs):
+        dumps.append(Path(filepath).name)
+        return original(self, filepath, *rest, **kwargs)
+
+    monkeypatch.setattr(pl.Trainer, "save_checkpoint", counted)
+    files = {}
+    for name in ("dumped", "copied"):
+        if name == "dumped":
+            monkeypatch.setattr(RunCheckpoint, "_twin_of", lambda self, trainer: None)
+        else:
+            monkeypatch.undo()
+            monkeypatch.setattr(pl.Trainer, "save_checkpoint", counted)
+        dumps.clear()
+        out = tmp_path / name
+        train_config(compose_train([*args, f"output_dir={out}"]))
+        files[name] = (out, list(dumps))
+    (dumped, dumped_calls), (copied, copied_calls) = files["dumped"], files["copied"]
+    assert dumped_calls.count("last.ckpt.partial") == 3  # every epoch
+    best_epochs = [n for n in copied_calls if n.startswith("best-")]
+    assert best_epochs, "the run never improved: nothing was copied"
+    # The first epoch's last.ckpt records its own path, which the best file before it did not.
+    assert copied_calls.count("last.ckpt.partial") == 3 - len(best_epochs) + 1
+    for run in (dumped, copied):
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == sorted(
+            p.name for p in (dumped / "checkpoints").iterdir()
+        )
+    for file in ("last.ckpt", *(p.name for p in (dumped / "checkpoints").glob("best-*"))):
+        theirs = torch.load(dumped / "checkpoints" / file, weights_only=True)
+        ours = torch.load(copied / "checkpoints" / file, weights_only=True)
+        checkpoint.load(copied / "checkpoints" / file)  # its seal holds
+        for stored in (theirs, ours):  # a digest over the paths too
+            del stored[checkpoint.META_KEY][checkpoint._WHOLE_DIGEST]
+        assert _comparable(ours, str(copied)) == _comparable(theirs, str(dumped)), file
