@@ -201,16 +201,21 @@ class BiasedMultiheadAttention(nn.Module):
         key_padding_mask: Tensor | None,
         need_weights: bool,
     ) -> tuple[Tensor, Tensor | None]:
+        heads, dim = self.num_heads, self.head_dim
+        rows, columns = tokens // length, tokens % length  # each token's graph and position
+
         def scatter(t: Tensor) -> Tensor:  # [T, E] -> [B, H, L, D], zeros at padding
-            full = t.new_zeros(batch * length, self.embed_dim).index_copy(0, tokens, t)
-            return self._split_heads(full.view(batch, length, self.embed_dim)).contiguous()
+            # Written straight into the heads' layout (one pass; no copy to transpose).
+            full = t.new_zeros(batch, heads, length, dim)
+            full[rows, :, columns] = t.view(-1, heads, dim)
+            return full
 
         # The modules themselves (not their weights), so that hooks and swapped-in layers apply.
         q, k, v = (scatter(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         mask = self._additive_mask(attn_bias, key_padding_mask, batch, length, length, q.dtype)
         out, weights = self._attend(q, k, v, mask, need_weights)
-        out = out.transpose(1, 2).reshape(batch * length, self.embed_dim)  # [B * L, E]
-        return self.out_proj(out.index_select(0, tokens)), weights
+        out = out[rows, :, columns]  # the real tokens' rows, [T, H, D]
+        return self.out_proj(out.reshape(-1, self.embed_dim)), weights
 
     def _attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool

@@ -1,8 +1,7 @@
 """The CPU training kernel of biased attention: ``softmax(q k^T / sqrt(d) + bias) v`` with the
-bias added inside the score matmul, the softmax in place, keys padded for PyTorch's vectorised
-softmax and dropout masks drawn from 16-bit slices of bulk random words (see
-:mod:`graphormer.models.dropout`). Other devices, dtypes and inference use
-``scaled_dot_product_attention``."""
+bias added inside the score matmul, keys padded for PyTorch's vectorised softmax and dropout
+masks drawn from 16-bit slices of bulk random words (see :mod:`graphormer.models.dropout`).
+Other devices, dtypes and inference use ``scaled_dot_product_attention``."""
 
 from __future__ import annotations
 
@@ -39,15 +38,16 @@ def biased_attention(
 
     The same function as :func:`torch.nn.functional.scaled_dot_product_attention` with a float
     ``attn_mask``, computed so that training on CPU is cheap: the bias is added inside the score
-    matmul (``baddbmm``), the softmax runs in place, and the dropout mask comes from 16-bit slices
-    of bulk random 64-bit words instead of one Bernoulli draw per weight (four times fewer random
-    numbers; SDPA's CPU math path spends most of a training step drawing them). Each weight is
-    dropped independently with probability ``round(p * 65536) / 65536`` (within 2e-5 of ``p``)
-    and the kept ones are scaled by the inverse of the keep probability, so the expectation is
-    exact. The mask is applied as a product with 0/1 numbers (:func:`~graphormer.models.dropout.keep_mask`;
-    the same values as ``masked_fill``, which PyTorch does not vectorise on CPU). Backward keeps the
-    softmax output and that mask, and writes the gradient of the weights in place of the
-    recomputed dropped weights.
+    matmul (``baddbmm``), and the dropout mask comes from 16-bit slices of bulk random 64-bit
+    words instead of one Bernoulli draw per weight (four times fewer random numbers; SDPA's CPU
+    math path spends most of a training step drawing them). Each weight is dropped independently
+    with probability ``round(p * 65536) / 65536`` (within 2e-5 of ``p``) and the kept ones are
+    scaled by the inverse of the keep probability, so the expectation is exact. The mask is
+    applied as a product with 0/1 numbers (:func:`~graphormer.models.dropout.keep_mask`; the
+    same values as ``masked_fill``, which PyTorch does not vectorise on CPU). Backward keeps the
+    softmax output and that mask, and writes the gradient of the weights over the recomputed
+    dropped weights. The softmax and its gradient go to new tensors: PyTorch's CPU softmax
+    written over its input is twice as slow on rows whose length is not a multiple of 16.
 
     Shapes:
         - q ``[B, H, Lq, D]``, k and v ``[B, H, Lk, D]``
@@ -84,7 +84,10 @@ class _BiasedAttention(torch.autograd.Function):
             v3 = F.pad(v3, (0, 0, 0, pad))
             bias3 = F.pad(bias3, (0, pad), value=-math.inf)
         scores = torch.baddbmm(bias3, q3, k3.transpose(1, 2), alpha=scale)
-        weights = torch.ops.aten._softmax.out(scores, -1, False, out=scores)  # in place
+        # Into a new tensor: PyTorch's softmax written over its input ("out=") is twice as slow
+        # on rows that are not a multiple of 16 long, with the same values.
+        weights = torch.ops.aten._softmax(scores, -1, False)
+        del scores
         # A row whose every score is -inf has no weights: zeros, as SDPA gives (not NaN).
         weights.nan_to_num_(0.0)
         keep, keep_scale = None, 1.0
@@ -112,10 +115,9 @@ class _BiasedAttention(torch.autograd.Function):
         else:
             grad_v = torch.bmm(weights.transpose(1, 2), grad_out)
             grad_w = torch.bmm(grad_out, v3.transpose(1, 2))
-        # softmax backward, in place: w * (g - sum(g * w))
-        grad_s = torch.ops.aten._softmax_backward_data.out(
-            grad_w, weights, -1, weights.dtype, grad_input=grad_w
-        )
+        # softmax backward, w * (g - sum(g * w)), into a new tensor (see forward)
+        grad_s = torch.ops.aten._softmax_backward_data(grad_w, weights, -1, weights.dtype)
+        del grad_w
         if keep is not None:
             grad_s.mul_(ctx.keep_scale)
         grad_q = torch.bmm(grad_s, k3).mul_(ctx.scale)
