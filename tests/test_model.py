@@ -139,6 +139,54 @@ def test_vectorised_bias_equals_naive_loops(edge_encoding):
             torch.testing.assert_close(bias[b, :, : n + 1, : n + 1], expected, atol=1e-5, rtol=1e-5)
 
 
+def test_path_sum_is_embedding_bag_with_its_gradient():
+    from graphormer.models.encoders import path_sum
+
+    torch.manual_seed(0)
+    rows, hops, heads = 300, 5, 8
+    index = torch.randint(0, rows, (4000, hops))
+    index[:, 2:][torch.rand(4000, hops - 2) < 0.6] = rows  # paths shorter than K: the pad row
+    table = torch.randn(rows + 1, heads, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(4000, heads, dtype=torch.float64)
+    ours = path_sum(index, table, rows)
+    ours.backward(grad)
+    ours_grad, table.grad = table.grad, None
+    theirs = F.embedding_bag(index, table, mode="sum", padding_idx=rows)
+    theirs.backward(grad)
+    assert torch.equal(ours, theirs)  # the forward is embedding_bag's own
+    # Only the order of the sums differs from embedding_bag's backward (which sorts).
+    torch.testing.assert_close(ours_grad, table.grad, rtol=1e-12, atol=1e-12)
+    assert ours_grad[rows].abs().sum() == 0 and ours_grad[:rows].abs().sum() > 0
+    small = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    paths = torch.tensor([[0, 1, 6], [2, 6, 6], [5, 5, 4], [3, 0, 1]])
+    assert torch.autograd.gradcheck(lambda t: path_sum(paths, t, 6), (small,))
+
+
+def test_the_edge_encodings_gradients_are_embedding_bags(monkeypatch):
+    """A molecule batch's structural bias trains as it did with PyTorch's embedding_bag."""
+    from graphormer.models import encoders
+
+    grads = []
+    for use_bag in (False, True):
+        if use_bag:
+            monkeypatch.setattr(
+                encoders,
+                "path_sum",
+                lambda index, table, pad: F.embedding_bag(
+                    index, table, mode="sum", padding_idx=pad
+                ),
+            )
+        model = tiny().train()
+        batch = batch_of(molecules(range(24)), pad=8)
+        bias = model.attn_bias(batch.spatial_pos, batch.edge_path, batch.edge_attr)
+        (bias * torch.linspace(-1, 1, bias.numel()).view_as(bias)).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.attn_bias.named_parameters()})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-4)
+    assert grads[0]["hop_weight"].abs().sum() > 0
+
+
 def test_unreachable_pairs_and_far_pairs_use_their_own_entries():
     from ogb.utils import smiles2graph
 
