@@ -37,18 +37,6 @@ def first_validation_step(trainer: pl.Trainer) -> int | None:
     return (every - 1) * per_epoch + math.ceil(max(int(batches * interval), 1) / accumulate)
 
 
-def _plain(value: Any) -> Any:
-    """``value`` with every tensor replaced by its dtype, shape and numbers: comparable with
-    ``==`` (a NaN never equals itself, so a state holding one never counts as unchanged)."""
-    if isinstance(value, Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), value.detach().cpu().tolist())
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_plain(item) for item in value)
-    return value
-
-
 class RunCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` with two guarantees a resumed run needs.
 
@@ -63,7 +51,7 @@ class RunCheckpoint(ModelCheckpoint):
       stopped after epochs without improvement resumed from an older epoch, and the run's final
       weights were not in ``last.ckpt`` at all (found by tests/test_graph_runs.py, issue #17).
     - A new best checkpoint and ``last.ckpt`` beside it hold the same bytes: the second is a
-      copy of the first file, not a second dump (a seventh of a small set's run).
+      copy of the first file, not a second dump (dumps took a seventh of a FreeSolv run).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -71,7 +59,7 @@ class RunCheckpoint(ModelCheckpoint):
         # folder moved or copied, then resumed, would otherwise keep both).
         kwargs.setdefault("enable_version_counter", False)
         super().__init__(*args, **kwargs)
-        # (step, epoch, file, this callback's state) of the last file this hook wrote.
+        # (step, epoch, file, digest of this callback's state) of the last file this hook wrote.
         self._written: tuple[int, int, str, Any] | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -108,8 +96,7 @@ class RunCheckpoint(ModelCheckpoint):
             os.replace(partial, filepath)
         trainer.strategy.barrier("RunCheckpoint._save_checkpoint")
         self._last_checkpoint_saved = filepath
-        state = _plain(self.state_dict())
-        self._written = (trainer.global_step, trainer.current_epoch, filepath, state)
+        self._written = (trainer.global_step, trainer.current_epoch, filepath, self._state_digest())
 
     def _twin_of(self, trainer: pl.Trainer) -> str | None:
         """The file this hook wrote at this step, when a new dump would repeat its bytes: this
@@ -123,7 +110,11 @@ class RunCheckpoint(ModelCheckpoint):
             return None
         # The same answer on every rank (no file test): a rank that dumped while another copied
         # would wait at the dump's barrier for ever.
-        return path if _plain(self.state_dict()) == state else None
+        return path if self._state_digest() == state else None
+
+    def _state_digest(self) -> str:
+        """This callback's state as a checkpoint holds it, digested (graphormer.checkpoint)."""
+        return checkpoints.checkpoint_digest({"callback": self.state_dict()})
 
     # Two files of one step share their bytes only within one hook's saves (a new best, then
     # last.ckpt): each hook that saves starts with no file to copy.
