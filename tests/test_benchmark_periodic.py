@@ -129,3 +129,40 @@ def test_periodic_pairs_are_ases_neighbour_list():
         first += len(i)
         found += len(i)
     assert found == edge_index.size(1)
+
+
+def test_graphormer_gradient_forces_move_each_image_with_its_atom():
+    from graphormer.data.collate import GraphormerCollator
+
+    torch.manual_seed(0)
+    model = versus_periodic.graphormer(vector=False, layers=2, width=16).double().eval()
+    graphs = versus_periodic.graphs_of(emt_slabs(2, seed=7), periodic=True, relaxed=False)
+    batch = GraphormerCollator(max_hops=1)(graphs)
+    batch.pos = batch.pos.double()
+    assert (batch.image_of >= 0).any()  # the adsorbate's periodic neighbours are there
+    pos = batch.pos.clone()
+    energy, forces = versus_periodic.gradient_forces(model, batch)
+    assert forces.shape == (int(batch.atom_mask.sum()), 3)
+
+    def moved_energy(graph: int, atom: int, axis: int, step: float) -> float:
+        # Move a real atom and every image of it by the same step, as the cell would.
+        change = torch.zeros_like(pos)
+        copies = (batch.image_of[graph] == atom) | (torch.arange(pos.size(1)) == atom)
+        change[graph, copies, axis] = step
+        batch.pos = pos + change
+        with torch.no_grad():
+            return float(model(batch).view(-1)[graph])
+
+    # A surface atom with images of it kept (the adsorbate's neighbours across the boundary).
+    graph = 0
+    atom = int(batch.image_of[graph][batch.image_of[graph] >= 0][0])
+    row = int(batch.atom_mask[:graph].sum()) + atom
+    for axis in range(3):
+        step = 1e-5
+        expected = -(moved_energy(graph, atom, axis, step) - moved_energy(graph, atom, axis, -step))
+        expected /= 2 * step
+        assert abs(expected) > 1e-6
+        torch.testing.assert_close(forces[row, axis].item(), expected, rtol=1e-4, atol=1e-8)
+    # A translation of everything leaves the energy unchanged: the forces sum to zero.
+    first = int(batch.atom_mask[0].sum())
+    torch.testing.assert_close(forces[:first].sum(0), torch.zeros(3).double(), rtol=0, atol=1e-8)
