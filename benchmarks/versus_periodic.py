@@ -15,10 +15,10 @@ Rows, trained by one loop here (the same split, epochs, batch size, AdamW with a
 rate, L1 of the standardised energy plus L1 of the forces in the same units): ``mean`` (the training
 energies' mean; forces zero), ``graphormer_pbc`` (``model.channels=3d``, tags, periodic images
 within 6 A of the adsorbate, the vector head for forces), ``graphormer_pbc_gradient`` (the same
-model without the vector head, forces as its energy's negative gradient with respect to the real
-atoms' positions, each image moving with its source atom), ``graphormer_nopbc`` (the same frames
-with ``pbc`` off: no images), ``schnet_pbc`` (PyG's SchNet over every periodic pair within 5 A,
-forces as the energy's negative gradient), ``dimenet_pbc`` (PyG's DimeNet++ blocks,
+model with ``model.forces=gradient``: no vector head, forces as its energy's negative gradient with
+respect to the real atoms' positions, each image moving with its source atom), ``graphormer_nopbc``
+(the same frames with ``pbc`` off: no images), ``schnet_pbc`` (PyG's SchNet over every periodic pair
+within 5 A, forces as the energy's negative gradient), ``dimenet_pbc`` (PyG's DimeNet++ blocks,
 ``versus_3d.py``'s sizes, over the same pairs, under a forward of this script's own: PyG's computes
 distances and angles from ``pos[i] - pos[j]``; here every edge vector carries its cell shift and
 each triplet's two edges their own, so angles across the boundary are right; triplets in plain
@@ -104,7 +104,9 @@ def graphs_of(frames: list, periodic: bool, relaxed: bool) -> list:
     )
 
 
-def graphormer(vector: bool, layers: int = 4, width: int = 64) -> torch.nn.Module:
+def graphormer(
+    vector: bool, layers: int = 4, width: int = 64, forces: str = "head"
+) -> torch.nn.Module:
     from graphormer.data.sources.ase import ELEMENTS
     from graphormer.models import Graphormer, GraphormerConfig
 
@@ -124,6 +126,7 @@ def graphormer(vector: bool, layers: int = 4, width: int = 64) -> torch.nn.Modul
         atom_feature_dims=[ELEMENTS],
         bond_feature_dims=[1],
         atom_vector_tasks=1 if vector else 0,
+        forces=forces,
     )
     return Graphormer(config)
 
@@ -235,27 +238,6 @@ def periodic_pairs(frames: list, offsets: list[int]):
     return edge_index.long(), torch.from_numpy(np.concatenate(shifts)).float()
 
 
-def gradient_forces(model: torch.nn.Module, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Graphormer's energies ``[B]`` and forces ``[atoms, 3]`` as the energy's negative
-    gradient with respect to the real atoms' positions: each periodic image's position is its
-    source atom's plus a fixed cell shift, so an atom's force sums its images' gradients too."""
-    from unittest.mock import patch
-
-    pos = batch.pos  # [B, N, 3]: real atoms, then images
-    index = torch.arange(pos.size(1)).expand(pos.size(0), -1)
-    if batch.image_of is not None:
-        index = torch.where(batch.image_of >= 0, batch.image_of, index)
-    source = index.unsqueeze(-1).expand(-1, -1, 3)
-    shift = pos - pos.gather(1, source)  # zero at the real atoms
-    leaf = pos.detach().clone().requires_grad_(True)
-    batch.pos = leaf.gather(1, source) + shift
-    # The CPU attention kernel's backward is differentiable once; torch's is twice.
-    with patch("graphormer.models.attention.use_own_kernel", lambda *args: False):
-        energy = model(batch).view(-1)
-        (grad,) = torch.autograd.grad(energy.sum(), leaf, create_graph=model.training)
-    return energy, -grad[batch.atom_mask]
-
-
 def run_row(
     row: str,
     data: dict,
@@ -280,9 +262,10 @@ def run_row(
     )
     mean, std = float(energy[parts["train"]].mean()), float(energy[parts["train"]].std())
     gradient = row == "graphormer_pbc_gradient"
-    vector = row in ("graphormer_pbc", "graphormer_nopbc", "is2re_aux")
+    vector = row in ("graphormer_pbc", "graphormer_pbc_gradient", "graphormer_nopbc", "is2re_aux")
     if dense:
-        model = graphormer(vector, layers, width)
+        # Forces in the energy's standardised units (the vector scale below): force_scale 1.
+        model = graphormer(vector, layers, width, "gradient" if gradient else "head")
     else:
         model = PeriodicSchNet() if row == "schnet_pbc" else PeriodicDimeNet()
     # The vector target's scale: forces in the energy's standardised units; position changes by
@@ -302,9 +285,6 @@ def run_row(
     def outputs(chosen):
         if dense:
             batch = collate([graphs[i] for i in chosen])
-            if gradient:
-                energy_pred, force_pred = gradient_forces(model, batch)
-                return energy_pred, force_pred, batch.y_atom_vector[:, :, 0][batch.atom_mask]
             out = model.forward_levels(batch)
             vectors = out.get("atom_vector")
             labels = batch.y_atom_vector
@@ -348,7 +328,7 @@ def run_row(
     energy_error, force_error, atoms = [], 0.0, 0
     for first in range(0, len(parts["test"]), 32):
         chosen = parts["test"][first : first + 32]
-        with torch.set_grad_enabled(not dense or gradient):
+        with torch.set_grad_enabled(not dense):
             pred, pred_vec, target_vec = outputs(chosen)
         energy_error += (pred.detach() * std + mean - energy[chosen]).abs().tolist()
         if pred_vec is not None and not relaxed:

@@ -10,15 +10,41 @@ PyTorch's fused kernels.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Dropout", "check_dropout", "drop_mask", "dropout", "keep_mask"]
+__all__ = [
+    "Dropout",
+    "check_dropout",
+    "drop_mask",
+    "dropout",
+    "keep_mask",
+    "twice_differentiable",
+]
 
 _LEVELS = 65536  # 16-bit uniform numbers
+
+# Open twice_differentiable() blocks: while any is, the CPU fast paths step aside.
+_TWICE = 0
+
+
+@contextlib.contextmanager
+def twice_differentiable() -> Iterator[None]:
+    """Within this block the CPU fast paths (this dropout, the attention kernel, the edge
+    encoding's gradient) give way to PyTorch's own operations, whose backward passes are
+    differentiable again: a loss on forces that are an energy's gradient trains through a
+    second derivative, and the fast paths' backward passes are differentiable once."""
+    global _TWICE
+    _TWICE += 1
+    try:
+        yield
+    finally:
+        _TWICE -= 1
 
 
 def _uniform16(shape: torch.Size | tuple[int, ...]) -> Tensor:
@@ -72,10 +98,12 @@ def check_dropout(p: float) -> None:
 
 def uses_fast_path(x: Tensor) -> bool:
     """CPU float32/64 tensors, outside torch.func transforms (whose vmap our autograd Functions
-    do not implement) and outside ``torch.compile`` (whose traced graphs cannot replay the
-    64-to-16-bit view of the random words; the compiler fuses torch's own dropout instead)."""
+    do not implement), outside ``torch.compile`` (whose traced graphs cannot replay the
+    64-to-16-bit view of the random words; the compiler fuses torch's own dropout instead) and
+    outside :func:`twice_differentiable`."""
     return (
         x.device.type == "cpu"
+        and not _TWICE
         and x.dtype in (torch.float32, torch.float64)
         and not torch._C._are_functorch_transforms_active()
         and not torch.compiler.is_compiling()

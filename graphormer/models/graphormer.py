@@ -3,6 +3,8 @@ Representation?", https://arxiv.org/abs/2106.05234)."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import difflib
 import os
 from collections.abc import Sequence
@@ -15,7 +17,7 @@ from torch import Tensor, nn
 
 from graphormer.batch import GraphormerBatch
 from graphormer.errors import DataError
-from graphormer.models.dropout import Dropout
+from graphormer.models.dropout import Dropout, twice_differentiable
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder, touch
 from graphormer.models.geometry import GaussianDistanceEncoding, VectorHead
 from graphormer.models.heads import BondHead, NodeHead
@@ -128,6 +130,13 @@ class GraphormerConfig:
         atom_vector_tasks: 3-vectors per atom (forces, position changes) of Graphormer-3D's
             vector head (:class:`~graphormer.models.geometry.VectorHead`); needs positions
             (``channels`` 3d or both); 0 (the default) builds none.
+        forces: how the per-atom vectors (``atom_vector_tasks``) are predicted: ``"head"``
+            (Graphormer-3D's vector head) or ``"gradient"`` (one vector per atom, the negative
+            gradient of the first molecule output, the energy, with respect to the atom's
+            position, each periodic image moving with its atom: forces that conserve energy,
+            as SchNet's and DimeNet's; needs ``channels="3d"`` and one vector task, and costs
+            about twice the time of a training step). The scale from the energy's units to
+            the vectors' is :attr:`Graphormer.force_scale` (set by the training module).
         num_tags: rows of an embedding of each atom's tag (``batch.tags``; OC20's 0 fixed
             subsurface, 1 surface, 2 adsorbate: 3), added to its input as Graphormer-3D's
             ``tag_encoder``; 0 (the default) builds none.
@@ -174,6 +183,7 @@ class GraphormerConfig:
     num_kernels: int = 128
     cutoff: float | None = None
     atom_vector_tasks: int = 0
+    forces: str = "head"
     num_tags: int = 0
     readout_min_tag: int = 0
     blocks: int = 1
@@ -297,6 +307,21 @@ class GraphormerConfig:
                 f"model.atom_vector_tasks={self.atom_vector_tasks} needs atom positions: set "
                 "model.channels=3d or both"
             )
+        if self.forces not in ("head", "gradient"):
+            raise ValueError(
+                f"model.forces={self.forces!r} is not allowed: head (the vector head) or "
+                "gradient (forces as the energy's negative gradient)"
+            )
+        if self.forces == "gradient" and (
+            self.channels != "3d" or self.atom_vector_tasks != 1 or self.num_tasks < 1
+        ):
+            raise ValueError(
+                "model.forces=gradient predicts one vector per atom, the negative gradient of "
+                "the first molecule target (the energy) with respect to the positions: it needs "
+                "model.channels=3d, one molecule target and one per-atom vector target "
+                f"(got channels={self.channels}, {self.num_tasks} molecule output(s), "
+                f"{self.atom_vector_tasks} vector target(s))"
+            )
         if self.channels != "2d" and not self.atom_feature_dims:
             raise ValueError(
                 f"model.channels={self.channels} reads each atom's element from the first "
@@ -334,7 +359,7 @@ class GraphormerConfig:
         if self.uses_positions:
             k, types = self.num_kernels, self.atom_feature_dims[0] + 1
             tables += 2 * types * types + 2 * k + (k + 1) * (k + self.num_heads) + (k + 1) * h
-        if self.atom_vector_tasks:
+        if self.atom_vector_tasks and self.forces == "head":
             heads += 3 * (h * h + h) + h * self.atom_vector_tasks
         tables += self.num_tags * h
         return layers * per_layer + tables + 4 * h + h * h + heads
@@ -535,9 +560,13 @@ class Graphormer(nn.Module):
         self.atom_head = NodeHead(c.hidden_dim, c.atom_tasks) if c.atom_tasks else None
         self.vector_head = (
             VectorHead(c.hidden_dim, c.num_heads, c.atom_vector_tasks)
-            if c.atom_vector_tasks
+            if c.atom_vector_tasks and c.forces == "head"
             else None
         )
+        if c.forces == "gradient":
+            # The energy's units over the vectors' (both standardised in training); 1 until
+            # the training module sets it from the training targets, kept in checkpoints.
+            self.register_buffer("force_scale", torch.ones(1))
         self.bond_head = (
             BondHead(c.hidden_dim, c.bond_tasks, c.bond_feature_dims, c.feature_stride)
             if c.bond_tasks
@@ -839,6 +868,66 @@ class Graphormer(nn.Module):
         ``batch.node_mask``), with ``bond_tasks``, ``bond`` ``[B, M, bond_tasks]`` for the
         batch's ``bond_atoms`` (mask with ``batch.bond_mask``) and, with ``atom_vector_tasks``,
         ``atom_vector`` ``[B, N, atom_vector_tasks, 3]`` (zeros at padding)."""
+        if self.config.forces == "gradient":
+            return self._levels_and_forces(batch, return_attention, perturb)
+        return self._levels(batch, return_attention, perturb)
+
+    def _levels_and_forces(
+        self,
+        batch: GraphormerBatch,
+        return_attention: bool = False,
+        perturb: Tensor | None = None,
+    ) -> dict[str, Tensor] | tuple[dict[str, Tensor], list[Tensor]]:
+        """:meth:`_levels` with ``atom_vector`` the negative gradient of the first molecule
+        output with respect to the real atoms' positions, times :attr:`force_scale`.
+
+        A periodic image's position is its atom's plus a fixed cell shift, so an atom's force
+        sums the gradients at its images too. Training differentiates the forces again (a loss
+        on them): PyTorch's operations replace the CPU fast paths there
+        (:func:`~graphormer.models.dropout.twice_differentiable`). Under ``no_grad`` or
+        ``inference_mode`` (evaluation, prediction) the gradient is still taken, on copies of
+        the batch's tensors, and the outputs come back detached."""
+        if batch.pos is None:
+            raise ValueError(
+                "the model predicts forces as its energy's gradient with respect to atom "
+                "positions (model.forces=gradient), and the batch carries none"
+            )
+        train = self.training and torch.is_grad_enabled()
+        plain = twice_differentiable() if train else contextlib.nullcontext()
+        with torch.inference_mode(False), torch.enable_grad(), plain:
+            if torch.is_inference(batch.pos):
+                batch = batch._apply(torch.clone)  # inference tensors take no gradient
+            pos = batch.pos
+            b, n = pos.shape[:2]
+            index = torch.arange(n, device=pos.device).expand(b, n)
+            if batch.image_of is not None:
+                index = torch.where(batch.image_of >= 0, batch.image_of, index)
+            source = index.unsqueeze(-1).expand(-1, -1, 3)  # [B, N, 3]
+            shift = (pos - pos.gather(1, source)).detach()  # zero at the real atoms
+            leaf = pos.detach().requires_grad_(True)
+            moved = dataclasses.replace(batch, pos=leaf.gather(1, source) + shift)
+            found = self._levels(moved, return_attention, perturb)
+            out, attentions = found if return_attention else (found, None)
+            energy = out["molecule"][:, 0].float().sum()
+            (grad,) = torch.autograd.grad(energy, leaf, create_graph=train, allow_unused=True)
+        if grad is None:  # no structure has a pair of atoms: nothing moves the energy
+            grad = torch.zeros_like(leaf)
+        mask = batch.atom_mask[..., None, None]
+        vectors = -grad.unsqueeze(2) * self.force_scale.to(grad.dtype)  # [B, N, 1, 3]
+        out["atom_vector"] = vectors * mask.to(vectors.dtype)
+        if not train:
+            out = {key: value.detach() for key, value in out.items()}
+            if attentions is not None:
+                attentions = [a.detach() for a in attentions]
+        return (out, attentions) if return_attention else out
+
+    def _levels(
+        self,
+        batch: GraphormerBatch,
+        return_attention: bool = False,
+        perturb: Tensor | None = None,
+    ) -> dict[str, Tensor] | tuple[dict[str, Tensor], list[Tensor]]:
+        """:meth:`forward_levels` without forces from the energy's gradient."""
         h, attentions, attn_bias = self._encode(batch, return_attention, perturb)
         out = {"molecule": self.molecule_output(h, batch)}
         if self.atom_head is not None:

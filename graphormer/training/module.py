@@ -336,6 +336,8 @@ class GraphormerModule(pl.LightningModule):
                 num_tasks,
                 float(fingerprint_kernel["weight"]),
             )
+        if self.config.forces == "gradient":
+            self._check_gradient_forces()
         self._eval_outputs: list[tuple[Tensor, Tensor, Tensor]] = []
         # Per item level and evaluated batch: the graph index and position of each real atom
         # (bond: its position in the graph's bond list), predictions, labels.
@@ -396,11 +398,45 @@ class GraphormerModule(pl.LightningModule):
         """The settings this module was built with (what its checkpoints store), typed."""
         return checkpoints.RunRecord.of(self.hparams)
 
+    def _check_gradient_forces(self) -> None:
+        """``model.forces=gradient`` differentiates the first molecule target, in its units:
+        a plain regression output of the network alone."""
+        why = None
+        if self.task.is_classification or self.task.is_multiclass:
+            why = "the molecule targets are classes, not an energy"
+        elif self.head_width > 1:
+            why = f"loss={self.loss_name} predicts a spread beside each value"
+        elif self.kernel is not None:
+            why = (
+                "the fingerprint kernel (fingerprint_kernel.use) adds a share of the energy "
+                "that does not depend on positions"
+            )
+        elif self.flag.enabled:
+            why = "FLAG (flag.m > 0) perturbs steps that are not differentiated twice"
+        if why is not None:
+            raise ValueError(
+                f"model.forces=gradient takes the energy's gradient, and {why}: train "
+                "forces with model.forces=head instead"
+            )
+
+    def _scale_gradient_forces(self) -> None:
+        """Forces as the energy's gradient (``model.forces=gradient``) come out in the vector
+        targets' standardised units: the energy's standard deviation over the vectors'."""
+        if self.config.forces != "gradient":
+            return
+        (level,) = [lv for lv in self.task.item_levels if lv.name == "atom_vector"]
+        vector_std = getattr(self, level.std).reshape(-1)[0]
+        self.model.force_scale.copy_((self.target_std[0] / vector_std).view(1))
+
     def setup(self, stage: str) -> None:
         # Runs on every rank after the data is set up, and before a resumed run restores its
         # checkpoint (whose buffers then win).
         if stage != "fit":
             return
+        self._standardise_targets()
+        self._scale_gradient_forces()
+
+    def _standardise_targets(self) -> None:
         datamodule = self.trainer.datamodule
         if isinstance(datamodule, GraphDataModule):
             self._data_digest = datamodule.data_digest()

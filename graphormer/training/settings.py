@@ -716,7 +716,11 @@ class RunSettings:
                     depth,
                     "an integer >= 1, or auto (12; 6 for an analogue series)",
                 )
-            GraphormerConfig.from_dict({**self.model, "num_layers": depth, "num_tasks": 1})
+            early = {**self.model, "num_layers": depth, "num_tasks": 1}
+            if self.model.get("forces") == "gradient":
+                # The vector targets are the data's (dataset.atom_vector_targets), read later.
+                early["atom_vector_tasks"] = 1
+            GraphormerConfig.from_dict(early)
         except (TypeError, ValueError) as error:
             raise ConfigError(str(error)) from error
         _choice("nonfinite", self.nonfinite, NONFINITE)

@@ -1,0 +1,211 @@
+"""model.forces=gradient: per-atom forces as the energy's negative gradient with respect to the
+positions (periodic images moving with their atoms), in evaluation under inference_mode and in
+training through a second derivative; trained, evaluated and predicted by the commands."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from graphormer.data.collate import GraphormerCollator
+from graphormer.models import Graphormer, GraphormerConfig
+
+from helpers import TINY, call_script, evaluate_run, read_json
+
+pytest.importorskip("ase", reason="structures need the 3d extra (pip install ase)")
+import ase.io  # noqa: E402
+
+from graphormer.data.sources.ase import ELEMENTS, structures_to_graphs  # noqa: E402
+from graphormer.testing import emt_frames, emt_slabs  # noqa: E402
+
+
+def _model(forces: str = "gradient", **changes) -> Graphormer:
+    torch.manual_seed(0)
+    settings = dict(
+        num_layers=2,
+        hidden_dim=16,
+        ffn_dim=16,
+        num_heads=4,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        readout="token_sum",
+        channels="3d",
+        num_kernels=8,
+        num_tags=3,
+        atom_feature_dims=[ELEMENTS],
+        bond_feature_dims=[1],
+        atom_vector_tasks=1,
+        forces=forces,
+    )
+    return Graphormer(GraphormerConfig(**{**settings, **changes})).double()
+
+
+def _slabs(count: int, seed: int):
+    frames = emt_slabs(count, seed=seed)
+    for frame in frames:
+        frame.info["energy"] = frame.get_potential_energy()
+    graphs = structures_to_graphs(frames, ["energy"], [], "test", pbc_cutoff=6.0)
+    batch = GraphormerCollator(max_hops=1)(graphs)
+    batch.pos = batch.pos.double()
+    return batch
+
+
+def _energy(model, batch, pos) -> torch.Tensor:
+    with torch.no_grad():
+        return model._levels(_with(batch, pos))["molecule"][:, 0]
+
+
+def _with(batch, pos):
+    import dataclasses
+
+    return dataclasses.replace(batch, pos=pos)
+
+
+def test_forces_are_the_scaled_negative_gradient_with_images_moving_along():
+    model = _model().eval()
+    model.force_scale.fill_(2.5)  # the energy's units over the vectors'
+    batch = _slabs(2, seed=7)
+    assert (batch.image_of >= 0).any()
+    pos = batch.pos.clone()
+    with torch.inference_mode():  # as eval.py and predict.py run it
+        out = model.forward_levels(batch)
+    vectors = out["atom_vector"]
+    assert vectors.shape == (*batch.pos.shape[:2], 1, 3) and not vectors.requires_grad
+    assert torch.equal(batch.pos, pos)  # the caller's batch is untouched
+    assert (vectors[~batch.atom_mask] == 0).all()  # images and padding carry no vectors
+    # Finite differences: an atom and each of its images move by the same step.
+    graph = 0
+    atom = int(batch.image_of[graph][batch.image_of[graph] >= 0][0])
+    copies = (batch.image_of[graph] == atom) | (torch.arange(pos.size(1)) == atom)
+    for axis in range(3):
+        step = torch.zeros_like(pos)
+        step[graph, copies, axis] = 1e-5
+        difference = _energy(model, batch, pos + step) - _energy(model, batch, pos - step)
+        expected = -2.5 * float(difference[graph]) / 2e-5
+        assert abs(expected) > 1e-6
+        torch.testing.assert_close(
+            float(vectors[graph, atom, 0, axis]), expected, rtol=1e-4, atol=1e-9
+        )
+    # The energy depends on differences of positions only: each structure's forces sum to 0.
+    total = (vectors[:, :, 0] * batch.atom_mask[..., None]).sum(1)
+    torch.testing.assert_close(total, torch.zeros_like(total), rtol=0, atol=1e-9)
+    # The molecule outputs are the plain forward's.
+    with torch.no_grad():
+        torch.testing.assert_close(out["molecule"], model(batch))
+
+
+def test_a_loss_on_the_forces_trains_through_the_second_derivative():
+    model = _model().train()
+    batch = _slabs(2, seed=3)
+    weights = torch.randn(*batch.pos.shape[:2], 1, 3, dtype=torch.float64)
+
+    def loss() -> torch.Tensor:
+        return (model.forward_levels(batch)["atom_vector"] * weights).sum()
+
+    loss().backward()
+    means = model.geometry.means
+    analytic = means.grad.clone()
+    assert analytic.abs().max() > 1e-6
+    for k in range(3):  # finite differences in three kernel centres
+        with torch.no_grad():
+            means[k] += 1e-6
+            up = float(loss())
+            means[k] -= 2e-6
+            down = float(loss())
+            means[k] += 1e-6
+        torch.testing.assert_close(float(analytic[k]), (up - down) / 2e-6, rtol=1e-4, atol=1e-8)
+
+
+def test_forces_gradient_refuses_what_it_cannot_differentiate():
+    with pytest.raises(ValueError, match="model.forces='field' is not allowed"):
+        _model(forces="field")
+    with pytest.raises(ValueError, match="needs model.channels=3d"):
+        _model(channels="both")
+    with pytest.raises(ValueError, match="one per-atom vector target"):
+        _model(atom_vector_tasks=2)
+    with pytest.raises(ValueError, match="one molecule target"):
+        _model(num_tasks=0)
+    assert _model(forces="head").vector_head is not None
+    assert _model().vector_head is None
+
+
+def test_train_eval_and_predict_forces_as_the_energys_gradient(tmp_path):
+    path = tmp_path / "emt.extxyz"
+    frames = emt_frames(30)
+    ase.io.write(path, frames)
+    run = tmp_path / "run"
+    args = [
+        "dataset=ase",
+        f"dataset.path={path}",
+        "dataset.atom_vector_targets=[forces]",
+        f"dataset.root={tmp_path / 'data'}",
+        f"hydra.run.dir={run}",
+        "model.channels=3d",
+        "model.forces=gradient",
+        "model.num_kernels=16",
+        "trainer.max_epochs=2",
+        *TINY,
+    ]
+    log = call_script("train.py", args, cwd=tmp_path)
+    assert "val/atom_vector_mae" in log
+    metrics = read_json(run / "metrics.json")
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert "model.vector_head.out.weight" not in state
+    scale = state["target_std"][0] / state["atom_vector_std"].view(-1)[0]
+    torch.testing.assert_close(state["model.force_scale"], scale.view(1))
+    assert float(state["target_std"][0]) != 1.0 and float(state["atom_vector_std"]) != 1.0
+
+    results, log = evaluate_run(metrics, tmp_path)
+    for split in ("valid", "test"):
+        assert np.isfinite(results[split]["atom_vector_mae"])
+
+    # predict.py: the forces it writes are minus the slope of the energies it writes.
+    atom, step = 1, 1e-2
+    moved = [frames[0].copy(), frames[0].copy()]
+    for frame, sign in zip(moved, (1, -1), strict=True):
+        frame.positions[atom, 0] += sign * step
+    ase.io.write(tmp_path / "moved.extxyz", [frames[0], *moved])
+    out = tmp_path / "pred.csv"
+    best = metrics["best_checkpoint"]
+    call_script(
+        "predict.py",
+        [f"ckpt={best}", f"input={tmp_path / 'moved.extxyz'}", "layout=long", f"output={out}"],
+        cwd=tmp_path,
+    )
+    wide = tmp_path / "energies.csv"
+    call_script(
+        "predict.py",
+        [f"ckpt={best}", f"input={tmp_path / 'moved.extxyz'}", f"output={wide}"],
+        cwd=tmp_path,
+    )
+    energy = pd.read_csv(wide).energy.to_numpy()
+    long = pd.read_csv(out)
+    force = long[long.row == 0].forces_x.to_numpy()[atom]
+    slope = -(energy[1] - energy[2]) / (2 * step)
+    assert abs(slope) > 1e-3
+    assert abs(force - slope) < 0.02 * abs(slope) + 1e-3
+
+
+def test_forces_gradient_with_flag_is_one_error_line(tmp_path):
+    from helpers import call
+
+    path = tmp_path / "emt.extxyz"
+    ase.io.write(path, emt_frames(12))
+    args = [
+        "dataset=ase",
+        f"dataset.path={path}",
+        "dataset.atom_vector_targets=[forces]",
+        f"dataset.root={tmp_path / 'data'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "model.channels=3d",
+        "model.forces=gradient",
+        "flag.m=2",
+        "trainer.max_epochs=1",
+        *TINY,
+    ]
+    result = call("train.py", args, tmp_path)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "flag.m > 0" in lines[0] and "model.forces=head" in lines[0]
+    assert "Traceback" not in result.stderr
