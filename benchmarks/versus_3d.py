@@ -17,7 +17,8 @@ schedule and loss: L1 of the standardised energy plus L1 of the forces in the sa
 ``mean`` (no training: the training conformers' mean energy; and the per-molecule mean, the mean
 of each test molecule's own conformers: an oracle, about the best a model blind to positions can
 do), ``graphormer_2d`` (bonds only), ``graphormer_3d`` (``model.channels=3d`` with the vector
-head for forces, or with ``--forces gradient`` forces as the energy's negative gradient),
+head for forces, or with ``--forces gradient`` ``model.forces=gradient``: forces as the energy's
+negative gradient),
 ``graphormer_both`` (bonds and positions in every batch), ``schnet`` and ``dimenet++``
 (``torch_geometric.nn.models``; forces as the negative gradient of the energy). PyG's radius
 graph and DimeNet's triplets need torch-cluster and torch-sparse, which are not dependencies here:
@@ -49,7 +50,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -221,11 +221,11 @@ def graphormer(
         readout="token_sum",
         channels=channels,
         channel_probs=[0.0, 0.0, 1.0],  # with "both": bonds and positions in every batch
-        atom_vector_tasks=1 if channels != "2d" and forces == "head" else 0,
+        atom_vector_tasks=0 if channels == "2d" else 1,
+        # Forces in the energy's standardised units, as the loss compares them: force_scale 1.
+        forces="gradient" if channels == "3d" and forces == "gradient" else "head",
     )
-    model = Graphormer(config)
-    model.gradient_forces = channels != "2d" and forces == "gradient"
-    return model
+    return Graphormer(config)
 
 
 # -- training --------------------------------------------------------------------------------
@@ -285,13 +285,6 @@ def predict(model, inputs, dense: bool):
     """Energies ``[B]`` and forces ``[atoms, 3]`` (None for a model without them)."""
     if not dense:
         return model(*inputs)
-    if model.gradient_forces:  # as SchNet's: the energy's negative gradient
-        pos = inputs.pos.requires_grad_(True)
-        # The CPU attention kernel's backward is differentiable once; torch's is twice.
-        with patch("graphormer.models.attention.use_own_kernel", lambda *args: False):
-            energy = model(inputs).view(-1)
-            (grad,) = torch.autograd.grad(energy.sum(), pos, create_graph=model.training)
-        return energy, -grad[inputs.node_mask]
     out = model.forward_levels(inputs)
     energy = out["molecule"].view(-1)
     vectors = out.get("atom_vector")
@@ -320,7 +313,7 @@ def evaluate(model, data: dict, split: str, dense: bool, mean: float, std: float
     predicted, force_error, atoms, has_forces = [], 0.0, 0, True
     model.eval()
     for inputs, _, forces in Batches(data, items, dense)(list(range(len(items))), 64):
-        with torch.set_grad_enabled(not dense or model.gradient_forces):
+        with torch.set_grad_enabled(not dense):
             pred_energy, pred_forces = predict(model, inputs, dense)
         predicted.append(pred_energy.detach() * std + mean)
         if pred_forces is None:
@@ -540,6 +533,11 @@ def main() -> None:
     )
     parser.add_argument("--only", help=argparse.SUPPRESS)  # a child process: one row
     args = parser.parse_args()
+    if args.forces == "gradient" and "graphormer_both" in args.rows and not args.only:
+        parser.error(
+            "--forces gradient is for graphormer_3d (model.forces=gradient needs "
+            "model.channels=3d): leave graphormer_both out of --rows"
+        )
     if args.quick:
         args.molecules, args.epochs = 120, 2
     torch.set_num_threads(1)
