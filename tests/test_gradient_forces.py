@@ -209,3 +209,41 @@ def test_forces_gradient_with_flag_is_one_error_line(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "flag.m > 0" in lines[0] and "model.forces=head" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_an_energy_model_fine_tunes_into_gradient_forces(tmp_path):
+    # A 3D model of energies alone has every tensor a gradient-forces model has: fine-tuning it
+    # on forces is a strict fit (the energy-to-force scale is the new task's, not copied).
+    path = tmp_path / "emt.extxyz"
+    ase.io.write(path, emt_frames(30))
+    common = [
+        "dataset=ase",
+        f"dataset.path={path}",
+        "model.channels=3d",
+        "model.num_kernels=16",
+        "trainer.max_epochs=1",
+        *TINY,
+    ]
+    energy_run = tmp_path / "energy"
+    call_script(
+        "train.py",
+        [*common, f"dataset.root={tmp_path / 'd1'}", f"hydra.run.dir={energy_run}"],
+        cwd=tmp_path,
+    )
+    forces_run = tmp_path / "forces"
+    log = call_script(
+        "train.py",
+        [
+            *common,
+            f"dataset.root={tmp_path / 'd2'}",
+            f"hydra.run.dir={forces_run}",
+            "dataset.atom_vector_targets=[forces]",
+            "model.forces=gradient",
+            f"pretrained={energy_run / 'checkpoints' / 'last.ckpt'}",
+        ],
+        cwd=tmp_path,
+    )
+    assert "val/atom_vector_mae" in log
+    state = torch.load(forces_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    scale = state["target_std"][0] / state["atom_vector_std"].view(-1)[0]
+    torch.testing.assert_close(state["model.force_scale"], scale.view(1))

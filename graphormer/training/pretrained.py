@@ -202,8 +202,13 @@ def load_pretrained(module: GraphormerModule, path: str, strict: bool = True) ->
     own = module.state_dict()
     report = PretrainedReport(str(path))
     report.setting_differences = _setting_differences(record.model, module.config, path)
-    theirs = {k: v for k, v in state.items() if k.startswith("model.") and not _is_output_layer(k)}
-    mine = {k: v for k, v in own.items() if k.startswith("model.")}
+    # model.force_scale (model.forces=gradient) is the new task's target standardisation too.
+    theirs = {
+        k: v
+        for k, v in state.items()
+        if k.startswith("model.") and not _is_output_layer(k) and k != "model.force_scale"
+    }
+    mine = {k: v for k, v in own.items() if k.startswith("model.") and k != "model.force_scale"}
     if module.config.num_tasks == 0:  # atom/bond targets alone: no molecule head to copy into
         report.unused_head = sorted(k for k in theirs if _is_molecule_head(k))
         theirs = {k: v for k, v in theirs.items() if not _is_molecule_head(k)}
