@@ -247,3 +247,35 @@ def test_an_energy_model_fine_tunes_into_gradient_forces(tmp_path):
     state = torch.load(forces_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     scale = state["target_std"][0] / state["atom_vector_std"].view(-1)[0]
     torch.testing.assert_close(state["model.force_scale"], scale.view(1))
+
+
+def test_second_derivatives_run_plain_attention_and_dropout(monkeypatch):
+    # The fused attention kernels (CUDA's memory-efficient and cuDNN ones, this package's CPU
+    # kernel) have backward passes that are differentiable once: training must not call them.
+    import torch.nn.functional as F
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a fused attention kernel inside a second derivative")
+
+    model = _model(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1).train()
+    batch = _slabs(2, seed=4)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
+    monkeypatch.setattr("graphormer.models.attention.biased_attention", refuse)
+    model.forward_levels(batch)["atom_vector"].square().sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    assert model.geometry.means.grad.abs().max() > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forces_train_through_the_second_derivative_on_cuda(dtype):
+    model = _model().float().cuda().train()
+    batch = _slabs(2, seed=4).to("cuda")
+    batch.pos = batch.pos.float()
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+        forces = model.forward_levels(batch)["atom_vector"]
+    forces.float().square().sum().backward()
+    assert torch.isfinite(model.geometry.means.grad).all()
+    assert model.geometry.means.grad.abs().max() > 0

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from graphormer.models.attention_kernel import biased_attention, use_own_kernel
-from graphormer.models.dropout import check_dropout, dropout
+from graphormer.models.dropout import check_dropout, dropout, twice_differentiable_now
 
 __all__ = ["BiasedMultiheadAttention"]
 
@@ -222,12 +222,15 @@ class BiasedMultiheadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """``(softmax(q k^T / sqrt(D) + mask) v, per-head weights or None)``, ``[B, H, Lq, D]``."""
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
+        if need_weights or twice_differentiable_now():
+            # Plain operations: the weights to return, or a second derivative to take (the
+            # fused kernels' backward passes are differentiable once).
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # [B, H, Lq, Lk]
             if mask is not None:
                 scores = scores + mask
             weights = scores.softmax(dim=-1)
-            return dropout(weights, dropout_p, self.training) @ v, weights
+            out = dropout(weights, dropout_p, self.training) @ v
+            return out, weights if need_weights else None
         if mask is not None and use_own_kernel(q, dropout_p):
             return biased_attention(q, k, v, mask, dropout_p), None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None

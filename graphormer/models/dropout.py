@@ -25,6 +25,7 @@ __all__ = [
     "dropout",
     "keep_mask",
     "twice_differentiable",
+    "twice_differentiable_now",
 ]
 
 _LEVELS = 65536  # 16-bit uniform numbers
@@ -36,8 +37,10 @@ _TWICE = 0
 @contextlib.contextmanager
 def twice_differentiable() -> Iterator[None]:
     """Within this block the CPU fast paths (this dropout, the attention kernel, the edge
-    encoding's gradient) give way to PyTorch's own operations, whose backward passes are
-    differentiable again: a loss on forces that are an energy's gradient trains through a
+    encoding's gradient) and, on every device, the fused attention kernels of
+    ``scaled_dot_product_attention`` (CUDA's memory-efficient and cuDNN kernels have no second
+    derivative) give way to plain PyTorch operations, whose backward passes are differentiable
+    again: a loss on forces that are an energy's gradient trains through a
     second derivative, and the fast paths' backward passes are differentiable once."""
     global _TWICE
     _TWICE += 1
@@ -45,6 +48,11 @@ def twice_differentiable() -> Iterator[None]:
         yield
     finally:
         _TWICE -= 1
+
+
+def twice_differentiable_now() -> bool:
+    """Whether a :func:`twice_differentiable` block is open."""
+    return _TWICE > 0
 
 
 def _uniform16(shape: torch.Size | tuple[int, ...]) -> Tensor:

@@ -133,8 +133,9 @@ class GraphormerConfig:
         forces: how the per-atom vectors (``atom_vector_tasks``) are predicted: ``"head"``
             (Graphormer-3D's vector head) or ``"gradient"`` (one vector per atom, the negative
             gradient of the first molecule output, the energy, with respect to the atom's
-            position, each periodic image moving with its atom: forces that conserve energy,
-            as SchNet's and DimeNet's; needs ``channels="3d"`` and one vector task, and costs
+            position, each periodic image moving with its atom: forces that conserve energy
+            where the energy is smooth, as SchNet's and DimeNet's (a hard ``cutoff``, or
+            periodic images kept by distance, make it jump as atoms cross them); needs ``channels="3d"`` and one vector task, and costs
             about twice the time of a training step). The scale from the energy's units to
             the vectors' is :attr:`Graphormer.force_scale` (set by the training module).
         num_tags: rows of an embedding of each atom's tag (``batch.tags``; OC20's 0 fixed
@@ -895,7 +896,8 @@ class Graphormer(nn.Module):
         train = self.training and torch.is_grad_enabled()
         plain = twice_differentiable() if train else contextlib.nullcontext()
         with torch.inference_mode(False), torch.enable_grad(), plain:
-            if torch.is_inference(batch.pos):
+            tensors = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+            if any(isinstance(t, Tensor) and torch.is_inference(t) for t in tensors):
                 batch = batch._apply(torch.clone)  # inference tensors take no gradient
             pos = batch.pos
             b, n = pos.shape[:2]
