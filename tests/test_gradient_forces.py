@@ -19,6 +19,24 @@ from graphormer.data.sources.ase import ELEMENTS, structures_to_graphs  # noqa: 
 from graphormer.testing import emt_frames, emt_slabs  # noqa: E402
 
 
+def _train_args(path, root, run, *extra: str) -> list[str]:
+    """train.py on the structures at ``path`` with a tiny 3D model: energies, and with
+    ``dataset.atom_vector_targets=[forces]`` among ``extra`` their forces."""
+    return [
+        "dataset=ase",
+        f"dataset.path={path}",
+        f"dataset.root={root}",
+        f"hydra.run.dir={run}",
+        "model.channels=3d",
+        "model.num_kernels=16",
+        *extra,
+        *TINY,
+    ]
+
+
+GRADIENT = ("dataset.atom_vector_targets=[forces]", "model.forces=gradient")
+
+
 def _model(forces: str = "gradient", **changes) -> Graphormer:
     torch.manual_seed(0)
     settings = dict(
@@ -135,18 +153,7 @@ def test_train_eval_and_predict_forces_as_the_energys_gradient(tmp_path):
     frames = emt_frames(30)
     ase.io.write(path, frames)
     run = tmp_path / "run"
-    args = [
-        "dataset=ase",
-        f"dataset.path={path}",
-        "dataset.atom_vector_targets=[forces]",
-        f"dataset.root={tmp_path / 'data'}",
-        f"hydra.run.dir={run}",
-        "model.channels=3d",
-        "model.forces=gradient",
-        "model.num_kernels=16",
-        "trainer.max_epochs=2",
-        *TINY,
-    ]
+    args = _train_args(path, tmp_path / "data", run, *GRADIENT, "trainer.max_epochs=2")
     log = call_script("train.py", args, cwd=tmp_path)
     assert "val/atom_vector_mae" in log
     metrics = read_json(run / "metrics.json")
@@ -192,18 +199,7 @@ def test_forces_gradient_with_flag_is_one_error_line(tmp_path):
 
     path = tmp_path / "emt.extxyz"
     ase.io.write(path, emt_frames(12))
-    args = [
-        "dataset=ase",
-        f"dataset.path={path}",
-        "dataset.atom_vector_targets=[forces]",
-        f"dataset.root={tmp_path / 'data'}",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        "model.channels=3d",
-        "model.forces=gradient",
-        "flag.m=2",
-        "trainer.max_epochs=1",
-        *TINY,
-    ]
+    args = _train_args(path, tmp_path / "data", tmp_path / "run", *GRADIENT, "flag.m=2")
     result = call("train.py", args, tmp_path)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
@@ -216,33 +212,12 @@ def test_an_energy_model_fine_tunes_into_gradient_forces(tmp_path):
     # on forces is a strict fit (the energy-to-force scale is the new task's, not copied).
     path = tmp_path / "emt.extxyz"
     ase.io.write(path, emt_frames(30))
-    common = [
-        "dataset=ase",
-        f"dataset.path={path}",
-        "model.channels=3d",
-        "model.num_kernels=16",
-        "trainer.max_epochs=1",
-        *TINY,
-    ]
-    energy_run = tmp_path / "energy"
-    call_script(
-        "train.py",
-        [*common, f"dataset.root={tmp_path / 'd1'}", f"hydra.run.dir={energy_run}"],
-        cwd=tmp_path,
-    )
-    forces_run = tmp_path / "forces"
-    log = call_script(
-        "train.py",
-        [
-            *common,
-            f"dataset.root={tmp_path / 'd2'}",
-            f"hydra.run.dir={forces_run}",
-            "dataset.atom_vector_targets=[forces]",
-            "model.forces=gradient",
-            f"pretrained={energy_run / 'checkpoints' / 'last.ckpt'}",
-        ],
-        cwd=tmp_path,
-    )
+    energy_run, forces_run = tmp_path / "energy", tmp_path / "forces"
+    one = "trainer.max_epochs=1"
+    call_script("train.py", _train_args(path, tmp_path / "d1", energy_run, one), cwd=tmp_path)
+    pretrained = f"pretrained={energy_run / 'checkpoints' / 'last.ckpt'}"
+    args = _train_args(path, tmp_path / "d2", forces_run, *GRADIENT, pretrained, one)
+    log = call_script("train.py", args, cwd=tmp_path)
     assert "val/atom_vector_mae" in log
     state = torch.load(forces_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     scale = state["target_std"][0] / state["atom_vector_std"].view(-1)[0]
