@@ -2,6 +2,8 @@
 positions (periodic images moving with their atoms), in evaluation under inference_mode and in
 training through a second derivative; trained, evaluated and predicted by the commands."""
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -71,13 +73,7 @@ def _slabs(count: int, seed: int):
 
 def _energy(model, batch, pos) -> torch.Tensor:
     with torch.no_grad():
-        return model._levels(_with(batch, pos))["molecule"][:, 0]
-
-
-def _with(batch, pos):
-    import dataclasses
-
-    return dataclasses.replace(batch, pos=pos)
+        return model._levels(dataclasses.replace(batch, pos=pos))["molecule"][:, 0]
 
 
 def test_forces_are_the_scaled_negative_gradient_with_images_moving_along():

@@ -39,8 +39,8 @@ def twice_differentiable() -> Iterator[None]:
     """Within this block the CPU fast paths (this dropout, the attention kernel, the edge
     encoding's gradient) and, on every device, the fused attention kernels of
     ``scaled_dot_product_attention`` (CUDA's memory-efficient and cuDNN kernels have no second
-    derivative) give way to plain PyTorch operations, whose backward passes are differentiable
-    again: a loss on forces that are an energy's gradient trains through a
+    derivative) give way to plain PyTorch operations, whose backward passes can be
+    differentiated again: a loss on forces that are an energy's gradient trains through a
     second derivative, and the fast paths' backward passes are differentiable once."""
     global _TWICE
     _TWICE += 1

@@ -884,7 +884,7 @@ class Graphormer(nn.Module):
 
         A periodic image's position is its atom's plus a fixed cell shift, so an atom's force
         sums the gradients at its images too. Training differentiates the forces again (a loss
-        on them): PyTorch's operations replace the CPU fast paths there
+        on them): plain operations replace the fused kernels there
         (:func:`~graphormer.models.dropout.twice_differentiable`). Under ``no_grad`` or
         ``inference_mode`` (evaluation, prediction) the gradient is still taken, on copies of
         the batch's tensors, and the outputs come back detached."""
@@ -911,9 +911,9 @@ class Graphormer(nn.Module):
             found = self._levels(moved, return_attention, perturb)
             out, attentions = found if return_attention else (found, None)
             energy = out["molecule"][:, 0].float().sum()
-            (grad,) = torch.autograd.grad(energy, leaf, create_graph=train, allow_unused=True)
-        if grad is None:  # no structure has a pair of atoms: nothing moves the energy
-            grad = torch.zeros_like(leaf)
+            # Every position enters the energy (the distance encoding reads each pair, an atom
+            # with itself included), so the gradient exists: zeros for a lone atom.
+            (grad,) = torch.autograd.grad(energy, leaf, create_graph=train)
         mask = batch.atom_mask[..., None, None]
         vectors = -grad.unsqueeze(2) * self.force_scale.to(grad.dtype)  # [B, N, 1, 3]
         out["atom_vector"] = vectors * mask.to(vectors.dtype)

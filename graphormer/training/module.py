@@ -17,7 +17,15 @@ from graphormer.batch import GraphormerBatch
 from graphormer.console import report
 from graphormer.data.conformers import mean_over_repeats
 from graphormer.data.datamodule import GraphDataModule
-from graphormer.data.tasks import ITEM_LEVELS, Level, TaskInfo, score, score_level, score_reported
+from graphormer.data.tasks import (
+    ATOM_VECTOR,
+    ITEM_LEVELS,
+    Level,
+    TaskInfo,
+    score,
+    score_level,
+    score_reported,
+)
 from graphormer.errors import DataError, UserFacingError
 from graphormer.models.graphormer import Graphormer, GraphormerConfig
 from graphormer.training.kernel import FingerprintKernel
@@ -424,8 +432,7 @@ class GraphormerModule(pl.LightningModule):
         targets' standardised units: the energy's standard deviation over the vectors'."""
         if self.config.forces != "gradient":
             return
-        (level,) = [lv for lv in self.task.item_levels if lv.name == "atom_vector"]
-        vector_std = getattr(self, level.std).reshape(-1)[0]
+        vector_std = getattr(self, ATOM_VECTOR.std).reshape(-1)[0]
         self.model.force_scale.copy_((self.target_std[0] / vector_std).view(1))
 
     def setup(self, stage: str) -> None:
@@ -433,10 +440,11 @@ class GraphormerModule(pl.LightningModule):
         # checkpoint (whose buffers then win).
         if stage != "fit":
             return
-        self._standardise_targets()
+        self._fit_to_training_data()
         self._scale_gradient_forces()
 
-    def _standardise_targets(self) -> None:
+    def _fit_to_training_data(self) -> None:
+        """The training split's statistics: inputs, molecule features, the kernel, targets."""
         datamodule = self.trainer.datamodule
         if isinstance(datamodule, GraphDataModule):
             self._data_digest = datamodule.data_digest()

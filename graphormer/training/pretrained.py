@@ -168,6 +168,16 @@ def _listing(items: Sequence[str], limit: int = 8) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
+# The network's buffers that standardise the task's targets, as the module's target_mean and
+# target_std do: the new task's own (set in setup), never copied from a checkpoint.
+_TASK_BUFFERS = frozenset({"model.force_scale"})  # model.forces=gradient's energy-to-force scale
+
+
+def _is_network(name: str) -> bool:
+    """A tensor of the network (``model.``) that fine-tuning copies."""
+    return name.startswith("model.") and name not in _TASK_BUFFERS
+
+
 def load_pretrained(module: GraphormerModule, path: str, strict: bool = True) -> PretrainedReport:
     """Initialises ``module``'s network from a checkpoint of ours (trained or converted) to
     fine-tune it.
@@ -202,13 +212,8 @@ def load_pretrained(module: GraphormerModule, path: str, strict: bool = True) ->
     own = module.state_dict()
     report = PretrainedReport(str(path))
     report.setting_differences = _setting_differences(record.model, module.config, path)
-    # model.force_scale (model.forces=gradient) is the new task's target standardisation too.
-    theirs = {
-        k: v
-        for k, v in state.items()
-        if k.startswith("model.") and not _is_output_layer(k) and k != "model.force_scale"
-    }
-    mine = {k: v for k, v in own.items() if k.startswith("model.") and k != "model.force_scale"}
+    theirs = {k: v for k, v in state.items() if _is_network(k) and not _is_output_layer(k)}
+    mine = {k: v for k, v in own.items() if _is_network(k)}
     if module.config.num_tasks == 0:  # atom/bond targets alone: no molecule head to copy into
         report.unused_head = sorted(k for k in theirs if _is_molecule_head(k))
         theirs = {k: v for k, v in theirs.items() if not _is_molecule_head(k)}
