@@ -205,7 +205,12 @@ class PygModel(torch.nn.Module):
 
 
 def graphormer(
-    channels: str, layers: int = 4, width: int = 64, kernels: int = 128, forces: str = "head"
+    channels: str,
+    layers: int = 4,
+    width: int = 64,
+    kernels: int = 128,
+    forces: str = "head",
+    messages: bool = False,
 ):
     from graphormer.models import Graphormer, GraphormerConfig
 
@@ -224,6 +229,8 @@ def graphormer(
         atom_vector_tasks=0 if channels == "2d" else 1,
         # Forces in the energy's standardised units, as the loss compares them: force_scale 1.
         forces="gradient" if channels == "3d" and forces == "gradient" else "head",
+        distance_messages=messages and channels != "2d",
+        message_cutoff=CUTOFF,
     )
     return Graphormer(config)
 
@@ -337,7 +344,9 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     dense = row.startswith("graphormer")
     if dense:
         channels = row.removeprefix("graphormer_")
-        model = graphormer(channels, args.layers, args.width, args.kernels, args.forces)
+        model = graphormer(
+            channels, args.layers, args.width, args.kernels, args.forces, args.messages == "on"
+        )
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet")
     train_items = samples(data, "train")
@@ -390,7 +399,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     if args.loss == "centred":  # no offset per molecule was trained: no relative energies
         test["energy_mae"] = None
     return {
-        "row": row,
+        "row": f"{row}+messages" if dense and args.messages == "on" else row,
         **test,
         "valid": evaluate(model, data, "valid", dense, mean, std),
         "wall_s": time.perf_counter() - start,
@@ -492,7 +501,7 @@ TEST_KEYS = ("centred_mae", "energy_mae", "force_mae", "wall_s", "peak_mib")
 # What each row's child process is told: the data, the budget, the loss and the model sizes.
 FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
-    "layers", "width", "kernels", "valid_every",
+    "layers", "width", "kernels", "valid_every", "messages",
 )  # fmt: skip
 
 
@@ -524,6 +533,12 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4, help="Graphormer layers")
     parser.add_argument("--width", type=int, default=64, help="Graphormer width (and FFN)")
     parser.add_argument("--kernels", type=int, default=128, help="Gaussian kernels")
+    parser.add_argument(
+        "--messages",
+        choices=("off", "on"),
+        default="off",
+        help="the 3D Graphormers with model.distance_messages=true (cutoff 5 A, as SchNet's)",
+    )
     parser.add_argument(
         "--valid-every", type=int, default=5, help="epochs between validation errors"
     )

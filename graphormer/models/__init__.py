@@ -1,6 +1,11 @@
 from graphormer.models.attention import BiasedMultiheadAttention
 from graphormer.models.encoders import CategoricalEmbedding, GraphAttentionBias, NodeEncoder
-from graphormer.models.geometry import GaussianDistanceEncoding, VectorHead
+from graphormer.models.geometry import (
+    DistanceMessages,
+    GaussianDistanceEncoding,
+    VectorHead,
+    cosine_switch,
+)
 from graphormer.models.graphormer import (
     Graphormer,
     GraphormerConfig,
@@ -13,6 +18,7 @@ from graphormer.models.molecule_features import MoleculeFeatureInput
 __all__ = [
     "BiasedMultiheadAttention",
     "CategoricalEmbedding",
+    "DistanceMessages",
     "GaussianDistanceEncoding",
     "GraphAttentionBias",
     "Graphormer",
@@ -21,6 +27,7 @@ __all__ = [
     "MoleculeFeatureInput",
     "NodeEncoder",
     "VectorHead",
+    "cosine_switch",
     "ogb_atom_feature_dims",
     "ogb_bond_feature_dims",
 ]

@@ -12,7 +12,13 @@ from torch import Tensor, nn
 
 from graphormer.models.init import bert_init_
 
-__all__ = ["GaussianDistanceEncoding", "VectorHead", "pair_distances"]
+__all__ = [
+    "DistanceMessages",
+    "GaussianDistanceEncoding",
+    "VectorHead",
+    "cosine_switch",
+    "pair_distances",
+]
 
 
 def pair_distances(pos: Tensor) -> tuple[Tensor, Tensor]:
@@ -141,6 +147,14 @@ class GaussianDistanceEncoding(nn.Module):
     def forward(
         self, pos: Tensor, atom_type: Tensor, node_mask: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
+        return self.encode(pos, atom_type, node_mask)[:3]
+
+    def encode(
+        self, pos: Tensor, atom_type: Tensor, node_mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
+        """:meth:`forward`'s three outputs and the pairs they were computed from:
+        ``(batch, i, j, kernels [P, K], distances [P])``, every ordered pair of real atoms
+        within the cutoff (the diagonal included), row-major."""
         with torch.autocast(pos.device.type, enabled=False):
             dist, _ = pair_distances(pos)
             pair_mask = node_mask.unsqueeze(2) & node_mask.unsqueeze(1)  # [B, N, N]
@@ -152,7 +166,9 @@ class GaussianDistanceEncoding(nn.Module):
             # mostly padded pairs, and [B, N, N, K] would be the model's largest tensor.
             batch, i, j = pair_mask.nonzero(as_tuple=True)  # [P] each, row-major order
             pair_type = atom_type[batch, i] * self.num_atom_types + atom_type[batch, j]
-            psi = self._gaussians(dist[batch, i, j], pair_type)  # [P, K] float32
+            distance = dist[batch, i, j]  # [P]
+            psi = self._gaussians(distance, pair_type)  # [P, K] float32
+        pairs = (batch, i, j, psi, distance)
         # The MLPs run in the weights' dtype (or autocast's): only the kernels need float32.
         psi = psi.to(self.centrality.weight.dtype)
         # A pair without kernels (padding, beyond the cutoff) gets the MLP of zero kernels, as
@@ -164,7 +180,69 @@ class GaussianDistanceEncoding(nn.Module):
         )  # [B, N, N, H]
         sums = psi.new_zeros(b * n, psi.size(-1)).index_add(0, batch * n + i, psi)  # [B*N, K]
         atoms = self.centrality(sums.view(b, n, -1))  # [B, N, d]
-        return bias.permute(0, 3, 1, 2), atoms * node_mask.unsqueeze(-1).to(atoms.dtype), far
+        atoms = atoms * node_mask.unsqueeze(-1).to(atoms.dtype)
+        return bias.permute(0, 3, 1, 2), atoms, far, pairs
+
+
+def cosine_switch(distance: Tensor, cutoff: float) -> Tensor:
+    """``0.5 (cos(pi d / cutoff) + 1)`` below ``cutoff``, 0 at and beyond it: smooth at both
+    ends (its slope is 0 at 0 and at the cutoff), so an atom crossing the cutoff changes no
+    energy abruptly."""
+    inside = 0.5 * (torch.cos(distance * (math.pi / cutoff)) + 1)
+    return torch.where(distance < cutoff, inside, torch.zeros_like(inside))
+
+
+class DistanceMessages(nn.Module):
+    r"""Messages between atoms through continuous distance filters (SchNet's interaction,
+    Schuett et al., 2017, https://arxiv.org/abs/1706.08566), as a residual block before a
+    transformer layer. For each pair ``(i, j)``, ``i != j``, closer than the cutoff ``r_c``,
+    the distance encoding's kernels give a filter :math:`W_{ij} = \mathrm{MLP}(\psi_{ij})`
+    that gates the neighbour's projected state, switched off smoothly towards the cutoff by
+    :math:`C(d) = \frac12(\cos(\pi d / r_c) + 1)` (:func:`cosine_switch`):
+
+    .. math::
+        h_i \leftarrow h_i + \mathrm{MLP}\Big(\sum_j C(d_{ij})\, W_{ij} \odot
+        \mathrm{Lin}(\mathrm{LN}(h_j))\Big)
+
+    Attention mixes the atoms' states with weights that the distances bias; these messages
+    carry each distance into what is passed, and sum (not average) over neighbours, so a count
+    of near atoms (a local density) is one step away.
+
+    Args:
+        num_kernels (int): ``K`` of the distance encoding.
+        hidden_dim (int): model width ``d``.
+
+    Shapes:
+        - input: ``h`` ``[R, d]`` rows of states, ``target`` and ``source`` ``[P]`` rows of
+          ``h`` (each pair's ``i`` and ``j``), ``psi`` ``[P, K]``, ``switch`` ``[P]``
+          (:func:`cosine_switch` of the pairs' distances, the same for every layer)
+        - output: ``[R, d]``
+    """
+
+    def __init__(self, num_kernels: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden_dim)
+        self.inp = nn.Linear(hidden_dim, hidden_dim, bias=False)
+        self.filter = nn.Sequential(
+            nn.Linear(num_kernels, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, hidden_dim)
+        )
+        self.out = nn.Sequential(
+            nn.Linear(hidden_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, hidden_dim)
+        )
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.norm.reset_parameters()
+        bert_init_(self.inp, *self.filter[::2], *self.out[::2])
+
+    def forward(
+        self, h: Tensor, target: Tensor, source: Tensor, psi: Tensor, switch: Tensor
+    ) -> Tensor:
+        x = self.inp(self.norm(h))  # [R, d]
+        gate = self.filter(psi.to(x.dtype)) * switch.unsqueeze(-1).to(x.dtype)  # [P, d]
+        messages = x.index_select(0, source) * gate
+        summed = x.new_zeros(x.shape).index_add(0, target, messages)
+        return h + self.out(summed)
 
 
 class VectorHead(nn.Module):

@@ -19,7 +19,12 @@ from graphormer.batch import GraphormerBatch
 from graphormer.errors import DataError
 from graphormer.models.dropout import Dropout, twice_differentiable
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder, touch
-from graphormer.models.geometry import GaussianDistanceEncoding, VectorHead
+from graphormer.models.geometry import (
+    DistanceMessages,
+    GaussianDistanceEncoding,
+    VectorHead,
+    cosine_switch,
+)
 from graphormer.models.heads import BondHead, NodeHead
 from graphormer.models.init import bert_init_
 from graphormer.models.layers import GraphormerLayer
@@ -147,6 +152,14 @@ class GraphormerConfig:
         blocks: the layer stack runs this many times with the same weights (Graphormer-3D's
             ``--blocks``: 12 layers in 4 blocks are 48 layer passes with 12 layers' weights);
             1 (the default) runs it once.
+        distance_messages: before each layer, a residual block of messages between atoms
+            closer than ``message_cutoff`` through continuous filters of their distance
+            kernels (SchNet's interaction; :class:`~graphormer.models.geometry.DistanceMessages`),
+            so that distances shape what atoms pass to each other, not only how much they
+            attend; needs ``channels`` 3d or both; not part of Graphormer-3D; False (the
+            default) builds none.
+        message_cutoff: Angstrom; the messages fade to zero at this distance (a cosine
+            switch). (default: 5.0, SchNet's)
     """
 
     num_layers: int = 12
@@ -188,6 +201,8 @@ class GraphormerConfig:
     num_tags: int = 0
     readout_min_tag: int = 0
     blocks: int = 1
+    distance_messages: bool = False
+    message_cutoff: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -323,6 +338,21 @@ class GraphormerConfig:
                 f"(got channels={self.channels}, {self.num_tasks} molecule output(s), "
                 f"{self.atom_vector_tasks} vector target(s))"
             )
+        if not isinstance(self.distance_messages, bool):
+            raise ValueError(
+                f"model.distance_messages={self.distance_messages!r} is not allowed: true or false"
+            )
+        reach = self.message_cutoff
+        if isinstance(reach, bool) or not isinstance(reach, int | float) or reach <= 0:
+            raise ValueError(
+                f"model.message_cutoff={reach!r} is not allowed: a distance > 0 in Angstrom"
+            )
+        self.message_cutoff = float(reach)
+        if self.distance_messages and self.channels == "2d":
+            raise ValueError(
+                "model.distance_messages=true passes messages through the atoms' distances: "
+                "set model.channels=3d or both"
+            )
         if self.channels != "2d" and not self.atom_feature_dims:
             raise ValueError(
                 f"model.channels={self.channels} reads each atom's element from the first "
@@ -360,6 +390,9 @@ class GraphormerConfig:
         if self.uses_positions:
             k, types = self.num_kernels, self.atom_feature_dims[0] + 1
             tables += 2 * types * types + 2 * k + (k + 1) * (k + self.num_heads) + (k + 1) * h
+        if self.distance_messages:
+            k = self.num_kernels
+            tables += layers * ((k + 1) * h + 4 * h * h + 5 * h)
         if self.atom_vector_tasks and self.forces == "head":
             heads += 3 * (h * h + h) + h * self.atom_vector_tasks
         tables += self.num_tags * h
@@ -525,6 +558,13 @@ class Graphormer(nn.Module):
             else None
         )
         # Only when asked for, as the 3D channel: existing checkpoints keep their tensors.
+        self.messages = (
+            nn.ModuleList(
+                DistanceMessages(c.num_kernels, c.hidden_dim) for _ in range(c.num_layers)
+            )
+            if c.distance_messages
+            else None
+        )
         self.tag_encoder = nn.Embedding(c.num_tags, c.hidden_dim) if c.num_tags else None
         self.graph_token = nn.Parameter(torch.empty(1, 1, c.hidden_dim))
         # Microsoft's encoder_normalize_before: one LayerNorm over the summed input embeddings.
@@ -663,10 +703,12 @@ class Graphormer(nn.Module):
         geometry = None
         if use_3d:
             atom_type = (batch.x[..., 0] + 1) * node_mask  # [B, N], 0 at padding
-            geometry = self.geometry(batch.pos, atom_type, node_mask)
+            geometry = self.geometry.encode(batch.pos, atom_type, node_mask)
             h = h + geometry[1].to(h.dtype)  # the 3D centrality
         elif self.geometry is not None:
             h = touch(h, self.geometry)
+            if self.messages is not None:
+                h = touch(h, self.messages)
         if self.tag_encoder is not None:
             h = h + self.tag_encoder(self._tags(batch)) * node_mask.unsqueeze(-1).to(h.dtype)
         if perturb is not None:
@@ -724,22 +766,30 @@ class Graphormer(nn.Module):
         # (little padding) skips the packing, which would then cost more than it saves.
         batch, length, width = h.shape
         real = F.pad(node_mask, (1, 0), value=True)  # [B, N+1]
-        packed = None
+        packed = row = None
         # An exported network keeps one path for every batch (ONNX shapes must not depend on
         # the data): the padded one.
         if not torch.onnx.is_in_onnx_export() and real.sum() < _PACK_BELOW * real.numel():
             tokens = real.reshape(-1).nonzero().squeeze(1)  # [T]
             packed = (tokens, batch, length)
             h = h.reshape(batch * length, width).index_select(0, tokens)  # [T, d]
+            # Each padded row's packed row (-1 at padding).
+            row = torch.full((batch * length,), -1, dtype=tokens.dtype, device=tokens.device)
+            row.index_copy_(0, tokens, torch.arange(tokens.numel(), device=tokens.device))
             if copies is not None:
                 # The copies' sources as rows of the packed tokens (sources are real tokens).
-                row = torch.full_like(copies, -1).index_copy_(
-                    0, tokens, torch.arange(tokens.numel(), device=tokens.device)
-                )
                 copies = row[copies.index_select(0, tokens)]  # [T]
+        pairs = None
+        if geometry is not None and self.messages is not None:
+            pairs = self._message_pairs(geometry[3], length, row)
         attentions = []
         for _ in range(self.config.blocks):  # Graphormer-3D's blocks share the layers' weights
-            for layer in self.layers:
+            for index, layer in enumerate(self.layers):
+                if pairs is not None:
+                    shape = h.shape
+                    h = self.messages[index](h.reshape(-1, width), *pairs).view(shape)
+                    if copies is not None:
+                        h = h.flatten(0, -2).index_select(0, copies).view_as(h)
                 h, weights = layer(h, attn_bias, need_weights=return_attention, packed=packed)
                 if copies is not None:
                     # A periodic image is its source atom seen across the boundary: it holds
@@ -753,6 +803,21 @@ class Graphormer(nn.Module):
             return h * real.unsqueeze(-1).to(h.dtype), attentions, attn_bias
         h = h.new_zeros(batch * length, width).index_copy(0, packed[0], h)
         return h.view(batch, length, width), attentions, attn_bias
+
+    def _message_pairs(
+        self, pairs: tuple[Tensor, ...], length: int, row: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The distance messages' ``(target rows, source rows, kernels, switch)``: the pairs
+        of distinct atoms within ``message_cutoff``, as rows of the layers' states: padded
+        ``[B * (N+1)]`` (the graph token is row 0 of each graph), or packed ``[T]`` through
+        ``row``, each padded row's packed one."""
+        graph, i, j, psi, distance = pairs
+        keep = (i != j) & (distance < self.config.message_cutoff)
+        graph, i, j, psi, distance = (t[keep] for t in (graph, i, j, psi, distance))
+        target, source = graph * length + 1 + i, graph * length + 1 + j
+        if row is not None:
+            target, source = row[target], row[source]
+        return target, source, psi, cosine_switch(distance, self.config.message_cutoff)
 
     def forward(
         self,

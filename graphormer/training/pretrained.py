@@ -57,6 +57,9 @@ _STRUCTURE = (
     # Periodic structures: the tag embedding's rows, and how often the layers run.
     "num_tags",
     "blocks",
+    # Messages through distance filters: whether their blocks exist, and how far they reach.
+    "distance_messages",
+    "message_cutoff",
 )
 
 

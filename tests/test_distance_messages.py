@@ -1,0 +1,221 @@
+"""model.distance_messages: SchNet-style messages through continuous distance filters before
+each layer. The block against a pair-by-pair reference, the cosine switch, invariance and
+equivariance, padded and packed batches, periodic images, gradient forces through the messages,
+the settings' checks, and a run of the commands."""
+
+import math
+
+import pytest
+import torch
+
+from graphormer.data.collate import GraphormerCollator
+from graphormer.data.featurize import featurize_smiles
+from graphormer.models import DistanceMessages, Graphormer, GraphormerConfig, cosine_switch
+
+SMILES = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(OCC)cc1", "[Na+]"]
+
+
+def _model(dtype=torch.float64, **settings) -> Graphormer:
+    torch.manual_seed(0)
+    values = dict(num_layers=2, hidden_dim=16, ffn_dim=16, num_heads=2, dropout=0.0)
+    values.update(attention_dropout=0.0, activation_dropout=0.0, channels="3d", num_kernels=8)
+    values.update(distance_messages=True, message_cutoff=3.0, readout="token_sum")
+    model = Graphormer(GraphormerConfig(**{**values, **settings})).to(dtype).eval()
+    with torch.no_grad():  # away from the initialisation's near-zero weights
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def _graphs(seed: int = 0, smiles=SMILES):
+    generator = torch.Generator().manual_seed(seed)
+    graphs = featurize_smiles(smiles).graphs
+    for g in graphs:
+        g.pos = 1.5 * torch.randn(g.num_nodes, 3, generator=generator, dtype=torch.float64)
+    return graphs
+
+
+def _collate(graphs, dtype=torch.float64):
+    batch = GraphormerCollator(max_hops=5)(graphs)
+    pos = torch.zeros(batch.pos.shape, dtype=dtype)
+    for i, g in enumerate(graphs):  # the collator stores float32
+        pos[i, : g.num_nodes] = g.pos.to(dtype)
+    batch.pos = pos
+    return batch
+
+
+def test_the_cosine_switch_is_one_at_zero_and_fades_smoothly_to_zero_at_the_cutoff():
+    d = torch.tensor([0.0, 1.0, 2.0, 3.999999, 4.0, 7.0], dtype=torch.float64, requires_grad=True)
+    c = cosine_switch(d, 4.0)
+    expected = [1.0, 0.5 * (math.cos(math.pi / 4) + 1), 0.5, 0.0, 0.0, 0.0]
+    torch.testing.assert_close(c, torch.tensor(expected, dtype=torch.float64), atol=1e-10, rtol=0)
+    (slope,) = torch.autograd.grad(c.sum(), d)
+    assert abs(float(slope[0])) < 1e-12 and abs(float(slope[3])) < 1e-5  # flat at both ends
+    assert float(slope[2]) < -0.3 and (slope[4:] == 0).all()
+
+
+def test_the_block_sums_filtered_neighbour_states_pair_by_pair():
+    torch.manual_seed(0)
+    block = DistanceMessages(num_kernels=5, hidden_dim=8).double()
+    h = torch.randn(6, 8, dtype=torch.float64)
+    target = torch.tensor([0, 0, 1, 3, 3, 3])
+    source = torch.tensor([1, 2, 0, 4, 5, 0])
+    psi = torch.rand(6, 5, dtype=torch.float64)
+    switch = torch.tensor([1.0, 0.5, 0.2, 0.0, 0.9, 1.0], dtype=torch.float64)
+    out = block(h, target, source, psi, switch)
+    x = block.inp(block.norm(h))
+    summed = torch.zeros_like(x)
+    for t, s, k, c in zip(target.tolist(), source.tolist(), psi, switch, strict=True):
+        summed[t] += c * block.filter(k) * x[s]
+    torch.testing.assert_close(out, h + block.out(summed))
+    # a pair whose switch is zero (at or beyond the cutoff) passes nothing
+    moved = h.clone()
+    moved[4] += 1.0  # atom 4 reaches atom 3 through a zero switch only
+    torch.testing.assert_close(block(moved, target, source, psi, switch)[3], out[3])
+
+
+@torch.no_grad()
+def test_messages_keep_energies_invariant_and_vectors_equivariant():
+    model = _model(atom_vector_tasks=1)
+    graphs = _graphs()
+    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(1)).double())
+    rotation = q * torch.sign(torch.det(q))
+    moved = []
+    for g in graphs:
+        m = g.clone()
+        m.pos = g.pos @ rotation.T + torch.tensor([2.0, -4.0, 1.0], dtype=torch.float64)
+        moved.append(m)
+    before, after = model.forward_levels(_collate(graphs)), model.forward_levels(_collate(moved))
+    torch.testing.assert_close(after["molecule"], before["molecule"], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(
+        after["atom_vector"], before["atom_vector"] @ rotation.T, rtol=1e-9, atol=1e-9
+    )
+    # the messages are part of the function: without them the energies differ
+    plain = _model(atom_vector_tasks=1, distance_messages=False)
+    plain.load_state_dict(model.state_dict(), strict=False)
+    assert not torch.allclose(plain(_collate(graphs)), before["molecule"], atol=1e-4)
+
+
+@torch.no_grad()
+def test_a_molecule_alone_equals_the_same_in_a_padded_or_packed_batch():
+    model = _model(torch.float32)
+    graphs = _graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "C", "O", "N", "CO", "CC"])
+    together = model(_collate(graphs, torch.float32))  # mostly padding: packed
+    similar = _graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "CC(=O)Nc1ccc(OC)cc1"])
+    padded = model(_collate(similar, torch.float32))  # little padding: not packed
+    for i, g in enumerate(graphs[:1] + graphs[4:]):
+        alone = model(_collate([g], torch.float32))
+        index = 0 if i == 0 else i + 3
+        torch.testing.assert_close(alone[0], together[index], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        model(_collate(similar[1:], torch.float32))[0], padded[1], atol=1e-4, rtol=1e-4
+    )
+
+
+def test_settings_are_checked_and_the_parameter_estimate_counts_the_blocks():
+    with pytest.raises(ValueError, match="set model.channels=3d or both"):
+        GraphormerConfig(distance_messages=True)
+    with pytest.raises(ValueError, match="model.message_cutoff=0 is not allowed"):
+        GraphormerConfig(channels="3d", distance_messages=True, message_cutoff=0)
+    with pytest.raises(ValueError, match="model.distance_messages='yes' is not allowed"):
+        GraphormerConfig(channels="3d", distance_messages="yes")
+    config = GraphormerConfig(num_layers=3, hidden_dim=16, ffn_dim=16, num_heads=2)
+    config.channels, config.distance_messages = "both", True
+    config.__post_init__()
+    model = Graphormer(config)
+    assert len(model.messages) == 3
+    actual = sum(p.numel() for p in model.parameters())
+    assert abs(config.estimated_parameters() - actual) < 0.01 * actual
+    assert Graphormer(GraphormerConfig(channels="3d")).messages is None
+
+
+def test_fine_tuning_takes_the_messages_with_the_architecture():
+    from graphormer.training.pretrained import architecture
+
+    stored = {"num_layers": 2, "distance_messages": True, "message_cutoff": 4.0, "dropout": 0.1}
+    expected = {"num_layers": 2, "distance_messages": True, "message_cutoff": 4.0}
+    assert architecture(stored) == expected
+
+
+def test_a_2d_training_batch_of_a_both_model_gives_the_messages_zero_gradients():
+    model = _model(channels="both", channel_probs=[1.0, 0.0, 0.0]).train()
+    model(_collate(_graphs())).sum().backward()
+    grads = [p.grad for p in model.messages.parameters()]
+    assert all(g is not None and g.abs().max() == 0 for g in grads)
+
+
+@torch.no_grad()
+def test_periodic_images_hold_their_sources_state_and_wrapping_keeps_the_energy():
+    pytest.importorskip("ase")
+    from test_periodic import _batch, _crystal, _graph
+
+    atoms = _crystal()
+    cell = atoms.cell.array
+    start = atoms.positions.copy()
+    start[:5] -= 0.15 * cell[0]  # a few atoms just outside the cell, as files hold them
+    wrapped = atoms.copy()
+    wrapped.positions = start
+    wrapped.wrap()
+    model = _model(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
+    graph = _graph(atoms, start, 3.0)
+    n = len(atoms)
+    h = model.encode(_batch([graph]))[0][0, 1:]
+    torch.testing.assert_close(h[n:], h[graph.image_of[n:]])
+    # which copy of an atom lies in the cell changes nothing: images are their sources
+    energies = [
+        float(model(_batch([_graph(atoms, positions, 3.0)])))
+        for positions in (start, wrapped.positions, start + cell[1] - cell[2])
+    ]
+    assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
+
+
+def test_gradient_forces_differentiate_through_the_messages():
+    pytest.importorskip("ase")
+    import dataclasses
+
+    from test_gradient_forces import _energy, _slabs
+    from test_gradient_forces import _model as forces_model
+
+    model = forces_model(distance_messages=True).eval()
+    batch = _slabs(2, seed=7)
+    vectors = model.forward_levels(batch)["atom_vector"]
+    pos, atom = batch.pos.clone(), 2
+    for axis in range(3):
+        step = torch.zeros_like(pos)
+        step[0, atom, axis] = 1e-5
+        step[0, batch.image_of[0] == atom, axis] = 1e-5  # the atom's images move with it
+        difference = _energy(model, batch, pos + step) - _energy(model, batch, pos - step)
+        expected = -float(difference[0]) / 2e-5
+        torch.testing.assert_close(float(vectors[0, atom, 0, axis]), expected, rtol=1e-4, atol=1e-9)
+    # and a loss on the forces reaches the messages' filters (a second derivative)
+    model.train()
+    model.forward_levels(dataclasses.replace(batch))["atom_vector"].square().sum().backward()
+    assert model.messages[0].filter[0].weight.grad.abs().max() > 0
+
+
+def test_train_and_predict_with_distance_messages(tmp_path):
+    pytest.importorskip("ase")
+    import ase.io
+    import pandas as pd
+    from test_gradient_forces import _train_args
+
+    from graphormer.testing import emt_frames
+
+    from helpers import call_script, read_json
+
+    path = tmp_path / "emt.extxyz"
+    ase.io.write(path, emt_frames(24))
+    run = tmp_path / "run"
+    extra = ("model.distance_messages=true", "model.message_cutoff=4.5", "trainer.max_epochs=2")
+    call_script("train.py", _train_args(path, tmp_path / "data", run, *extra), cwd=tmp_path)
+    metrics = read_json(run / "metrics.json")
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "model.messages.0.filter.0.weight" in state["state_dict"]
+    out = tmp_path / "pred.csv"
+    call_script(
+        "predict.py",
+        [f"ckpt={metrics['best_checkpoint']}", f"input={path}", f"output={out}"],
+        cwd=tmp_path,
+    )
+    energy = pd.read_csv(out).energy
+    assert len(energy) == 24 and energy.notna().all() and energy.nunique() > 1
