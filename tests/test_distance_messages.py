@@ -7,12 +7,9 @@ import math
 
 import pytest
 import torch
+from test_3d import _collate, _graphs
 
-from graphormer.data.collate import GraphormerCollator
-from graphormer.data.featurize import featurize_smiles
 from graphormer.models import DistanceMessages, Graphormer, GraphormerConfig, cosine_switch
-
-SMILES = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(OCC)cc1", "[Na+]"]
 
 
 def _model(dtype=torch.float64, **settings) -> Graphormer:
@@ -25,23 +22,6 @@ def _model(dtype=torch.float64, **settings) -> Graphormer:
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     return model
-
-
-def _graphs(seed: int = 0, smiles=SMILES):
-    generator = torch.Generator().manual_seed(seed)
-    graphs = featurize_smiles(smiles).graphs
-    for g in graphs:
-        g.pos = 1.5 * torch.randn(g.num_nodes, 3, generator=generator, dtype=torch.float64)
-    return graphs
-
-
-def _collate(graphs, dtype=torch.float64):
-    batch = GraphormerCollator(max_hops=5)(graphs)
-    pos = torch.zeros(batch.pos.shape, dtype=dtype)
-    for i, g in enumerate(graphs):  # the collator stores float32
-        pos[i, : g.num_nodes] = g.pos.to(dtype)
-    batch.pos = pos
-    return batch
 
 
 def test_the_cosine_switch_is_one_at_zero_and_fades_smoothly_to_zero_at_the_cutoff():
@@ -112,6 +92,48 @@ def test_a_molecule_alone_equals_the_same_in_a_padded_or_packed_batch():
     )
 
 
+def _expected_pairs(batch, cutoff: float) -> set[tuple[int, int]]:
+    """The padded rows ``(b * (N+1) + 1 + i, b * (N+1) + 1 + j)`` of every pair of distinct
+    real atoms closer than ``cutoff``, from the positions."""
+    length = batch.pos.size(1) + 1
+    found = set()
+    for b in range(batch.pos.size(0)):
+        real = int(batch.node_mask[b].sum())
+        d = torch.cdist(batch.pos[b, :real], batch.pos[b, :real])
+        for i, j in zip(*torch.nonzero(d < cutoff).T.tolist(), strict=True):
+            if i != j:
+                found.add((b * length + 1 + i, b * length + 1 + j))
+    return found
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@torch.no_grad()
+def test_each_message_goes_between_the_rows_of_the_two_atoms(packed):
+    model = _model()
+    smiles = ["CC(=O)Nc1ccc(OCC)cc1", "C", "CO"] if packed else ["CCOc1ccccc1", "CCOc1ccccc1C"]
+    batch = _collate(_graphs(smiles=smiles))
+    seen = {}
+
+    def spy(module, args):
+        seen["rows"], seen["target"], seen["source"] = args[0].size(0), args[1], args[2]
+
+    model.messages[0].register_forward_pre_hook(spy)
+    model(batch)
+    length = batch.pos.size(1) + 1
+    expected = _expected_pairs(batch, 3.0)
+    assert len(expected) > 10
+    target, source = seen["target"].tolist(), seen["source"].tolist()
+    if packed:
+        real = torch.nn.functional.pad(batch.node_mask, (1, 0), value=True).reshape(-1)
+        tokens = real.nonzero().squeeze(1).tolist()  # each packed row's padded row
+        assert seen["rows"] == len(tokens) < batch.pos.size(0) * length
+        target, source = [tokens[t] for t in target], [tokens[s] for s in source]
+    else:
+        assert seen["rows"] == batch.pos.size(0) * length
+    assert set(zip(target, source, strict=True)) == expected
+    assert len(target) == len(expected)  # each pair once
+
+
 def test_settings_are_checked_and_the_parameter_estimate_counts_the_blocks():
     with pytest.raises(ValueError, match="set model.channels=3d or both"):
         GraphormerConfig(distance_messages=True)
@@ -119,6 +141,10 @@ def test_settings_are_checked_and_the_parameter_estimate_counts_the_blocks():
         GraphormerConfig(channels="3d", distance_messages=True, message_cutoff=0)
     with pytest.raises(ValueError, match="model.distance_messages='yes' is not allowed"):
         GraphormerConfig(channels="3d", distance_messages="yes")
+    with pytest.raises(ValueError, match="model.message_cutoff=nan is not allowed"):
+        GraphormerConfig(channels="3d", distance_messages=True, message_cutoff=float("nan"))
+    with pytest.raises(ValueError, match="set model.message_cutoff at most model.cutoff"):
+        GraphormerConfig(channels="3d", distance_messages=True, cutoff=4.0, message_cutoff=5.0)
     config = GraphormerConfig(num_layers=3, hidden_dim=16, ffn_dim=16, num_heads=2)
     config.channels, config.distance_messages = "both", True
     config.__post_init__()

@@ -241,8 +241,11 @@ class DistanceMessages(nn.Module):
         x = self.inp(self.norm(h))  # [R, d]
         gate = self.filter(psi.to(x.dtype)) * switch.unsqueeze(-1).to(x.dtype)  # [P, d]
         messages = x.index_select(0, source) * gate
-        summed = x.new_zeros(x.shape).index_add(0, target, messages)
-        return h + self.out(summed)
+        # Summed in float32 at least: an atom of a slab has dozens of neighbours (bf16's
+        # 8 bits of mantissa would drop the small ones).
+        wide = torch.promote_types(messages.dtype, torch.float32)
+        summed = x.new_zeros(x.shape, dtype=wide).index_add(0, target, messages.to(wide))
+        return h + self.out(summed.to(x.dtype))
 
 
 class VectorHead(nn.Module):

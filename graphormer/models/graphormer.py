@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -159,7 +160,7 @@ class GraphormerConfig:
             attend; needs ``channels`` 3d or both; not part of Graphormer-3D; False (the
             default) builds none.
         message_cutoff: Angstrom; the messages fade to zero at this distance (a cosine
-            switch). (default: 5.0, SchNet's)
+            switch); at most ``cutoff`` when that is set. (default: 5.0, SchNet's)
     """
 
     num_layers: int = 12
@@ -313,7 +314,10 @@ class GraphormerConfig:
         self.channel_probs = [float(p) for p in probs]
         cutoff = self.cutoff
         if cutoff is not None and (
-            isinstance(cutoff, bool) or not isinstance(cutoff, int | float) or cutoff <= 0
+            isinstance(cutoff, bool)
+            or not isinstance(cutoff, int | float)
+            or not math.isfinite(cutoff)
+            or cutoff <= 0
         ):
             raise ValueError(
                 f"model.cutoff={cutoff!r} is not allowed: a distance > 0 in Angstrom, or null"
@@ -343,7 +347,12 @@ class GraphormerConfig:
                 f"model.distance_messages={self.distance_messages!r} is not allowed: true or false"
             )
         reach = self.message_cutoff
-        if isinstance(reach, bool) or not isinstance(reach, int | float) or reach <= 0:
+        if (
+            isinstance(reach, bool)
+            or not isinstance(reach, int | float)
+            or not math.isfinite(reach)
+            or reach <= 0
+        ):
             raise ValueError(
                 f"model.message_cutoff={reach!r} is not allowed: a distance > 0 in Angstrom"
             )
@@ -352,6 +361,12 @@ class GraphormerConfig:
             raise ValueError(
                 "model.distance_messages=true passes messages through the atoms' distances: "
                 "set model.channels=3d or both"
+            )
+        if self.distance_messages and cutoff is not None and self.message_cutoff > cutoff:
+            raise ValueError(
+                f"model.message_cutoff={self.message_cutoff:g} reaches past "
+                f"model.cutoff={cutoff:g}, beyond which no pair exists (the messages would stop "
+                "abruptly there): set model.message_cutoff at most model.cutoff"
             )
         if self.channels != "2d" and not self.atom_feature_dims:
             raise ValueError(
