@@ -7,9 +7,27 @@ import math
 
 import pytest
 import torch
-from test_3d import _collate, _graphs
 
+from graphormer.data.collate import GraphormerCollator
+from graphormer.data.featurize import featurize_smiles
 from graphormer.models import DistanceMessages, Graphormer, GraphormerConfig, cosine_switch
+
+
+def _graphs(smiles=("CCO", "c1ccccc1O", "CC(=O)Nc1ccc(OCC)cc1", "[Na+]")):
+    """Molecules with random positions (a spread of a few Angstrom), float64."""
+    generator = torch.Generator().manual_seed(0)
+    graphs = featurize_smiles(list(smiles)).graphs
+    for g in graphs:
+        g.pos = 2.0 * torch.randn(g.num_nodes, 3, generator=generator, dtype=torch.float64)
+    return graphs
+
+
+def _collate(graphs, dtype=torch.float64):
+    batch = GraphormerCollator(max_hops=5)(graphs)
+    batch.pos = torch.zeros(batch.pos.shape, dtype=dtype)  # the collator stores float32
+    for i, g in enumerate(graphs):
+        batch.pos[i, : g.num_nodes] = g.pos.to(dtype)
+    return batch
 
 
 def _model(dtype=torch.float64, **settings) -> Graphormer:
@@ -173,9 +191,29 @@ def test_a_2d_training_batch_of_a_both_model_gives_the_messages_zero_gradients()
 @torch.no_grad()
 def test_periodic_images_hold_their_sources_state_and_wrapping_keeps_the_energy():
     pytest.importorskip("ase")
-    from test_periodic import _batch, _crystal, _graph
+    from ase.build import bulk
+    from torch_geometric.data import Data
 
-    atoms = _crystal()
+    from graphormer.data.periodic import with_images
+
+    def _graph(atoms, positions, cutoff):
+        graph = Data(
+            x=torch.as_tensor(atoms.numbers - 1).view(-1, 1),
+            pos=torch.as_tensor(positions, dtype=torch.float64),
+            edge_index=torch.zeros(2, 0, dtype=torch.long),
+            edge_attr=torch.zeros(0, 1, dtype=torch.long),
+            y=torch.zeros(1, 1),
+            num_nodes=len(atoms),
+        )
+        return with_images(graph, atoms.cell.array, atoms.pbc, None, cutoff, "test")
+
+    def _batch(graphs):
+        batch = GraphormerCollator(max_hops=1)(graphs)
+        batch.pos = graphs[0].pos.unsqueeze(0)
+        return batch
+
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.1, seed=0)
     cell = atoms.cell.array
     start = atoms.positions.copy()
     start[:5] -= 0.15 * cell[0]  # a few atoms just outside the cell, as files hold them
@@ -199,11 +237,29 @@ def test_gradient_forces_differentiate_through_the_messages():
     pytest.importorskip("ase")
     import dataclasses
 
-    from test_gradient_forces import _energy, _slabs
-    from test_gradient_forces import _model as forces_model
+    from graphormer.data.sources.ase import ELEMENTS, structures_to_graphs
+    from graphormer.testing import emt_slabs
 
-    model = forces_model(distance_messages=True).eval()
-    batch = _slabs(2, seed=7)
+    model = _model(
+        atom_feature_dims=[ELEMENTS],
+        bond_feature_dims=[1],
+        num_heads=4,
+        num_tags=3,
+        atom_vector_tasks=1,
+        forces="gradient",
+        message_cutoff=5.0,
+    )
+    frames = emt_slabs(2, seed=7)
+    for frame in frames:
+        frame.info["energy"] = frame.get_potential_energy()
+    graphs = structures_to_graphs(frames, ["energy"], [], "test", pbc_cutoff=6.0)
+    batch = GraphormerCollator(max_hops=1)(graphs)
+    batch.pos = batch.pos.double()
+
+    def _energy(model, batch, pos):
+        with torch.no_grad():
+            return model._levels(dataclasses.replace(batch, pos=pos))["molecule"][:, 0]
+
     vectors = model.forward_levels(batch)["atom_vector"]
     pos, atom = batch.pos.clone(), 2
     for axis in range(3):
@@ -223,17 +279,26 @@ def test_train_and_predict_with_distance_messages(tmp_path):
     pytest.importorskip("ase")
     import ase.io
     import pandas as pd
-    from test_gradient_forces import _train_args
 
     from graphormer.testing import emt_frames
 
-    from helpers import call_script, read_json
+    from helpers import TINY, call_script, read_json
 
     path = tmp_path / "emt.extxyz"
     ase.io.write(path, emt_frames(24))
     run = tmp_path / "run"
     extra = ("model.distance_messages=true", "model.message_cutoff=4.5", "trainer.max_epochs=2")
-    call_script("train.py", _train_args(path, tmp_path / "data", run, *extra), cwd=tmp_path)
+    args = [
+        "dataset=ase",
+        f"dataset.path={path}",
+        f"dataset.root={tmp_path / 'data'}",
+        f"hydra.run.dir={run}",
+        "model.channels=3d",
+        "model.num_kernels=16",
+        *extra,
+        *TINY,
+    ]
+    call_script("train.py", args, cwd=tmp_path)
     metrics = read_json(run / "metrics.json")
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert "model.messages.0.filter.0.weight" in state["state_dict"]
