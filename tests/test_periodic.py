@@ -20,7 +20,7 @@ from graphormer.data.periodic import (  # noqa: E402
     periodic_images,
     with_images,
 )
-from graphormer.errors import DataError  # noqa: E402
+from graphormer.errors import ConfigError, DataError  # noqa: E402
 from graphormer.models import Graphormer, GraphormerConfig  # noqa: E402
 
 
@@ -37,8 +37,9 @@ def _slab():
     return atoms
 
 
-def _image_set(atoms, cutoff, tags=None):
-    images, source, shift = periodic_images(atoms.positions, atoms.cell, atoms.pbc, tags, cutoff)
+def _image_set(atoms, cutoff, tags=None, around="adsorbate"):
+    cell, pbc = atoms.cell, atoms.pbc
+    images, source, shift = periodic_images(atoms.positions, cell, pbc, tags, cutoff, around)
     np.testing.assert_allclose(images, atoms.positions[source] + shift @ np.asarray(atoms.cell))
     return {(int(j), *map(int, s)) for j, s in zip(source, shift, strict=True)}
 
@@ -81,6 +82,22 @@ def test_a_slab_keeps_the_images_near_its_adsorbate():
     assert all(s[3] == 0 for s in kept)  # z is not periodic
     # without tags every atom anchors: more images
     assert len(_image_set(atoms, cutoff)) > len(kept)
+
+
+def test_images_around_every_atom_give_each_atom_all_its_periodic_neighbours():
+    atoms = _slab()
+    tags = np.zeros(len(atoms), dtype=int)
+    tags[-1] = ADSORBATE_TAG
+    cutoff = 4.0
+    i, j, shifts = neighbor_list("ijS", atoms, cutoff)
+    across = {(int(b), *map(int, s)) for b, s in zip(j, shifts, strict=True) if s.any()}
+    everywhere = _image_set(atoms, cutoff, tags, around="all")
+    assert across <= everywhere  # every atom's neighbours across the boundary, tags or not
+    assert everywhere == _image_set(atoms, cutoff)  # as a structure without tags
+    # around the adsorbate only, slab atoms far from it miss some of theirs
+    assert not across <= _image_set(atoms, cutoff, tags)
+    with pytest.raises(ConfigError, match="dataset.pbc_around='everywhere' is not allowed"):
+        periodic_images(atoms.positions, atoms.cell, atoms.pbc, tags, cutoff, "everywhere")
 
 
 def test_a_flat_cell_and_an_atom_far_outside_are_errors():

@@ -71,6 +71,12 @@ def test_the_cutoff_decides_the_images_and_names_the_cache(tmp_path):
     assert near.data.x.size(0) < far.data.x.size(0)
     with pytest.raises(ConfigError, match="dataset.pbc_cutoff=0"):
         _source(path, tmp_path, pbc_cutoff=0)
+    # images near every atom, not only the adsorbate's: more of them, in a cache of their own
+    everywhere = _source(path, tmp_path, pbc_cutoff=3.0, pbc_around="all").graphs()
+    assert everywhere.data.x.size(0) > near.data.x.size(0)
+    assert _source(path, tmp_path, pbc_cutoff=3.0).graphs().data.x.size(0) == near.data.x.size(0)
+    with pytest.raises(ConfigError, match="dataset.pbc_around='every' is not allowed"):
+        _source(path, tmp_path, pbc_around="every")
 
 
 def test_relaxed_positions_give_the_position_change_of_moving_atoms(tmp_path):
@@ -126,6 +132,7 @@ def test_train_a_tagged_periodic_model_then_predict_its_real_atoms(tmp_path):
             "dataset=ase",
             f"dataset.path={path}",
             "dataset.pbc_cutoff=5.0",
+            "dataset.pbc_around=all",
             "dataset.atom_vector_targets=[forces]",
             "model.num_tags=3",
             "model.readout_min_tag=1",
@@ -136,7 +143,13 @@ def test_train_a_tagged_periodic_model_then_predict_its_real_atoms(tmp_path):
     assert np.isfinite(result["test"]["rmse"]) and np.isfinite(result["test"]["atom_vector_mae"])
     best = result["best_checkpoint"]
     predictor = Predictor.from_checkpoint(best)
-    assert predictor.periodic_cutoff == 5.0  # structure files get training's images
+    # structure files get training's images: within 5 A of every atom
+    assert predictor.periodic_cutoff == 5.0 and predictor.periodic_around == "all"
+    trained = _source(path, tmp_path, pbc_cutoff=5.0, pbc_around="all").graphs()
+    read = predictor.structure_graphs(str(path))
+    assert [g.num_nodes for g in read] == [_graph(trained, i).num_nodes for i in range(30)]
+    adsorbate = _source(path, tmp_path, pbc_cutoff=5.0).graphs()
+    assert sum(g.num_nodes for g in read) > adsorbate.data.x.size(0)
     out = tmp_path / "long.csv"
     args = [f"ckpt={best}", f"input={path}", "layout=long", f"output={out}"]
     call_script("predict.py", [*args, f"hydra.run.dir={tmp_path / 'p'}"], cwd=tmp_path)

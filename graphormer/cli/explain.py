@@ -62,11 +62,10 @@ def run(cfg: DictConfig) -> list[Path]:
         max_atoms=cfg.get("max_atoms"),
     )
     if structures is not None:
-        from graphormer.data.sources.ase import structure_graphs
         from graphormer.inference.attention import structure_attention_maps
 
         path = str(Path(str(structures)).expanduser())
-        graphs = structure_graphs(path, key="input")
+        graphs = predictor.structure_graphs(path)
         count = len(graphs)
 
         def explain(start: int, stop: int) -> list:

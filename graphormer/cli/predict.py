@@ -75,15 +75,13 @@ def run(cfg: DictConfig) -> pd.DataFrame:
     if _is_graph_file(cfg.get("input")):
         # A torch.save list of PyG graphs (issue #17), or an ASE structure file: one row per
         # graph (frame), in file order.
-        from graphormer.data.sources.ase import structure_graphs
         from graphormer.data.sources.pyg_file import read_graph_file
 
         if cfg.get("smiles") is not None:
             raise ConfigError("give either input=FILE or smiles=[...], not both")
         path = str(Path(str(cfg["input"])).expanduser())
         if _is_structure_file(path):
-            cutoff = predictor.periodic_cutoff
-            graphs = structure_graphs(path, "input", **({"pbc_cutoff": cutoff} if cutoff else {}))
+            graphs = predictor.structure_graphs(path)
         else:
             graphs = read_graph_file(path, key="input")
         table = pd.DataFrame({"graph": range(len(graphs))})

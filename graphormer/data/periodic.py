@@ -6,7 +6,9 @@ replicates the cell -1, 0, +1 times along each periodic direction (8 images of a
 in x and y) and keeps the image atoms within 8 A of an adsorbate atom (tag 2). Here the same
 images, of every atom (an adsorbate's own images included, so that one split by the boundary
 keeps its bonds), within ``cutoff`` of an anchor: the adsorbate atoms when the structure has
-tags, else every atom (a crystal). Each image carries its source atom's index: the model shares
+tags, else every atom (a crystal), or every atom whatever the tags (``around="all"``: each
+atom's whole periodic neighbourhood, for targets that every atom contributes to, such as a
+slab's total energy and forces). Each image carries its source atom's index: the model shares
 its source's state (:class:`~graphormer.models.Graphormer`), and outputs and losses are the
 real atoms' only.
 """
@@ -24,9 +26,11 @@ from graphormer.errors import ConfigError, DataError
 __all__ = [
     "ADSORBATE_TAG",
     "ATOM_INTEGER_KEYS",
+    "PBC_AROUND",
     "PBC_CUTOFF",
     "cell_offsets",
     "check_cell",
+    "checked_around",
     "checked_cutoff",
     "periodic_images",
     "with_images",
@@ -38,6 +42,9 @@ ATOM_INTEGER_KEYS = ("tags", "image_of")
 ADSORBATE_TAG = 2
 # Microsoft's PBCDataset.cutoff (Angstrom).
 PBC_CUTOFF = 8.0
+# Which atoms anchor the images: the adsorbate's (Microsoft's; every atom without adsorbate
+# tags), or every atom's.
+PBC_AROUND = ("adsorbate", "all")
 # Atoms spread over this many cell lengths along a periodic direction are refused: the -1..+1
 # images of one would miss the nearest copies of another.
 _SPAN = 1.5
@@ -51,6 +58,16 @@ def checked_cutoff(pbc_cutoff: object) -> float:
             f"dataset.pbc_cutoff={pbc_cutoff!r} is not allowed: a distance > 0 in Angstrom"
         )
     return float(pbc_cutoff)
+
+
+def checked_around(pbc_around: object) -> str:
+    """``dataset.pbc_around`` (one of :data:`PBC_AROUND`), or :class:`ConfigError` naming it."""
+    if pbc_around not in PBC_AROUND:
+        raise ConfigError(
+            f"dataset.pbc_around={pbc_around!r} is not allowed: adsorbate (images near the "
+            "adsorbate atoms, Microsoft's) or all (images near every atom)"
+        )
+    return str(pbc_around)
 
 
 def cell_offsets(pbc: np.ndarray) -> np.ndarray:
@@ -100,6 +117,7 @@ def periodic_images(
     pbc: np.ndarray,
     tags: np.ndarray | None = None,
     cutoff: float = PBC_CUTOFF,
+    around: str = "adsorbate",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The image atoms of a periodic structure within ``cutoff`` of an anchor atom.
 
@@ -110,6 +128,8 @@ def periodic_images(
         tags (np.ndarray | None, optional): ``[N]`` OC20's tags; the anchors are the atoms
             tagged :data:`ADSORBATE_TAG` when any is, else every atom. (default: None)
         cutoff (float, optional): Angstrom. (default: :data:`PBC_CUTOFF`)
+        around (str, optional): ``adsorbate`` (as above) or ``all``: every atom anchors,
+            whatever the tags. (default: :obj:`"adsorbate"`)
 
     Returns:
         ``(image_positions [M, 3], source [M], shift [M, 3])``: each kept image's position, the
@@ -123,7 +143,7 @@ def periodic_images(
     if len(shifts) == 0 or n == 0:
         return np.zeros((0, 3)), np.zeros(0, dtype=np.int64), np.zeros((0, 3), dtype=np.int64)
     anchors = positions
-    if tags is not None:
+    if tags is not None and checked_around(around) == "adsorbate":
         tags = np.asarray(tags).reshape(-1)
         if (tags == ADSORBATE_TAG).any():
             anchors = positions[tags == ADSORBATE_TAG]
@@ -145,19 +165,21 @@ def with_images(
     tags: np.ndarray | None,
     cutoff: float,
     where: str,
+    around: str = "adsorbate",
 ) -> Data:
     """``graph`` (a structure's atoms: ``x`` ``[N, F]``, ``pos`` ``[N, 3]``, optional per-atom
     labels) with its periodic images appended as extra nodes: ``x`` and ``tags`` copied from
     their source atoms, ``pos`` shifted, ``image_of`` ``[N + M]`` (the source atom's index, -1
     for the real atoms) and per-atom labels NaN at the images (outputs and losses are the real
-    atoms'). ``cell`` ``[3, 3]`` and ``pbc`` ``[3]`` are kept on the graph.
+    atoms'). ``cell`` ``[3, 3]`` and ``pbc`` ``[3]`` are kept on the graph. ``around`` chooses
+    the anchors as in :func:`periodic_images`.
 
     Raises:
         DataError: the cell has zero volume or an atom lies outside it (:func:`check_cell`).
     """
     positions = graph.pos.double().numpy()
     check_cell(cell, pbc, positions, where)
-    image_pos, source, _ = periodic_images(positions, cell, pbc, tags, cutoff)
+    image_pos, source, _ = periodic_images(positions, cell, pbc, tags, cutoff, around)
     n, m = len(positions), len(source)
     index = torch.from_numpy(source)
     out = graph.clone()

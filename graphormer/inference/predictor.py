@@ -159,6 +159,7 @@ class Predictor:
         # The training source's periodic-image distance (from_checkpoint sets it), for
         # structure files; None: the default, PBC_CUTOFF.
         self.periodic_cutoff: float | None = None
+        self.periodic_around = "adsorbate"
         self.modules = [module.eval(), *(m.eval() for m in members or [])]
         # Pass k of MC dropout is seeded by k, so that a prediction is reproducible.
         self.mc_dropout = check_mc_dropout(mc_dropout, len(self.modules), module.config)
@@ -257,6 +258,7 @@ class Predictor:
             predictor.categorical_columns = source.categorical_columns(counts)
             # Structure files read for prediction get the images training's data had.
             predictor.periodic_cutoff = source.periodic_cutoff()
+            predictor.periodic_around = source.periodic_around()
         return predictor
 
     @property
@@ -393,6 +395,15 @@ class Predictor:
 
     def _check_interval(self, interval: float) -> None:
         check_interval(self.task, self.calibration, interval, self.mc_dropout)
+
+    def structure_graphs(self, path: str) -> list[Data]:
+        """Every frame of a structure file (extended XYZ, ASE ``.db``, ``.traj``) as a graph to
+        predict or explain, in file order, with the periodic images the training data had
+        (its ``dataset.pbc_cutoff`` and ``dataset.pbc_around``)."""
+        from graphormer.data.sources.ase import structure_graphs
+
+        settings = {"pbc_cutoff": self.periodic_cutoff} if self.periodic_cutoff else {}
+        return structure_graphs(path, "input", **settings, pbc_around=self.periodic_around)
 
     def predict_graphs(
         self, graphs: Sequence[Data], embeddings: bool = False, interval: float | None = None

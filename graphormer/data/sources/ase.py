@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, InMemoryDataset
 
-from graphormer.data.periodic import PBC_CUTOFF, checked_cutoff, with_images
+from graphormer.data.periodic import PBC_CUTOFF, checked_around, checked_cutoff, with_images
 from graphormer.data.sources.base import LoadedDataset, Source
 from graphormer.data.sources.graph_cache import GraphCache, input_digest
 from graphormer.data.sources.lmdb_files import lmdb_module, open_lmdb
@@ -103,12 +103,15 @@ def element_molecules(graphs: Sequence[Data]) -> list:
     return molecules
 
 
-def structure_graphs(path: str, key: str = "input", pbc_cutoff: float = PBC_CUTOFF) -> list[Data]:
+def structure_graphs(
+    path: str, key: str = "input", pbc_cutoff: float = PBC_CUTOFF, pbc_around: str = "adsorbate"
+) -> list[Data]:
     """Every frame of a structure file as a graph to predict (elements and positions, periodic
-    images within ``pbc_cutoff``; no targets), in file order."""
-    return structures_to_graphs(
-        read_structures(path, key), [], [], f"{key}={path}", pbc_cutoff=pbc_cutoff
-    )
+    images within ``pbc_cutoff`` of the atoms ``pbc_around`` names; no targets), in file
+    order."""
+    where = f"{key}={path}"
+    frames = read_structures(path, key)
+    return structures_to_graphs(frames, [], [], where, pbc_cutoff=pbc_cutoff, pbc_around=pbc_around)
 
 
 def _read_database(path: str) -> list:
@@ -175,6 +178,7 @@ def structures_to_graphs(
     where: str,
     pbc_cutoff: float = PBC_CUTOFF,
     relaxed_positions: str | None = None,
+    pbc_around: str = "adsorbate",
 ) -> list[Data]:
     """One bond-less graph per frame (see the module's docstring).
 
@@ -242,7 +246,13 @@ def structures_to_graphs(
             graph.y_atom_vector = torch.from_numpy(vectors)
         if np.any(atoms.pbc):
             graph = with_images(
-                graph, atoms.cell.array, atoms.pbc, tags, pbc_cutoff, f"{where}: frame {index}"
+                graph,
+                atoms.cell.array,
+                atoms.pbc,
+                tags,
+                pbc_cutoff,
+                f"{where}: frame {index}",
+                pbc_around,
             )
         elif tags is not None:
             graph.tags = torch.from_numpy(np.asarray(tags, dtype=np.int64))
@@ -279,6 +289,9 @@ class StructureSource(Source):
     def periodic_cutoff(self) -> float:
         return self.pbc_cutoff
 
+    def periodic_around(self) -> str:
+        return self.pbc_around
+
 
 class AseSource(StructureSource):
     """Structures from any file ASE reads, with scalar targets per frame.
@@ -311,6 +324,10 @@ class AseSource(StructureSource):
             vector target ``position_change`` of the atoms that move (tag > 0). (default: None)
         reported (Sequence[str], optional): metrics logged beside ``metric``: ``ewt`` (OC20's
             energy within 0.02 of the label). (default: :obj:`()`)
+        pbc_around (str, optional): ``adsorbate``: images near the adsorbate atoms when a
+            frame has any (Microsoft's), else near every atom; ``all``: near every atom, so
+            that each atom sees its whole periodic neighbourhood (a slab's total energy and
+            every atom's force). (default: :obj:`"adsorbate"`)
     """
 
     _METRICS = {"regression": ("rmse", "mae")}
@@ -332,6 +349,7 @@ class AseSource(StructureSource):
         pbc_cutoff: float = PBC_CUTOFF,
         relaxed_positions: str | None = None,
         reported: Sequence[str] = (),
+        pbc_around: str = "adsorbate",
     ) -> None:
         targets = [targets] if isinstance(targets, str) else list(targets or ())
         if isinstance(atom_vector_targets, str):
@@ -350,6 +368,7 @@ class AseSource(StructureSource):
                 "train, valid or test for each frame)"
             )
         self.pbc_cutoff = checked_cutoff(pbc_cutoff)
+        self.pbc_around = checked_around(pbc_around)
         self.relaxed_positions = str(relaxed_positions) if relaxed_positions else None
         self._task = user_task(
             name,
@@ -408,6 +427,7 @@ class AseSource(StructureSource):
             where,
             self.pbc_cutoff,
             self.relaxed_positions,
+            self.pbc_around,
         )
         splits = None
         if self.split == "column":
@@ -423,6 +443,8 @@ class AseSource(StructureSource):
             if self.relaxed_positions or self.pbc_cutoff != PBC_CUTOFF:
                 # Only when set: caches of files read before keep their names.
                 settings += [self.pbc_cutoff, self.relaxed_positions]
+            if self.pbc_around != "adsorbate":
+                settings.append(self.pbc_around)
             digest = input_digest([self.path], settings)
             stem = osp.splitext(osp.basename(self.path))[0]
             self._graph_cache = GraphCache(osp.join(self.root, "ase", f"{stem}_{digest}"))

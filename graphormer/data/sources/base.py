@@ -179,6 +179,11 @@ class Source(ABC):
         too; None for a source without periodic structures."""
         return None
 
+    def periodic_around(self) -> str:
+        """Which atoms anchor its periodic structures' images (``adsorbate`` or ``all``,
+        :mod:`graphormer.data.periodic`), for structure files read for prediction."""
+        return "adsorbate"
+
     def prediction_conformers(self) -> int:
         """Conformers to embed per SMILES when a model trained on this source predicts (its
         graphs' positions came from SMILES: the same method, seed and count); 0: none."""

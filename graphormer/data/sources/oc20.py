@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, InMemoryDataset
 
-from graphormer.data.periodic import PBC_CUTOFF, checked_cutoff, with_images
+from graphormer.data.periodic import PBC_CUTOFF, checked_around, checked_cutoff, with_images
 from graphormer.data.sources.ase import ELEMENTS, POSITION_CHANGE, StructureSource
 from graphormer.data.sources.base import LoadedDataset
 from graphormer.data.sources.graph_cache import GraphCache, input_digest
@@ -115,6 +115,7 @@ def record_graph(
     pbc: Sequence[bool],
     pbc_cutoff: float,
     where: str,
+    pbc_around: str = "adsorbate",
 ) -> Data:
     """One IS2RE record as a graph (see the module's docstring)."""
     numbers = np.asarray(fields["atomic_numbers"], dtype=np.float64).reshape(-1).round()
@@ -141,7 +142,8 @@ def record_graph(
             change[:, 0] = torch.where(torch.from_numpy(tags > 0)[:, None], moved, change[:, 0])
         graph.y_atom_vector = change
     cell = np.asarray(fields["cell"], dtype=np.float64).reshape(3, 3)
-    return with_images(graph, cell, np.asarray(pbc, dtype=bool), tags, pbc_cutoff, where)
+    pbc = np.asarray(pbc, dtype=bool)
+    return with_images(graph, cell, pbc, tags, pbc_cutoff, where, pbc_around)
 
 
 class Oc20Source(StructureSource):
@@ -157,6 +159,8 @@ class Oc20Source(StructureSource):
             (default: :obj:`(True, True, False)`)
         pbc_cutoff (float, optional): periodic images within this many Angstrom of an adsorbate
             atom join as extra nodes. (default: :obj:`8.0`, Microsoft's)
+        pbc_around (str, optional): ``adsorbate`` (Microsoft's) or ``all``: images near every
+            atom instead. (default: :obj:`"adsorbate"`)
         metric (str, optional): ``mae`` (OC20's) or ``rmse``. (default: :obj:`"mae"`)
         root (str, optional): cache folder. (default: :obj:`"data"`)
         name (str, optional): label used in outputs. (default: :obj:`"oc20"`)
@@ -174,6 +178,7 @@ class Oc20Source(StructureSource):
         metric: str = "mae",
         root: str = "data",
         name: str = "oc20",
+        pbc_around: str = "adsorbate",
     ) -> None:
         pbc = [bool(p) for p in pbc]
         if len(pbc) != 3:
@@ -194,6 +199,7 @@ class Oc20Source(StructureSource):
         self.position_change = bool(position_change)
         self.pbc = pbc
         self.pbc_cutoff = checked_cutoff(pbc_cutoff)
+        self.pbc_around = checked_around(pbc_around)
         self.root = root
         self.name = name
         self._graphs: GraphFile | None = None
@@ -253,6 +259,7 @@ class Oc20Source(StructureSource):
                         self.pbc,
                         self.pbc_cutoff,
                         where,
+                        self.pbc_around,
                     )
                 )
                 splits.append(split)
@@ -263,6 +270,8 @@ class Oc20Source(StructureSource):
         if self._graph_cache is None:
             files = [self._file(s) for s in self.folders()]
             settings = ["oc20", self.target, self.position_change, self.pbc, self.pbc_cutoff]
+            if self.pbc_around != "adsorbate":  # only when set: earlier caches keep their names
+                settings.append(self.pbc_around)
             digest = input_digest(files, settings)
             self._graph_cache = GraphCache(osp.join(self.root, "oc20", digest))
         return self._graph_cache
