@@ -3,12 +3,14 @@ allow-list (a record holding any other class is refused, never run), each valida
 split of its own, and the errors of a wrong layout and a missing lmdb."""
 
 import datetime
+import os
 
 import numpy as np
 import pytest
 import torch
 
 from graphormer.data.sources import build_source
+from graphormer.data.sources.graph_cache import input_digest
 from graphormer.errors import ConfigError, DataError
 from graphormer.testing import emt_slabs, oc20_record, write_oc20_layout
 
@@ -213,6 +215,21 @@ def test_a_cutoff_that_is_not_a_distance_names_the_key(tmp_path):
     for bad in (0, -1.0, True, "far"):
         with pytest.raises(ConfigError, match=f"dataset.pbc_cutoff={bad!r} is not allowed"):
             _source(tmp_path / "is2re", tmp_path / "data", pbc_cutoff=bad)
+    with pytest.raises(ConfigError, match="dataset.pbc_around='slab' is not allowed"):
+        _source(tmp_path / "is2re", tmp_path / "data", pbc_around="slab")
+
+
+def test_images_near_every_atom_are_more_and_cached_apart(tmp_path, slabs):
+    path = _layout(tmp_path / "is2re", slabs[:6], sizes=(2, 1, 1, 1, 1))
+    near = _source(path, tmp_path / "data", pbc_cutoff=4.0)
+    everywhere = _source(path, tmp_path / "data", pbc_cutoff=4.0, pbc_around="all")
+    counts = [s.graphs().data.x.size(0) for s in (near, everywhere)]
+    assert counts[1] > counts[0]
+    assert near._cache().folder != everywhere._cache().folder
+    # the default's cache keeps the name it had before the setting existed
+    files = [near._file(s) for s in near.folders()]
+    before = input_digest(files, ["oc20", "y_relaxed", True, [True, True, False], 4.0])
+    assert os.path.basename(near._cache().folder) == before
 
 
 def test_a_record_cannot_plant_a_backward_hook_on_a_tensor():

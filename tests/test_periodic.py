@@ -254,3 +254,9 @@ def test_fine_tuning_takes_the_tags_and_blocks_with_the_architecture():
 
     stored = {"num_layers": 2, "num_tags": 3, "blocks": 4, "readout_min_tag": 1, "dropout": 0.1}
     assert architecture(stored) == {"num_layers": 2, "num_tags": 3, "blocks": 4}
+
+
+def test_an_unknown_anchor_is_refused_even_without_images_to_build():
+    molecule = bulk("Cu", "fcc", a=3.6)
+    with pytest.raises(ConfigError, match="dataset.pbc_around='bogus' is not allowed"):
+        periodic_images(molecule.positions, molecule.cell, [False] * 3, None, 4.0, "bogus")

@@ -77,6 +77,13 @@ def test_the_cutoff_decides_the_images_and_names_the_cache(tmp_path):
     assert _source(path, tmp_path, pbc_cutoff=3.0).graphs().data.x.size(0) == near.data.x.size(0)
     with pytest.raises(ConfigError, match="dataset.pbc_around='every' is not allowed"):
         _source(path, tmp_path, pbc_around="every")
+    # the default's cache keeps the name it had before pbc_around existed
+    from graphormer.data.sources.graph_cache import input_digest
+
+    digest = input_digest([str(path)], ["ase", ["energy"], [], None, 3.0, None])
+    folder = _source(path, tmp_path, pbc_cutoff=3.0)._cache().folder
+    assert folder.endswith(f"slabs_{digest}")
+    assert _source(path, tmp_path, pbc_cutoff=3.0, pbc_around="all")._cache().folder != folder
 
 
 def test_relaxed_positions_give_the_position_change_of_moving_atoms(tmp_path):
@@ -174,3 +181,24 @@ def test_reported_takes_one_name_as_a_list_of_it(tmp_path):
     assert _source(path, tmp_path, reported="ewt").task_info().reported == ("ewt",)
     with pytest.raises(ConfigError, match=r"dataset.reported=\['acc'\]: .*allowed \['ewt'\]"):
         _source(path, tmp_path, reported="acc")
+
+
+def test_an_ensemble_takes_a_checkpoint_from_before_pbc_around_beside_one_that_stores_it():
+    """A stored dataset config without ``pbc_around`` (written before it existed) was built with
+    its default: members agree unless one names another value."""
+    from types import SimpleNamespace
+
+    from graphormer.checkpoint import CheckpointError
+    from graphormer.training.members import check_members
+
+    task = SimpleNamespace(without_auxiliary=lambda: SimpleNamespace(same_task=lambda _: True))
+
+    def _member(**dataset):
+        stored = {"source": "ase", "path": "slabs.extxyz", "pbc_cutoff": 6.0, **dataset}
+        record = SimpleNamespace(max_hops=1, model={}, dataset=stored)
+        return SimpleNamespace(task=task, run_record=record)
+
+    records = [SimpleNamespace(path="old.ckpt"), SimpleNamespace(path="new.ckpt")]
+    check_members(records, [_member(), _member(pbc_around="adsorbate")])
+    with pytest.raises(CheckpointError, match="dataset.pbc_around: 'all' vs 'adsorbate'"):
+        check_members(records, [_member(), _member(pbc_around="all")])

@@ -136,6 +136,7 @@ def periodic_images(
         index of the atom it copies and its cell shift (``position = positions[source] + shift
         @ cell``), in the order of the shifts of :func:`cell_offsets` then of the atoms.
     """
+    around = checked_around(around)
     positions = np.asarray(positions, dtype=np.float64).reshape(-1, 3)
     cell = np.asarray(cell, dtype=np.float64).reshape(3, 3)
     shifts = cell_offsets(pbc)  # [S, 3]
@@ -143,7 +144,7 @@ def periodic_images(
     if len(shifts) == 0 or n == 0:
         return np.zeros((0, 3)), np.zeros(0, dtype=np.int64), np.zeros((0, 3), dtype=np.int64)
     anchors = positions
-    if tags is not None and checked_around(around) == "adsorbate":
+    if tags is not None and around == "adsorbate":
         tags = np.asarray(tags).reshape(-1)
         if (tags == ADSORBATE_TAG).any():
             anchors = positions[tags == ADSORBATE_TAG]

@@ -191,6 +191,7 @@ def structures_to_graphs(
             element outside 1-118, a target no frame holds, a non-numeric target, or a
             per-atom vector not shaped ``[N, 3]``.
     """
+    pbc_around = checked_around(pbc_around)
     graphs = []
     found = dict.fromkeys([*targets, *atom_vector_targets], False)
     if relaxed_positions:
@@ -317,8 +318,8 @@ class AseSource(StructureSource):
         root (str, optional): cache folder. (default: :obj:`"data"`)
         name (str, optional): label used in outputs. (default: :obj:`"ase"`)
         pbc_cutoff (float, optional): a periodic frame's images within this many Angstrom of
-            an adsorbate atom (tag 2), or of any atom without tags, become extra nodes.
-            (default: :obj:`8.0`, Microsoft's OC20 recipe)
+            an adsorbate atom (tag 2), or of any atom without tags or with ``pbc_around="all"``,
+            become extra nodes. (default: :obj:`8.0`, Microsoft's OC20 recipe)
         relaxed_positions (str | None, optional): an ``arrays`` key holding each atom's
             relaxed position (IS2RE): the change from the frame's positions becomes the per-atom
             vector target ``position_change`` of the atoms that move (tag > 0). (default: None)

@@ -158,7 +158,8 @@ class Oc20Source(StructureSource):
         pbc (Sequence[bool], optional): the periodic cell directions (OC20's slabs: x and y).
             (default: :obj:`(True, True, False)`)
         pbc_cutoff (float, optional): periodic images within this many Angstrom of an adsorbate
-            atom join as extra nodes. (default: :obj:`8.0`, Microsoft's)
+            atom (of any atom with ``pbc_around="all"``) join as extra nodes. (default:
+            :obj:`8.0`, Microsoft's)
         pbc_around (str, optional): ``adsorbate`` (Microsoft's) or ``all``: images near every
             atom instead. (default: :obj:`"adsorbate"`)
         metric (str, optional): ``mae`` (OC20's) or ``rmse``. (default: :obj:`"mae"`)
