@@ -464,3 +464,79 @@ def write_fairseq(path, config, model, **extra):
     }
     torch.save(checkpoint, path)
     return path
+
+
+# -- 3D and periodic test structures ------------------------------------------------------------
+
+MOLECULES_3D = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(OCC)cc1", "[Na+]"]
+
+
+def positioned_graphs(smiles=MOLECULES_3D, seed: int = 0):
+    """Molecules with random positions (a spread of a few Angstrom), float64."""
+    from graphormer.data.featurize import featurize_smiles
+
+    generator = torch.Generator().manual_seed(seed)
+    graphs = featurize_smiles(list(smiles)).graphs
+    for g in graphs:
+        g.pos = 2.0 * torch.randn(g.num_nodes, 3, generator=generator, dtype=torch.float64)
+    return graphs
+
+
+def float64_batch(graphs, dtype=torch.float64, max_hops: int = 5):
+    """Graphs with positions collated, the positions kept in ``dtype``: the collator stores
+    float32, and tests of exact invariance compare in float64."""
+    from graphormer.data.collate import GraphormerCollator
+
+    batch = GraphormerCollator(max_hops=max_hops)(graphs)
+    batch.pos = torch.zeros(batch.pos.shape, dtype=dtype)
+    for i, g in enumerate(graphs):
+        batch.pos[i, : g.num_nodes] = g.pos.to(dtype)
+    return batch
+
+
+def periodic_graph(atoms, positions, cutoff: float, tags=None):
+    """An ASE structure at ``positions`` (float64) as a bond-less graph with its periodic images
+    within ``cutoff`` (graphormer.data.periodic)."""
+    from torch_geometric.data import Data
+
+    from graphormer.data.periodic import with_images
+
+    graph = Data(
+        x=torch.as_tensor(atoms.numbers - 1).view(-1, 1),
+        pos=torch.as_tensor(positions, dtype=torch.float64),
+        edge_index=torch.zeros(2, 0, dtype=torch.long),
+        edge_attr=torch.zeros(0, 1, dtype=torch.long),
+        y=torch.zeros(1, 1),
+        num_nodes=len(atoms),
+    )
+    return with_images(graph, np.asarray(atoms.cell), atoms.pbc, tags, cutoff, "test")
+
+
+def slab_batch(count: int, seed: int):
+    """``count`` EMT slabs (graphormer.testing.emt_slabs) with their energies, images within
+    6 A of the adsorbate, collated with float64 positions."""
+    from graphormer.data.collate import GraphormerCollator
+    from graphormer.data.sources.ase import structures_to_graphs
+    from graphormer.testing import emt_slabs
+
+    frames = emt_slabs(count, seed=seed)
+    for frame in frames:
+        frame.info["energy"] = frame.get_potential_energy()
+    graphs = structures_to_graphs(frames, ["energy"], [], "test", pbc_cutoff=6.0)
+    batch = GraphormerCollator(max_hops=1)(graphs)
+    batch.pos = batch.pos.double()
+    return batch
+
+
+def energy_at(model, batch, pos) -> torch.Tensor:
+    """The model's first molecule output for ``batch`` with its positions replaced by ``pos``,
+    without gradients (finite differences)."""
+    import dataclasses
+
+    with torch.no_grad():
+        return model._levels(dataclasses.replace(batch, pos=pos))["molecule"][:, 0]
+
+
+def periodic_batch(graphs):
+    """Periodic graphs (:func:`periodic_graph`) collated with float64 positions."""
+    return float64_batch(graphs, max_hops=1)

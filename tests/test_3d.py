@@ -12,6 +12,8 @@ from graphormer.data.featurize import featurize_smiles
 from graphormer.errors import DataError
 from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig
 
+from helpers import float64_batch, positioned_graphs
+
 SMILES = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(OCC)cc1", "[Na+]"]
 
 
@@ -25,24 +27,6 @@ def _model(dtype=torch.float64, **settings) -> Graphormer:
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     return model
-
-
-def _graphs(smiles=SMILES, seed: int = 0):
-    """Molecules with random positions (a spread of a few Angstrom), float64."""
-    generator = torch.Generator().manual_seed(seed)
-    graphs = featurize_smiles(smiles).graphs
-    for g in graphs:
-        g.pos = 2.0 * torch.randn(g.num_nodes, 3, generator=generator, dtype=torch.float64)
-    return graphs
-
-
-def _collate(graphs, dtype=torch.float64):
-    batch = GraphormerCollator(max_hops=5)(graphs)
-    # the collator stores float32; tests of exact invariance compare in float64
-    batch.pos = torch.stack([torch.zeros(batch.pos.shape[1:], dtype=dtype)] * len(graphs))
-    for i, g in enumerate(graphs):
-        batch.pos[i, : g.num_nodes] = g.pos.to(dtype)
-    return batch
 
 
 def _rotation(seed: int = 1) -> torch.Tensor:
@@ -72,28 +56,30 @@ def _permuted(g, perm):
 @torch.no_grad()
 def test_energies_unchanged_by_rotation_translation_and_permutation():
     model = _model(readout="token_sum")
-    graphs = _graphs()
-    before = model(_collate(graphs))
-    moved = model(_collate(_moved(graphs, _rotation(), torch.tensor([3.0, -1.0, 7.5]))))
+    graphs = positioned_graphs()
+    before = model(float64_batch(graphs))
+    moved = model(float64_batch(_moved(graphs, _rotation(), torch.tensor([3.0, -1.0, 7.5]))))
     torch.testing.assert_close(moved, before, rtol=1e-9, atol=1e-9)
     perm = torch.randperm(graphs[2].num_nodes, generator=torch.Generator().manual_seed(2))
-    shuffled = model(_collate([_permuted(graphs[2], perm)]))
+    shuffled = model(float64_batch([_permuted(graphs[2], perm)]))
     torch.testing.assert_close(shuffled, before[2:3], rtol=1e-9, atol=1e-9)
     # and the positions matter: another conformation is another energy
-    assert not torch.allclose(model(_collate(_graphs(seed=5))), before, atol=1e-3)
+    assert not torch.allclose(model(float64_batch(positioned_graphs(seed=5))), before, atol=1e-3)
 
 
 @torch.no_grad()
 def test_vectors_rotate_with_the_input_and_follow_a_permutation():
     model = _model(atom_vector_tasks=2)
-    graphs = _graphs()
+    graphs = positioned_graphs()
     rotation = _rotation()
-    before = model.forward_levels(_collate(graphs))["atom_vector"]  # [B, N, 2, 3]
+    before = model.forward_levels(float64_batch(graphs))["atom_vector"]  # [B, N, 2, 3]
     assert before.shape[-2:] == (2, 3) and before.abs().max() > 1e-3
-    after = model.forward_levels(_collate(_moved(graphs, rotation, torch.ones(3))))["atom_vector"]
+    after = model.forward_levels(float64_batch(_moved(graphs, rotation, torch.ones(3))))[
+        "atom_vector"
+    ]
     torch.testing.assert_close(after, before @ rotation.T, rtol=1e-9, atol=1e-9)
     perm = torch.randperm(graphs[2].num_nodes, generator=torch.Generator().manual_seed(3))
-    shuffled = model.forward_levels(_collate([_permuted(graphs[2], perm)]))["atom_vector"]
+    shuffled = model.forward_levels(float64_batch([_permuted(graphs[2], perm)]))["atom_vector"]
     n = graphs[2].num_nodes
     torch.testing.assert_close(shuffled[0, :n], before[2, :n][perm], rtol=1e-9, atol=1e-9)
     # padding rows are zeros
@@ -103,11 +89,11 @@ def test_vectors_rotate_with_the_input_and_follow_a_permutation():
 @torch.no_grad()
 def test_a_molecule_alone_equals_the_same_in_a_padded_batch_in_float32():
     model = _model(torch.float32, atom_vector_tasks=1, readout="token_sum")
-    graphs = _graphs()
-    batch = _collate(graphs, torch.float32)
+    graphs = positioned_graphs()
+    batch = float64_batch(graphs, torch.float32)
     together = model.forward_levels(batch)
     for i, g in enumerate(graphs):
-        alone = model.forward_levels(_collate([g], torch.float32))
+        alone = model.forward_levels(float64_batch([g], torch.float32))
         torch.testing.assert_close(
             alone["molecule"][0], together["molecule"][i], atol=1e-4, rtol=1e-4
         )
@@ -155,15 +141,17 @@ def test_cutoff_keeps_far_atoms_from_attending_to_each_other():
     [g] = featurize_smiles(["CCO.CCN"]).graphs
     g.pos = torch.randn(g.num_nodes, 3, generator=torch.Generator().manual_seed(0)).double()
     g.pos[3:] += 100.0
-    before = model.forward_levels(_collate([g]))["atom_vector"]
+    before = model.forward_levels(float64_batch([g]))["atom_vector"]
     h = g.clone()
     h.pos = g.pos.clone()
     h.pos[3:] = (g.pos[3:] - 100.0) @ _rotation(4).T + 100.0  # turn the far molecule only
-    after = model.forward_levels(_collate([h]))["atom_vector"]
+    after = model.forward_levels(float64_batch([h]))["atom_vector"]
     torch.testing.assert_close(after[0, :3], before[0, :3], rtol=1e-9, atol=1e-9)
     uncut = _model(channels="3d", atom_vector_tasks=1, readout="token_sum")
-    changed = uncut.forward_levels(_collate([h]))["atom_vector"][0, :3]
-    assert not torch.allclose(changed, uncut.forward_levels(_collate([g]))["atom_vector"][0, :3])
+    changed = uncut.forward_levels(float64_batch([h]))["atom_vector"][0, :3]
+    assert not torch.allclose(
+        changed, uncut.forward_levels(float64_batch([g]))["atom_vector"][0, :3]
+    )
 
 
 @torch.no_grad()
@@ -172,11 +160,13 @@ def test_channels_2d_ignores_positions_and_builds_no_3d_tensors():
     assert model.geometry is None
     plain = GraphormerConfig(num_layers=2, hidden_dim=16, ffn_dim=16, num_heads=2)
     assert set(model.state_dict()) == set(Graphormer(plain).state_dict())
-    graphs = _graphs()
-    torch.testing.assert_close(model(_collate(graphs)), model(_collate(_graphs(seed=9))))
+    graphs = positioned_graphs()
+    torch.testing.assert_close(
+        model(float64_batch(graphs)), model(float64_batch(positioned_graphs(seed=9)))
+    )
     without = GraphormerCollator(max_hops=5)(featurize_smiles(SMILES).graphs)
     assert without.pos is None
-    torch.testing.assert_close(model(without), model(_collate(graphs)))
+    torch.testing.assert_close(model(without), model(float64_batch(graphs)))
 
 
 @torch.no_grad()
@@ -186,9 +176,12 @@ def test_channels_both_predicts_from_bonds_alone_and_3d_needs_positions():
     out = model.double()(batch)
     assert torch.isfinite(out).all()
     assert model.channels(batch) == (True, False)
-    assert model.channels(_collate(_graphs())) == (True, True)  # evaluation reads both
+    assert model.channels(float64_batch(positioned_graphs())) == (
+        True,
+        True,
+    )  # evaluation reads both
     three = _model(channels="3d")
-    positions = _collate(_graphs())
+    positions = float64_batch(positioned_graphs())
     assert three.channels(positions) == (False, True)
     assert three.train().channels(positions) == (False, True)  # never draws: 3D only
     three.eval()
@@ -198,7 +191,7 @@ def test_channels_both_predicts_from_bonds_alone_and_3d_needs_positions():
 
 def test_channels_both_draws_each_channel_in_training_and_trains_from_smiles_alone():
     model = _model(torch.float32, channels="both", channel_probs=[0.3, 0.3, 0.4]).train()
-    batch = _collate(_graphs(), torch.float32)
+    batch = float64_batch(positioned_graphs(), torch.float32)
     torch.manual_seed(0)
     draws = {model.channels(batch) for _ in range(60)}
     assert draws == {(True, False), (False, True), (True, True)}

@@ -8,26 +8,16 @@ import math
 import pytest
 import torch
 
-from graphormer.data.collate import GraphormerCollator
-from graphormer.data.featurize import featurize_smiles
 from graphormer.models import DistanceMessages, Graphormer, GraphormerConfig, cosine_switch
 
-
-def _graphs(smiles=("CCO", "c1ccccc1O", "CC(=O)Nc1ccc(OCC)cc1", "[Na+]")):
-    """Molecules with random positions (a spread of a few Angstrom), float64."""
-    generator = torch.Generator().manual_seed(0)
-    graphs = featurize_smiles(list(smiles)).graphs
-    for g in graphs:
-        g.pos = 2.0 * torch.randn(g.num_nodes, 3, generator=generator, dtype=torch.float64)
-    return graphs
-
-
-def _collate(graphs, dtype=torch.float64):
-    batch = GraphormerCollator(max_hops=5)(graphs)
-    batch.pos = torch.zeros(batch.pos.shape, dtype=dtype)  # the collator stores float32
-    for i, g in enumerate(graphs):
-        batch.pos[i, : g.num_nodes] = g.pos.to(dtype)
-    return batch
+from helpers import (
+    energy_at,
+    float64_batch,
+    periodic_batch,
+    periodic_graph,
+    positioned_graphs,
+    slab_batch,
+)
 
 
 def _model(dtype=torch.float64, **settings) -> Graphormer:
@@ -75,7 +65,7 @@ def test_the_block_sums_filtered_neighbour_states_pair_by_pair():
 @torch.no_grad()
 def test_messages_keep_energies_invariant_and_vectors_equivariant():
     model = _model(atom_vector_tasks=1)
-    graphs = _graphs()
+    graphs = positioned_graphs()
     q, _ = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(1)).double())
     rotation = q * torch.sign(torch.det(q))
     moved = []
@@ -83,7 +73,10 @@ def test_messages_keep_energies_invariant_and_vectors_equivariant():
         m = g.clone()
         m.pos = g.pos @ rotation.T + torch.tensor([2.0, -4.0, 1.0], dtype=torch.float64)
         moved.append(m)
-    before, after = model.forward_levels(_collate(graphs)), model.forward_levels(_collate(moved))
+    before, after = (
+        model.forward_levels(float64_batch(graphs)),
+        model.forward_levels(float64_batch(moved)),
+    )
     torch.testing.assert_close(after["molecule"], before["molecule"], rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(
         after["atom_vector"], before["atom_vector"] @ rotation.T, rtol=1e-9, atol=1e-9
@@ -91,22 +84,22 @@ def test_messages_keep_energies_invariant_and_vectors_equivariant():
     # the messages are part of the function: without them the energies differ
     plain = _model(atom_vector_tasks=1, distance_messages=False)
     plain.load_state_dict(model.state_dict(), strict=False)
-    assert not torch.allclose(plain(_collate(graphs)), before["molecule"], atol=1e-4)
+    assert not torch.allclose(plain(float64_batch(graphs)), before["molecule"], atol=1e-4)
 
 
 @torch.no_grad()
 def test_a_molecule_alone_equals_the_same_in_a_padded_or_packed_batch():
     model = _model(torch.float32)
-    graphs = _graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "C", "O", "N", "CO", "CC"])
-    together = model(_collate(graphs, torch.float32))  # mostly padding: packed
-    similar = _graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "CC(=O)Nc1ccc(OC)cc1"])
-    padded = model(_collate(similar, torch.float32))  # little padding: not packed
+    graphs = positioned_graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "C", "O", "N", "CO", "CC"])
+    together = model(float64_batch(graphs, torch.float32))  # mostly padding: packed
+    similar = positioned_graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "CC(=O)Nc1ccc(OC)cc1"])
+    padded = model(float64_batch(similar, torch.float32))  # little padding: not packed
     for i, g in enumerate(graphs[:1] + graphs[4:]):
-        alone = model(_collate([g], torch.float32))
+        alone = model(float64_batch([g], torch.float32))
         index = 0 if i == 0 else i + 3
         torch.testing.assert_close(alone[0], together[index], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(
-        model(_collate(similar[1:], torch.float32))[0], padded[1], atol=1e-4, rtol=1e-4
+        model(float64_batch(similar[1:], torch.float32))[0], padded[1], atol=1e-4, rtol=1e-4
     )
 
 
@@ -129,7 +122,7 @@ def _expected_pairs(batch, cutoff: float) -> set[tuple[int, int]]:
 def test_each_message_goes_between_the_rows_of_the_two_atoms(packed):
     model = _model()
     smiles = ["CC(=O)Nc1ccc(OCC)cc1", "C", "CO"] if packed else ["CCOc1ccccc1", "CCOc1ccccc1C"]
-    batch = _collate(_graphs(smiles=smiles))
+    batch = float64_batch(positioned_graphs(smiles=smiles))
     seen = {}
 
     def spy(module, args):
@@ -183,7 +176,7 @@ def test_fine_tuning_takes_the_messages_with_the_architecture():
 
 def test_a_2d_training_batch_of_a_both_model_gives_the_messages_zero_gradients():
     model = _model(channels="both", channel_probs=[1.0, 0.0, 0.0]).train()
-    model(_collate(_graphs())).sum().backward()
+    model(float64_batch(positioned_graphs())).sum().backward()
     grads = [p.grad for p in model.messages.parameters()]
     assert all(g is not None and g.abs().max() == 0 for g in grads)
 
@@ -192,25 +185,6 @@ def test_a_2d_training_batch_of_a_both_model_gives_the_messages_zero_gradients()
 def test_periodic_images_hold_their_sources_state_and_wrapping_keeps_the_energy():
     pytest.importorskip("ase")
     from ase.build import bulk
-    from torch_geometric.data import Data
-
-    from graphormer.data.periodic import with_images
-
-    def _graph(atoms, positions, cutoff):
-        graph = Data(
-            x=torch.as_tensor(atoms.numbers - 1).view(-1, 1),
-            pos=torch.as_tensor(positions, dtype=torch.float64),
-            edge_index=torch.zeros(2, 0, dtype=torch.long),
-            edge_attr=torch.zeros(0, 1, dtype=torch.long),
-            y=torch.zeros(1, 1),
-            num_nodes=len(atoms),
-        )
-        return with_images(graph, atoms.cell.array, atoms.pbc, None, cutoff, "test")
-
-    def _batch(graphs):
-        batch = GraphormerCollator(max_hops=1)(graphs)
-        batch.pos = graphs[0].pos.unsqueeze(0)
-        return batch
 
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
     atoms.rattle(0.1, seed=0)
@@ -221,13 +195,13 @@ def test_periodic_images_hold_their_sources_state_and_wrapping_keeps_the_energy(
     wrapped.positions = start
     wrapped.wrap()
     model = _model(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
-    graph = _graph(atoms, start, 3.0)
+    graph = periodic_graph(atoms, start, 3.0)
     n = len(atoms)
-    h = model.encode(_batch([graph]))[0][0, 1:]
+    h = model.encode(periodic_batch([graph]))[0][0, 1:]
     torch.testing.assert_close(h[n:], h[graph.image_of[n:]])
     # which copy of an atom lies in the cell changes nothing: images are their sources
     energies = [
-        float(model(_batch([_graph(atoms, positions, 3.0)])))
+        float(model(periodic_batch([periodic_graph(atoms, positions, 3.0)])))
         for positions in (start, wrapped.positions, start + cell[1] - cell[2])
     ]
     assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
@@ -237,8 +211,7 @@ def test_gradient_forces_differentiate_through_the_messages():
     pytest.importorskip("ase")
     import dataclasses
 
-    from graphormer.data.sources.ase import ELEMENTS, structures_to_graphs
-    from graphormer.testing import emt_slabs
+    from graphormer.data.sources.ase import ELEMENTS
 
     model = _model(
         atom_feature_dims=[ELEMENTS],
@@ -249,16 +222,7 @@ def test_gradient_forces_differentiate_through_the_messages():
         forces="gradient",
         message_cutoff=5.0,
     )
-    frames = emt_slabs(2, seed=7)
-    for frame in frames:
-        frame.info["energy"] = frame.get_potential_energy()
-    graphs = structures_to_graphs(frames, ["energy"], [], "test", pbc_cutoff=6.0)
-    batch = GraphormerCollator(max_hops=1)(graphs)
-    batch.pos = batch.pos.double()
-
-    def _energy(model, batch, pos):
-        with torch.no_grad():
-            return model._levels(dataclasses.replace(batch, pos=pos))["molecule"][:, 0]
+    batch = slab_batch(2, seed=7)
 
     vectors = model.forward_levels(batch)["atom_vector"]
     pos, atom = batch.pos.clone(), 2
@@ -266,7 +230,7 @@ def test_gradient_forces_differentiate_through_the_messages():
         step = torch.zeros_like(pos)
         step[0, atom, axis] = 1e-5
         step[0, batch.image_of[0] == atom, axis] = 1e-5  # the atom's images move with it
-        difference = _energy(model, batch, pos + step) - _energy(model, batch, pos - step)
+        difference = energy_at(model, batch, pos + step) - energy_at(model, batch, pos - step)
         expected = -float(difference[0]) / 2e-5
         torch.testing.assert_close(float(vectors[0, atom, 0, axis]), expected, rtol=1e-4, atol=1e-9)
     # and a loss on the forces reaches the messages' filters (a second derivative)

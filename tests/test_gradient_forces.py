@@ -2,23 +2,20 @@
 positions (periodic images moving with their atoms), in evaluation under inference_mode and in
 training through a second derivative; trained, evaluated and predicted by the commands."""
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from graphormer.data.collate import GraphormerCollator
 from graphormer.models import Graphormer, GraphormerConfig
 
-from helpers import TINY, call_script, evaluate_run, read_json
+from helpers import TINY, call_script, energy_at, evaluate_run, read_json, slab_batch
 
 pytest.importorskip("ase", reason="structures need the 3d extra (pip install ase)")
 import ase.io  # noqa: E402
 
-from graphormer.data.sources.ase import ELEMENTS, structures_to_graphs  # noqa: E402
-from graphormer.testing import emt_frames, emt_slabs  # noqa: E402
+from graphormer.data.sources.ase import ELEMENTS  # noqa: E402
+from graphormer.testing import emt_frames  # noqa: E402
 
 
 def _train_args(path, root, run, *extra: str) -> list[str]:
@@ -61,25 +58,10 @@ def _model(forces: str = "gradient", **changes) -> Graphormer:
     return Graphormer(GraphormerConfig(**{**settings, **changes})).double()
 
 
-def _slabs(count: int, seed: int):
-    frames = emt_slabs(count, seed=seed)
-    for frame in frames:
-        frame.info["energy"] = frame.get_potential_energy()
-    graphs = structures_to_graphs(frames, ["energy"], [], "test", pbc_cutoff=6.0)
-    batch = GraphormerCollator(max_hops=1)(graphs)
-    batch.pos = batch.pos.double()
-    return batch
-
-
-def _energy(model, batch, pos) -> torch.Tensor:
-    with torch.no_grad():
-        return model._levels(dataclasses.replace(batch, pos=pos))["molecule"][:, 0]
-
-
 def test_forces_are_the_scaled_negative_gradient_with_images_moving_along():
     model = _model().eval()
     model.force_scale.fill_(2.5)  # the energy's units over the vectors'
-    batch = _slabs(2, seed=7)
+    batch = slab_batch(2, seed=7)
     assert (batch.image_of >= 0).any()
     pos = batch.pos.clone()
     with torch.inference_mode():  # as eval.py and predict.py run it
@@ -95,7 +77,7 @@ def test_forces_are_the_scaled_negative_gradient_with_images_moving_along():
     for axis in range(3):
         step = torch.zeros_like(pos)
         step[graph, copies, axis] = 1e-5
-        difference = _energy(model, batch, pos + step) - _energy(model, batch, pos - step)
+        difference = energy_at(model, batch, pos + step) - energy_at(model, batch, pos - step)
         expected = -2.5 * float(difference[graph]) / 2e-5
         assert abs(expected) > 1e-6
         torch.testing.assert_close(
@@ -111,7 +93,7 @@ def test_forces_are_the_scaled_negative_gradient_with_images_moving_along():
 
 def test_a_loss_on_the_forces_trains_through_the_second_derivative():
     model = _model().train()
-    batch = _slabs(2, seed=3)
+    batch = slab_batch(2, seed=3)
     weights = torch.randn(*batch.pos.shape[:2], 1, 3, dtype=torch.float64)
 
     def loss() -> torch.Tensor:
@@ -229,7 +211,7 @@ def test_second_derivatives_run_plain_attention_and_dropout(monkeypatch):
         raise AssertionError("a fused attention kernel inside a second derivative")
 
     model = _model(dropout=0.1, attention_dropout=0.1, activation_dropout=0.1).train()
-    batch = _slabs(2, seed=4)
+    batch = slab_batch(2, seed=4)
     monkeypatch.setattr(F, "scaled_dot_product_attention", refuse)
     monkeypatch.setattr("graphormer.models.attention.biased_attention", refuse)
     model.forward_levels(batch)["atom_vector"].square().sum().backward()
@@ -243,7 +225,7 @@ def test_second_derivatives_run_plain_attention_and_dropout(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_forces_train_through_the_second_derivative_on_cuda(dtype):
     model = _model().float().cuda().train()
-    batch = _slabs(2, seed=4).to("cuda")
+    batch = slab_batch(2, seed=4).to("cuda")
     batch.pos = batch.pos.float()
     with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
         forces = model.forward_levels(batch)["atom_vector"]

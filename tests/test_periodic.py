@@ -12,16 +12,16 @@ from ase.build import add_adsorbate, bulk, fcc100  # noqa: E402
 from ase.neighborlist import neighbor_list  # noqa: E402
 from torch_geometric.data import Data  # noqa: E402
 
-from graphormer.data.collate import GraphormerCollator  # noqa: E402
 from graphormer.data.periodic import (  # noqa: E402
     ADSORBATE_TAG,
     cell_offsets,
     check_cell,
     periodic_images,
-    with_images,
 )
 from graphormer.errors import ConfigError, DataError  # noqa: E402
 from graphormer.models import Graphormer, GraphormerConfig  # noqa: E402
+
+from helpers import periodic_batch, periodic_graph  # noqa: E402
 
 
 def _crystal(seed: int = 0):
@@ -120,19 +120,6 @@ def test_a_flat_cell_and_an_atom_far_outside_are_errors():
     check_cell(slab.cell, slab.pbc, high, "frame 0")
 
 
-def _graph(atoms, positions, cutoff, tags=None):
-    numbers = torch.as_tensor(atoms.numbers - 1).view(-1, 1)
-    graph = Data(
-        x=numbers,
-        pos=torch.as_tensor(positions, dtype=torch.float64),
-        edge_index=torch.zeros(2, 0, dtype=torch.long),
-        edge_attr=torch.zeros(0, 1, dtype=torch.long),
-        y=torch.zeros(1, 1),
-        num_nodes=len(atoms),
-    )
-    return with_images(graph, np.asarray(atoms.cell), atoms.pbc, tags, cutoff, "test")
-
-
 def _model(**settings) -> Graphormer:
     torch.manual_seed(0)
     values = dict(num_layers=2, hidden_dim=16, ffn_dim=16, num_heads=2, dropout=0.0)
@@ -143,15 +130,6 @@ def _model(**settings) -> Graphormer:
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     return model
-
-
-def _batch(graphs):
-    batch = GraphormerCollator(max_hops=1)(graphs)
-    pos = torch.zeros(batch.pos.shape, dtype=torch.float64)
-    for i, g in enumerate(graphs):  # the collator stores float32; compare in float64
-        pos[i, : g.num_nodes] = g.pos
-    batch.pos = pos
-    return batch
 
 
 @torch.no_grad()
@@ -166,17 +144,17 @@ def test_energy_unchanged_by_a_lattice_shift_and_by_wrapping():
     shifted = start + cell[1] - cell[2]
     model = _model(cutoff=3.0)  # the periodic neighbours within 3 A: all present as images
     energies = [
-        float(model(_batch([_graph(atoms, positions, 3.0)])))
+        float(model(periodic_batch([periodic_graph(atoms, positions, 3.0)])))
         for positions in (start, wrapped.positions, shifted)
     ]
     assert not np.allclose(start, wrapped.positions)
     np.testing.assert_allclose(energies[1:], [energies[0]] * 2, rtol=0, atol=1e-5)
     # the images matter: the same atoms without them are another structure
-    lone = _graph(atoms, start, 3.0)
+    lone = periodic_graph(atoms, start, 3.0)
     alone = Data(**{k: lone[k][: len(atoms)] for k in ("x", "pos")}, y=lone.y)
     alone.edge_index, alone.edge_attr = lone.edge_index, lone.edge_attr
     alone.num_nodes = len(atoms)
-    assert abs(float(model(_batch([alone]))) - energies[0]) > 1e-3
+    assert abs(float(model(periodic_batch([alone]))) - energies[0]) > 1e-3
 
 
 @torch.no_grad()
@@ -187,7 +165,7 @@ def test_a_tagged_slab_shifted_by_lattice_vectors_keeps_its_energy():
     cell = np.asarray(atoms.cell)
     model = _model(num_tags=3, readout_min_tag=1)
     energies = [
-        float(model(_batch([_graph(atoms, atoms.positions + shift, 6.0, tags)])))
+        float(model(periodic_batch([periodic_graph(atoms, atoms.positions + shift, 6.0, tags)])))
         for shift in (0 * cell[0], 2 * cell[0] - cell[1], -3 * cell[1])
     ]
     np.testing.assert_allclose(energies[1:], [energies[0]] * 2, rtol=0, atol=1e-5)
@@ -198,11 +176,11 @@ def test_outputs_are_the_real_atoms_and_images_hold_their_sources_state():
     atoms = _slab()
     tags = np.ones(len(atoms), dtype=int)
     tags[-1] = ADSORBATE_TAG
-    graph = _graph(atoms, atoms.positions, 6.0, tags)
+    graph = periodic_graph(atoms, atoms.positions, 6.0, tags)
     n = len(atoms)
     assert graph.num_nodes > n and (graph.image_of[n:] >= 0).all()
     model = _model(atom_vector_tasks=1, num_tags=3)
-    batch = _batch([graph])
+    batch = periodic_batch([graph])
     out = model.forward_levels(batch)
     vectors = out["atom_vector"][0]
     assert vectors[:n].abs().sum() > 0 and vectors[n:].abs().sum() == 0
@@ -219,16 +197,16 @@ def test_readout_min_tag_sums_the_atoms_that_move():
     tags = np.ones(len(atoms), dtype=int)
     tags[:9] = 0  # the bottom layer is fixed
     tags[-1] = ADSORBATE_TAG
-    graph = _graph(atoms, atoms.positions, 4.0, tags)
+    graph = periodic_graph(atoms, atoms.positions, 4.0, tags)
     model = _model(num_tags=3, readout_min_tag=1)
-    batch = _batch([graph])
+    batch = periodic_batch([graph])
     h = model.encode(batch)[0]
     contributions = model.atom_contributions(h, batch)[0, :, 0]
     assert (contributions[:9] == 0).all() and (contributions[9 : len(atoms)] != 0).all()
     assert (contributions[len(atoms) :] == 0).all()
-    untagged = _graph(atoms, atoms.positions, 4.0)
+    untagged = periodic_graph(atoms, atoms.positions, 4.0)
     with pytest.raises(DataError, match="model.num_tags=3"):
-        model(_batch([untagged]))
+        model(periodic_batch([untagged]))
 
 
 @torch.no_grad()
@@ -236,7 +214,7 @@ def test_blocks_repeat_the_layers_with_the_same_weights():
     once, twice = _model(num_layers=2), _model(num_layers=2, blocks=2)
     assert sum(p.numel() for p in once.parameters()) == sum(p.numel() for p in twice.parameters())
     twice.load_state_dict(once.state_dict())
-    graph = _graph(_crystal(), _crystal().positions, 3.0)
+    graph = periodic_graph(_crystal(), _crystal().positions, 3.0)
     four = _model(num_layers=4)
     state = dict(once.state_dict())
     for name, value in once.state_dict().items():  # layers 2, 3 are copies of 0, 1
@@ -244,7 +222,7 @@ def test_blocks_repeat_the_layers_with_the_same_weights():
             index, rest = name.split(".", 2)[1:]
             state[f"layers.{int(index) + 2}.{rest}"] = value
     four.load_state_dict(state)
-    batch = _batch([graph])
+    batch = periodic_batch([graph])
     torch.testing.assert_close(twice(batch), four(batch))
     assert not torch.allclose(twice(batch), once(batch))
 
