@@ -13,7 +13,6 @@ An ensemble's folder::
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from typing import Any
 
 from graphormer.checkpoint import CheckpointError
 from graphormer.console import report
+from graphormer.data.sources import with_source_defaults
 from graphormer.errors import ConfigError
 from graphormer.rundir import ENSEMBLE_FILE, run_dir_of
 
@@ -167,7 +167,7 @@ def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
         data = [
             {
                 k: v
-                for k, v in _with_defaults(m.run_record.dataset or {}).items()
+                for k, v in with_source_defaults(m.run_record.dataset or {}).items()
                 if k not in _TRAINING_ONLY_DATA
             }
             for m in (first, module)
@@ -182,24 +182,6 @@ def check_members(records: Sequence[Any], modules: Sequence[Any]) -> None:
                 f"{data[0].get(differ[0])!r}): an ensemble's members share one dataset and split; "
                 "evaluate each on its own (a cross-validation's folds are scored in cv_metrics.json)"
             )
-
-
-def _with_defaults(dataset: dict) -> dict:
-    """A stored ``dataset`` config with its source's defaults for the keys it lacks: a
-    checkpoint written before a setting existed was built with that setting's default, as a
-    later one that stores it."""
-    from graphormer.data.sources import SOURCES
-
-    cls = SOURCES.get(dataset.get("source"))
-    if cls is None:
-        return dict(dataset)
-    defaults = {
-        name: p.default
-        for name, p in inspect.signature(cls).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
-    defaults = {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}
-    return {**defaults, **dataset}
 
 
 # Model settings that fix what a member reads: members must agree on them.

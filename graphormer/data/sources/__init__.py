@@ -43,6 +43,7 @@ __all__ = [
     "TUSource",
     "ZINCSource",
     "build_source",
+    "with_source_defaults",
 ]
 
 # The dataset sources a config or a checkpoint may name (``dataset.source``).
@@ -119,3 +120,21 @@ def build_source(settings: Mapping[str, Any]) -> Source:
     except (TypeError, ValueError) as error:
         # A missing argument, or a value of the wrong type (a string for a number, ...).
         raise ConfigError(f"dataset settings for source={kind} are not usable: {error}") from error
+
+
+def with_source_defaults(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored ``dataset`` config with its source's argument defaults for the keys it lacks
+    (tuples as lists, as a config stores them): a checkpoint written before a setting existed
+    was built with that setting's default, the same as a later one that stores it. Settings
+    naming no known source come back as they are."""
+    settings = dict(settings)
+    kind = settings.get("source") or _LEGACY_TARGETS.get(settings.get("_target_"))
+    cls = SOURCES.get(kind)
+    if cls is None:
+        return settings
+    defaults = {
+        name: list(p.default) if isinstance(p.default, tuple) else p.default
+        for name, p in inspect.signature(cls).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    return {**defaults, **settings}
