@@ -181,15 +181,20 @@ def run_chemprop(
     return chemprop_predictions(out), wall
 
 
-def dimenet_plus_plus(cutoff: float, num_spherical: int = 7, num_radial: int = 6):
+def dimenet_plus_plus(
+    cutoff: float, num_spherical: int = 7, num_radial: int = 6, num_blocks: int = 3
+):
     """PyG's ``DimeNetPlusPlus`` at the size the 3D benchmarks give it (64 wide, 3 blocks, one
-    output): one definition for the molecular and the periodic rows."""
+    output): one definition for the molecular and the periodic rows. ``num_blocks=0`` keeps its
+    embedding and first output block alone: each atom's energy a network of the sum, over its
+    neighbours, of a radial filter times an embedding of the pair's two elements and distance
+    (an embedded-atom form, no angles)."""
     from torch_geometric.nn.models import DimeNetPlusPlus
 
     return DimeNetPlusPlus(
         hidden_channels=64,
         out_channels=1,
-        num_blocks=3,
+        num_blocks=num_blocks,
         int_emb_size=32,
         basis_emb_size=8,
         out_emb_channels=64,

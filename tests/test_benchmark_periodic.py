@@ -58,10 +58,16 @@ def test_triplets_drop_only_the_backtrack_to_the_same_image():
     assert len(triplets(edge_index, 1)[-1]) == 0
 
 
-def test_without_shifts_the_energy_is_pygs_own_dimenet(model, monkeypatch):
+@pytest.mark.parametrize("blocks", [3, 0])
+def test_without_shifts_the_energy_is_pygs_own_dimenet(model, blocks, monkeypatch):
     import ase.build
     from torch_geometric.nn.models import dimenet
 
+    if blocks != 3:  # --dimenet-blocks 0: the embedding and the first output block alone
+        torch.manual_seed(1)
+        model = versus_periodic.PeriodicDimeNet(3, 3, num_blocks=blocks).double().eval()
+        assert len(model.net.interaction_blocks) == 0 and len(model.net.output_blocks) == 1
+        torch.nn.init.normal_(model.net.output_blocks[0].lin.weight, std=0.3)
     frames = [ase.build.molecule("CH3CH2OH"), ase.build.molecule("C6H6")]
     z, pos, batch, pairs = _inputs(frames)
     assert not pairs[1].any()  # no periodic direction: every shift zero
