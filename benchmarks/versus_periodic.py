@@ -113,6 +113,8 @@ def graphormer(
     forces: str = "head",
     messages: bool = False,
     min_tag: int = 1,
+    centrality_cutoff: float | None = None,
+    centrality_gates: bool = False,
 ) -> torch.nn.Module:
     from graphormer.data.sources.ase import ELEMENTS
     from graphormer.models import Graphormer, GraphormerConfig
@@ -136,6 +138,8 @@ def graphormer(
         forces=forces,
         distance_messages=messages,
         message_cutoff=SCHNET_CUTOFF,
+        centrality_cutoff=centrality_cutoff,
+        centrality_gates=centrality_gates,
     )
     return Graphormer(config)
 
@@ -260,6 +264,8 @@ def run_row(
     around: str = "adsorbate",
     min_tag: int = 1,
     dimenet_blocks: int = 3,
+    centrality_cutoff: float | None = None,
+    centrality_gates: bool = False,
 ) -> dict:
     from graphormer.data.collate import GraphormerCollator
 
@@ -280,7 +286,9 @@ def run_row(
     if dense:
         # Forces in the energy's standardised units (the vector scale below): force_scale 1.
         forces = "gradient" if gradient else "head"
-        model = graphormer(vector, layers, width, forces, messages, min_tag)
+        model = graphormer(
+            vector, layers, width, forces, messages, min_tag, centrality_cutoff, centrality_gates
+        )
     else:
         model = (
             PeriodicSchNet() if row == "schnet_pbc" else PeriodicDimeNet(num_blocks=dimenet_blocks)
@@ -356,7 +364,9 @@ def run_row(
         + "+messages" * (messages and dense)
         + "+all_atoms" * (min_tag == 0 and dense)
         + "+all_images" * (around == "all" and dense and periodic)
-        + f"+{dimenet_blocks}_blocks" * (row == "dimenet_pbc" and dimenet_blocks != 3),
+        + f"+{dimenet_blocks}_blocks" * (row == "dimenet_pbc" and dimenet_blocks != 3)
+        + "+local_centrality" * (centrality_cutoff is not None and dense)
+        + "+gated_centrality" * (centrality_gates and dense),
         "energy_mae": float(np.mean(energy_error)),
         "energy_median": float(np.median(energy_error)),
         "energy_errors": energy_error,
@@ -431,6 +441,19 @@ def main() -> None:
         help="DimeNet++'s interaction blocks (3); 0 keeps its embedding and first output "
         "block: an embedded-atom form of pair sums, no angles",
     )
+    parser.add_argument(
+        "--centrality-cutoff",
+        type=float,
+        default=None,
+        help="the Graphormers' 3D centrality sums the pairs closer than this, faded smoothly "
+        "(model.centrality_cutoff; default: every pair, Graphormer-3D's)",
+    )
+    parser.add_argument(
+        "--centrality-gates",
+        action="store_true",
+        help="the Graphormers' 3D centrality gates each pair's kernels by its pair of elements "
+        "(model.centrality_gates)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.structures, args.relaxed, args.relax_steps, args.epochs = 40, 24, 10, 2
@@ -457,6 +480,8 @@ def main() -> None:
                 args.pbc_around,
                 args.min_tag,
                 args.dimenet_blocks,
+                args.centrality_cutoff,
+                args.centrality_gates,
             )
         )
     print(

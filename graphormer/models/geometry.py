@@ -83,12 +83,24 @@ class GaussianDistanceEncoding(nn.Module):
     Pairs with a padded atom, and with ``cutoff`` pairs farther apart than it, get no kernels
     (their bias is masked by the caller through :attr:`far`; a far pair never attends).
 
+    Two options reshape the centrality's sum (neither is Graphormer-3D's; both off by default):
+    ``centrality_cutoff`` sums only the pairs closer than it, each faded to zero there by
+    :func:`cosine_switch` (a local neighbour density, as an embedded-atom potential's), and
+    ``centrality_gates`` scales each pair's kernels by a learned ``K``-vector of its pair type
+    (initialised to ones) before the sum, so that each pair of elements contributes a radial
+    function of its own shape and size, not one shared by all pairs up to ``gamma`` and
+    ``beta``. The attention bias and the kernels handed on (``pairs``) are unchanged.
+
     Args:
         num_heads (int): ``H``.
         hidden_dim (int): model width ``d``.
         num_atom_types (int): atom types, 0 (padding) included; the pair table has its square.
         num_kernels (int, optional): ``K``. (default: :obj:`128`)
         cutoff (float | None, optional): Angstrom; pairs beyond it are masked. (default: None)
+        centrality_cutoff (float | None, optional): Angstrom; the centrality sums the pairs
+            closer than it, faded smoothly. (default: None: every pair, Graphormer-3D's)
+        centrality_gates (bool, optional): a learned gate of ``K`` per pair type on the
+            centrality's kernels. (default: :obj:`False`)
 
     Shapes:
         - input: ``pos`` ``[B, N, 3]``, ``atom_type`` ``[B, N]`` long (0 at padding),
@@ -104,10 +116,13 @@ class GaussianDistanceEncoding(nn.Module):
         num_atom_types: int,
         num_kernels: int = 128,
         cutoff: float | None = None,
+        centrality_cutoff: float | None = None,
+        centrality_gates: bool = False,
     ) -> None:
         super().__init__()
         self.num_atom_types = num_atom_types
         self.cutoff = cutoff
+        self.centrality_cutoff = centrality_cutoff
         self.gamma = nn.Embedding(num_atom_types * num_atom_types, 1)
         self.beta = nn.Embedding(num_atom_types * num_atom_types, 1)
         self.means = nn.Parameter(torch.empty(num_kernels))
@@ -116,6 +131,10 @@ class GaussianDistanceEncoding(nn.Module):
             nn.Linear(num_kernels, num_kernels), nn.GELU(), nn.Linear(num_kernels, num_heads)
         )
         self.centrality = nn.Linear(num_kernels, hidden_dim)
+        # Only when asked for: existing checkpoints keep their tensors.
+        self.gates = (
+            nn.Embedding(num_atom_types * num_atom_types, num_kernels) if centrality_gates else None
+        )
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -125,6 +144,8 @@ class GaussianDistanceEncoding(nn.Module):
         nn.init.uniform_(self.means, 0, 3)
         nn.init.uniform_(self.stds, 0, 3)
         bert_init_(*self.bias_mlp[::2], self.centrality)
+        if self.gates is not None:
+            nn.init.ones_(self.gates.weight)
 
     def kernels(self, dist: Tensor, atom_type: Tensor, pair_mask: Tensor) -> Tensor:
         """``[B, N, N, K]`` kernel values in ``dist``'s dtype (float32 or wider), zero where
@@ -178,7 +199,13 @@ class GaussianDistanceEncoding(nn.Module):
         bias = empty.expand(b, n, n, -1).masked_scatter(
             pair_mask.unsqueeze(-1), self.bias_mlp(psi)
         )  # [B, N, N, H]
-        sums = psi.new_zeros(b * n, psi.size(-1)).index_add(0, batch * n + i, psi)  # [B*N, K]
+        summed = psi
+        if self.gates is not None:
+            summed = summed * self.gates(pair_type).to(psi.dtype)
+        if self.centrality_cutoff is not None:
+            switch = cosine_switch(distance, self.centrality_cutoff)  # [P], 0 beyond it
+            summed = summed * switch.unsqueeze(-1).to(psi.dtype)
+        sums = psi.new_zeros(b * n, psi.size(-1)).index_add(0, batch * n + i, summed)  # [B*N, K]
         atoms = self.centrality(sums.view(b, n, -1))  # [B, N, d]
         atoms = atoms * node_mask.unsqueeze(-1).to(atoms.dtype)
         return bias.permute(0, 3, 1, 2), atoms, far, pairs

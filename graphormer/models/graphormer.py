@@ -161,6 +161,14 @@ class GraphormerConfig:
             default) builds none.
         message_cutoff: Angstrom; the messages fade to zero at this distance (a cosine
             switch); at most ``cutoff`` when that is set. (default: 5.0, SchNet's)
+        centrality_cutoff: Angstrom; the 3D centrality (each atom's summed kernels) sums the
+            pairs closer than this only, each faded to zero there by a cosine switch: a local
+            neighbour density; needs ``channels`` 3d or both. None (the default) sums every
+            pair, as Graphormer-3D.
+        centrality_gates: scale each pair's kernels in the 3D centrality by a learned vector
+            of its pair of atom types (initialised to ones), so that each pair of elements adds
+            a radial function of its own; needs ``channels`` 3d or both; False (the default) as
+            Graphormer-3D. Neither option changes the attention bias.
     """
 
     num_layers: int = 12
@@ -204,6 +212,8 @@ class GraphormerConfig:
     blocks: int = 1
     distance_messages: bool = False
     message_cutoff: float = 5.0
+    centrality_cutoff: float | None = None
+    centrality_gates: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -357,6 +367,32 @@ class GraphormerConfig:
                 f"model.message_cutoff={reach!r} is not allowed: a distance > 0 in Angstrom"
             )
         self.message_cutoff = float(reach)
+        if not isinstance(self.centrality_gates, bool):
+            raise ValueError(
+                f"model.centrality_gates={self.centrality_gates!r} is not allowed: true or false"
+            )
+        reach = self.centrality_cutoff
+        if reach is not None:
+            if (
+                isinstance(reach, bool)
+                or not isinstance(reach, int | float)
+                or not math.isfinite(reach)
+                or reach <= 0
+            ):
+                raise ValueError(
+                    f"model.centrality_cutoff={reach!r} is not allowed: a distance > 0 in "
+                    "Angstrom, or null"
+                )
+            self.centrality_cutoff = float(reach)
+        for key, value in (
+            ("centrality_cutoff", reach),
+            ("centrality_gates", self.centrality_gates),
+        ):
+            if value not in (None, False) and self.channels == "2d":
+                raise ValueError(
+                    f"model.{key}={value} shapes the 3D centrality, which a 2D model does not "
+                    "have: set model.channels=3d or both"
+                )
         if self.distance_messages and self.channels == "2d":
             raise ValueError(
                 "model.distance_messages=true passes messages through the atoms' distances: "
@@ -405,6 +441,7 @@ class GraphormerConfig:
         if self.uses_positions:
             k, types = self.num_kernels, self.atom_feature_dims[0] + 1
             tables += 2 * types * types + 2 * k + (k + 1) * (k + self.num_heads) + (k + 1) * h
+            tables += types * types * k if self.centrality_gates else 0
         if self.distance_messages:
             k = self.num_kernels
             tables += layers * ((k + 1) * h + 4 * h * h + 5 * h)
@@ -567,7 +604,13 @@ class Graphormer(nn.Module):
         # checkpoints keep exactly their tensors. Atom types are the first atom feature + 1.
         self.geometry = (
             GaussianDistanceEncoding(
-                c.num_heads, c.hidden_dim, c.atom_feature_dims[0] + 1, c.num_kernels, c.cutoff
+                c.num_heads,
+                c.hidden_dim,
+                c.atom_feature_dims[0] + 1,
+                c.num_kernels,
+                c.cutoff,
+                c.centrality_cutoff,
+                c.centrality_gates,
             )
             if c.uses_positions
             else None

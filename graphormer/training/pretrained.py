@@ -54,6 +54,8 @@ _STRUCTURE = (
     "channels",
     "num_kernels",
     "cutoff",
+    "centrality_cutoff",
+    "centrality_gates",
     # Periodic structures: the tag embedding's rows, and how often the layers run.
     "num_tags",
     "blocks",

@@ -1,0 +1,151 @@
+"""model.centrality_cutoff and model.centrality_gates: the 3D centrality summed over near pairs
+only (faded smoothly) and each pair's kernels gated by its pair of atom types. The sum against a
+pair-by-pair reference, the gates' start at ones, invariance, periodic wrapping, smoothness at
+the cutoff, and the settings' checks."""
+
+import math
+
+import pytest
+import torch
+
+from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig
+
+from helpers import float64_batch, periodic_batch, periodic_graph, positioned_graphs
+
+
+def _model(**settings) -> Graphormer:
+    torch.manual_seed(0)
+    values = dict(num_layers=2, hidden_dim=16, ffn_dim=16, num_heads=2, dropout=0.0)
+    values.update(attention_dropout=0.0, activation_dropout=0.0, channels="3d", num_kernels=8)
+    values.update(readout="token_sum", centrality_cutoff=3.0, centrality_gates=True)
+    model = Graphormer(GraphormerConfig(**{**values, **settings})).double().eval()
+    with torch.no_grad():  # away from the initialisation's ones and near-zero weights
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+@torch.no_grad()
+def test_the_centrality_sums_gated_kernels_of_the_pairs_within_the_cutoff_pair_by_pair():
+    torch.manual_seed(0)
+    encoding = GaussianDistanceEncoding(2, 6, 5, 4, centrality_cutoff=2.5, centrality_gates=True)
+    encoding = encoding.double()
+    with torch.no_grad():
+        encoding.gates.weight.normal_()
+    pos = torch.tensor([[[0.0, 0, 0], [1.2, 0, 0], [0, 2.0, 0], [4.0, 0, 0], [0, 0, 0]]]).double()
+    atom_type = torch.tensor([[1, 2, 3, 1, 0]])  # the last atom is padding
+    mask = atom_type > 0
+    _, atoms, _, (batch, i, j, psi, distance) = encoding.encode(pos, atom_type, mask)
+    expected = torch.zeros(5, 4, dtype=torch.float64)
+    for p in range(len(i)):
+        a, b = int(i[p]), int(j[p])
+        d = float(distance[p])  # the encoding's own (a tiny epsilon keeps 0 differentiable)
+        assert abs(float((pos[0, a] - pos[0, b]).norm()) - d) < 1e-5
+        if d < 2.5:  # the atom with itself included: distance 0, switch 1
+            gate = encoding.gates.weight[int(atom_type[0, a]) * 5 + int(atom_type[0, b])]
+            expected[a] += psi[p] * gate * (0.5 * (math.cos(math.pi * d / 2.5) + 1))
+    reference = encoding.centrality(expected) * mask[0].unsqueeze(-1)
+    torch.testing.assert_close(atoms[0], reference, rtol=1e-12, atol=1e-12)
+    # atom 3 sits 2.8 A and more from every other atom: its sum is its own kernels alone
+    own = encoding.gates.weight[1 * 5 + 1] * psi[(i == 3) & (j == 3)][0]
+    torch.testing.assert_close(atoms[0, 3], encoding.centrality(own), rtol=1e-12, atol=1e-12)
+
+
+@torch.no_grad()
+def test_gates_start_at_ones_and_a_cutoff_beyond_every_pair_is_graphormer_3ds_sum():
+    graphs = positioned_graphs()
+    plain = _model(centrality_cutoff=None, centrality_gates=False)
+    fresh = Graphormer(GraphormerConfig(**{**plain.config.to_dict(), "centrality_gates": True}))
+    fresh = fresh.double().eval()
+    assert torch.equal(fresh.geometry.gates.weight, torch.ones_like(fresh.geometry.gates.weight))
+    fresh.load_state_dict(plain.state_dict(), strict=False)  # all but the gates
+    batch = float64_batch(graphs)
+    torch.testing.assert_close(fresh(batch), plain(batch), rtol=1e-12, atol=1e-12)
+    # the cutoff and the gates each change the function
+    far = _model(centrality_cutoff=None, centrality_gates=True)
+    near = _model(centrality_cutoff=2.0, centrality_gates=True)
+    near.load_state_dict(far.state_dict())
+    assert not torch.allclose(near(batch), far(batch), atol=1e-4)
+    gated = _model(centrality_cutoff=None, centrality_gates=True)
+    assert not torch.allclose(gated(batch), fresh(batch), atol=1e-4)
+
+
+@torch.no_grad()
+def test_energies_keep_invariant_and_an_atom_crossing_the_cutoff_changes_them_smoothly():
+    model = _model(atom_vector_tasks=1)
+    graphs = positioned_graphs()
+    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(3)).double())
+    rotation = q * torch.sign(torch.det(q))
+    moved = []
+    for g in graphs:
+        m = g.clone()
+        m.pos = g.pos @ rotation.T + torch.tensor([1.5, -2.0, 0.5], dtype=torch.float64)
+        moved.append(m)
+    before = model.forward_levels(float64_batch(graphs))
+    after = model.forward_levels(float64_batch(moved))
+    torch.testing.assert_close(after["molecule"], before["molecule"], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(
+        after["atom_vector"], before["atom_vector"] @ rotation.T, rtol=1e-9, atol=1e-9
+    )
+    # two atoms pulled apart through the 3 A cutoff: no jump at it
+    (pair,) = positioned_graphs(smiles=["O.O"])
+    energies = []
+    for gap in (2.9999, 3.0, 3.0001):
+        g = pair.clone()
+        g.pos = pair.pos.clone()
+        g.pos[1] = g.pos[0] + torch.tensor([gap, 0.0, 0.0]).double()  # two O atoms
+        energies.append(float(model(float64_batch([g]))))
+    assert abs(energies[0] - energies[1]) < 1e-5 and abs(energies[2] - energies[1]) < 1e-5
+
+
+@torch.no_grad()
+def test_periodic_wrapping_keeps_the_energy():
+    pytest.importorskip("ase")
+    from ase.build import bulk
+
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.1, seed=1)
+    cell = atoms.cell.array
+    start = atoms.positions.copy()
+    start[:4] -= 0.2 * cell[1]  # a few atoms just outside the cell
+    wrapped = atoms.copy()
+    wrapped.positions = start
+    wrapped.wrap()
+    model = _model(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
+    energies = [
+        float(model(periodic_batch([periodic_graph(atoms, positions, 3.0)])))
+        for positions in (start, wrapped.positions, start + cell[0] - cell[2])
+    ]
+    assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
+
+
+def test_settings_are_checked_and_counted():
+    with pytest.raises(ValueError, match="model.centrality_cutoff=0 is not allowed"):
+        GraphormerConfig(channels="3d", centrality_cutoff=0)
+    with pytest.raises(ValueError, match="model.centrality_cutoff=inf is not allowed"):
+        GraphormerConfig(channels="3d", centrality_cutoff=float("inf"))
+    with pytest.raises(ValueError, match="model.centrality_gates='yes' is not allowed"):
+        GraphormerConfig(channels="3d", centrality_gates="yes")
+    for key, value in (("centrality_cutoff", 5.0), ("centrality_gates", True)):
+        with pytest.raises(ValueError, match=f"model.{key}=.*set model.channels=3d or both"):
+            GraphormerConfig(**{key: value})
+    config = GraphormerConfig(num_layers=2, hidden_dim=16, ffn_dim=16, num_heads=2)
+    config.channels, config.centrality_gates, config.centrality_cutoff = "both", True, 4
+    config.__post_init__()
+    assert config.centrality_cutoff == 4.0 and isinstance(config.centrality_cutoff, float)
+    model = Graphormer(config)
+    actual = sum(p.numel() for p in model.parameters())
+    assert model.geometry.gates.weight.numel() > 0.1 * actual
+    assert abs(config.estimated_parameters() - actual) < 0.01 * actual
+    assert Graphormer(GraphormerConfig(channels="3d")).geometry.gates is None
+
+
+def test_fine_tuning_takes_the_centrality_with_the_architecture():
+    from graphormer.training.pretrained import architecture
+
+    stored = {"num_layers": 2, "centrality_cutoff": 5.0, "centrality_gates": True, "dropout": 0.1}
+    assert architecture(stored) == {
+        "num_layers": 2,
+        "centrality_cutoff": 5.0,
+        "centrality_gates": True,
+    }
