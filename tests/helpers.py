@@ -468,6 +468,38 @@ def write_fairseq(path, config, model, **extra):
 
 # -- 3D and periodic test structures ------------------------------------------------------------
 
+
+def small_3d_model(dtype=torch.float64, **settings) -> Graphormer:
+    """A seeded 2-layer, 16-wide 3D model (8 kernels, token_sum, no dropout) with ``settings``,
+    its weights moved away from the initialisation's ones and near-zeros."""
+    torch.manual_seed(0)
+    values = dict(num_layers=2, hidden_dim=16, ffn_dim=16, num_heads=2, dropout=0.0)
+    values.update(attention_dropout=0.0, activation_dropout=0.0, channels="3d", num_kernels=8)
+    values.update(readout="token_sum")
+    model = Graphormer(GraphormerConfig(**{**values, **settings})).to(dtype).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def proper_rotation(seed: int = 1) -> torch.Tensor:
+    """A random proper rotation ``[3, 3]`` (float64), seeded."""
+    generator = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=generator, dtype=torch.float64))
+    return q * torch.sign(torch.det(q))
+
+
+def moved_graphs(graphs, rotation, shift) -> list:
+    """Copies of ``graphs`` with positions rotated by ``rotation`` and shifted by ``shift``."""
+    out = []
+    for g in graphs:
+        h = g.clone()
+        h.pos = g.pos @ rotation.T + shift
+        out.append(h)
+    return out
+
+
 MOLECULES_3D = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(OCC)cc1", "[Na+]"]
 
 
@@ -535,6 +567,24 @@ def energy_at(model, batch, pos) -> torch.Tensor:
 
     with torch.no_grad():
         return model._levels(dataclasses.replace(batch, pos=pos))["molecule"][:, 0]
+
+
+def copper_placements(seed: int, outside: int, fraction: float, axis: int):
+    """A rattled 2 x 2 x 2 cubic Cu cell and three placements of its atoms that a periodic
+    model must not tell apart: its first ``outside`` atoms moved ``fraction`` of cell vector
+    ``axis`` out of the cell (as files hold them), the same wrapped into the cell, and the
+    first shifted by a lattice vector."""
+    from ase.build import bulk
+
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
+    atoms.rattle(0.1, seed=seed)
+    cell = atoms.cell.array
+    start = atoms.positions.copy()
+    start[:outside] -= fraction * cell[axis]
+    wrapped = atoms.copy()
+    wrapped.positions = start
+    wrapped.wrap()
+    return atoms, [start, wrapped.positions, start + cell[1] - cell[2]]
 
 
 def periodic_batch(graphs):

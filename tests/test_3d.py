@@ -12,7 +12,7 @@ from graphormer.data.featurize import featurize_smiles
 from graphormer.errors import DataError
 from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig
 
-from helpers import float64_batch, positioned_graphs
+from helpers import float64_batch, moved_graphs, positioned_graphs, proper_rotation
 
 SMILES = ["CCO", "c1ccccc1O", "CC(=O)Nc1ccc(OCC)cc1", "[Na+]"]
 
@@ -29,21 +29,6 @@ def _model(dtype=torch.float64, **settings) -> Graphormer:
     return model
 
 
-def _rotation(seed: int = 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=generator, dtype=torch.float64))
-    return q * torch.sign(torch.det(q))  # a proper rotation
-
-
-def _moved(graphs, rotation, shift):
-    out = []
-    for g in graphs:
-        h = g.clone()
-        h.pos = g.pos @ rotation.T + shift
-        out.append(h)
-    return out
-
-
 def _permuted(g, perm):
     h = g.clone()
     inverse = torch.empty_like(perm)
@@ -58,7 +43,9 @@ def test_energies_unchanged_by_rotation_translation_and_permutation():
     model = _model(readout="token_sum")
     graphs = positioned_graphs()
     before = model(float64_batch(graphs))
-    moved = model(float64_batch(_moved(graphs, _rotation(), torch.tensor([3.0, -1.0, 7.5]))))
+    moved = model(
+        float64_batch(moved_graphs(graphs, proper_rotation(), torch.tensor([3.0, -1.0, 7.5])))
+    )
     torch.testing.assert_close(moved, before, rtol=1e-9, atol=1e-9)
     perm = torch.randperm(graphs[2].num_nodes, generator=torch.Generator().manual_seed(2))
     shuffled = model(float64_batch([_permuted(graphs[2], perm)]))
@@ -71,10 +58,10 @@ def test_energies_unchanged_by_rotation_translation_and_permutation():
 def test_vectors_rotate_with_the_input_and_follow_a_permutation():
     model = _model(atom_vector_tasks=2)
     graphs = positioned_graphs()
-    rotation = _rotation()
+    rotation = proper_rotation()
     before = model.forward_levels(float64_batch(graphs))["atom_vector"]  # [B, N, 2, 3]
     assert before.shape[-2:] == (2, 3) and before.abs().max() > 1e-3
-    after = model.forward_levels(float64_batch(_moved(graphs, rotation, torch.ones(3))))[
+    after = model.forward_levels(float64_batch(moved_graphs(graphs, rotation, torch.ones(3))))[
         "atom_vector"
     ]
     torch.testing.assert_close(after, before @ rotation.T, rtol=1e-9, atol=1e-9)
@@ -144,7 +131,7 @@ def test_cutoff_keeps_far_atoms_from_attending_to_each_other():
     before = model.forward_levels(float64_batch([g]))["atom_vector"]
     h = g.clone()
     h.pos = g.pos.clone()
-    h.pos[3:] = (g.pos[3:] - 100.0) @ _rotation(4).T + 100.0  # turn the far molecule only
+    h.pos[3:] = (g.pos[3:] - 100.0) @ proper_rotation(4).T + 100.0  # turn the far molecule only
     after = model.forward_levels(float64_batch([h]))["atom_vector"]
     torch.testing.assert_close(after[0, :3], before[0, :3], rtol=1e-9, atol=1e-9)
     uncut = _model(channels="3d", atom_vector_tasks=1, readout="token_sum")

@@ -10,19 +10,20 @@ import torch
 
 from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig
 
-from helpers import float64_batch, periodic_batch, periodic_graph, positioned_graphs
+from helpers import (
+    copper_placements,
+    float64_batch,
+    moved_graphs,
+    periodic_batch,
+    periodic_graph,
+    positioned_graphs,
+    proper_rotation,
+    small_3d_model,
+)
 
 
 def _model(**settings) -> Graphormer:
-    torch.manual_seed(0)
-    values = dict(num_layers=2, hidden_dim=16, ffn_dim=16, num_heads=2, dropout=0.0)
-    values.update(attention_dropout=0.0, activation_dropout=0.0, channels="3d", num_kernels=8)
-    values.update(readout="token_sum", centrality_cutoff=3.0, centrality_gates=True)
-    model = Graphormer(GraphormerConfig(**{**values, **settings})).double().eval()
-    with torch.no_grad():  # away from the initialisation's ones and near-zero weights
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model
+    return small_3d_model(**{"centrality_cutoff": 3.0, "centrality_gates": True, **settings})
 
 
 @torch.no_grad()
@@ -74,13 +75,8 @@ def test_gates_start_at_ones_and_a_cutoff_beyond_every_pair_is_graphormer_3ds_su
 def test_energies_keep_invariant_and_an_atom_crossing_the_cutoff_changes_them_smoothly():
     model = _model(atom_vector_tasks=1)
     graphs = positioned_graphs()
-    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(3)).double())
-    rotation = q * torch.sign(torch.det(q))
-    moved = []
-    for g in graphs:
-        m = g.clone()
-        m.pos = g.pos @ rotation.T + torch.tensor([1.5, -2.0, 0.5], dtype=torch.float64)
-        moved.append(m)
+    rotation = proper_rotation(3)
+    moved = moved_graphs(graphs, rotation, torch.tensor([1.5, -2.0, 0.5], dtype=torch.float64))
     before = model.forward_levels(float64_batch(graphs))
     after = model.forward_levels(float64_batch(moved))
     torch.testing.assert_close(after["molecule"], before["molecule"], rtol=1e-9, atol=1e-9)
@@ -101,20 +97,11 @@ def test_energies_keep_invariant_and_an_atom_crossing_the_cutoff_changes_them_sm
 @torch.no_grad()
 def test_periodic_wrapping_keeps_the_energy():
     pytest.importorskip("ase")
-    from ase.build import bulk
-
-    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
-    atoms.rattle(0.1, seed=1)
-    cell = atoms.cell.array
-    start = atoms.positions.copy()
-    start[:4] -= 0.2 * cell[1]  # a few atoms just outside the cell
-    wrapped = atoms.copy()
-    wrapped.positions = start
-    wrapped.wrap()
+    atoms, placements = copper_placements(seed=1, outside=4, fraction=0.2, axis=1)
     model = _model(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
     energies = [
         float(model(periodic_batch([periodic_graph(atoms, positions, 3.0)])))
-        for positions in (start, wrapped.positions, start + cell[0] - cell[2])
+        for positions in placements
     ]
     assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
 

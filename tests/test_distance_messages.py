@@ -11,25 +11,21 @@ import torch
 from graphormer.models import DistanceMessages, Graphormer, GraphormerConfig, cosine_switch
 
 from helpers import (
+    copper_placements,
     energy_at,
     float64_batch,
+    moved_graphs,
     periodic_batch,
     periodic_graph,
     positioned_graphs,
+    proper_rotation,
     slab_batch,
+    small_3d_model,
 )
 
 
 def _model(dtype=torch.float64, **settings) -> Graphormer:
-    torch.manual_seed(0)
-    values = dict(num_layers=2, hidden_dim=16, ffn_dim=16, num_heads=2, dropout=0.0)
-    values.update(attention_dropout=0.0, activation_dropout=0.0, channels="3d", num_kernels=8)
-    values.update(distance_messages=True, message_cutoff=3.0, readout="token_sum")
-    model = Graphormer(GraphormerConfig(**{**values, **settings})).to(dtype).eval()
-    with torch.no_grad():  # away from the initialisation's near-zero weights
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model
+    return small_3d_model(dtype, **{"distance_messages": True, "message_cutoff": 3.0, **settings})
 
 
 def test_the_cosine_switch_is_one_at_zero_and_fades_smoothly_to_zero_at_the_cutoff():
@@ -66,13 +62,8 @@ def test_the_block_sums_filtered_neighbour_states_pair_by_pair():
 def test_messages_keep_energies_invariant_and_vectors_equivariant():
     model = _model(atom_vector_tasks=1)
     graphs = positioned_graphs()
-    q, _ = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(1)).double())
-    rotation = q * torch.sign(torch.det(q))
-    moved = []
-    for g in graphs:
-        m = g.clone()
-        m.pos = g.pos @ rotation.T + torch.tensor([2.0, -4.0, 1.0], dtype=torch.float64)
-        moved.append(m)
+    rotation = proper_rotation(1)
+    moved = moved_graphs(graphs, rotation, torch.tensor([2.0, -4.0, 1.0], dtype=torch.float64))
     before, after = (
         model.forward_levels(float64_batch(graphs)),
         model.forward_levels(float64_batch(moved)),
@@ -184,25 +175,16 @@ def test_a_2d_training_batch_of_a_both_model_gives_the_messages_zero_gradients()
 @torch.no_grad()
 def test_periodic_images_hold_their_sources_state_and_wrapping_keeps_the_energy():
     pytest.importorskip("ase")
-    from ase.build import bulk
-
-    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
-    atoms.rattle(0.1, seed=0)
-    cell = atoms.cell.array
-    start = atoms.positions.copy()
-    start[:5] -= 0.15 * cell[0]  # a few atoms just outside the cell, as files hold them
-    wrapped = atoms.copy()
-    wrapped.positions = start
-    wrapped.wrap()
+    atoms, placements = copper_placements(seed=0, outside=5, fraction=0.15, axis=0)
     model = _model(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
-    graph = periodic_graph(atoms, start, 3.0)
+    graph = periodic_graph(atoms, placements[0], 3.0)
     n = len(atoms)
     h = model.encode(periodic_batch([graph]))[0][0, 1:]
     torch.testing.assert_close(h[n:], h[graph.image_of[n:]])
     # which copy of an atom lies in the cell changes nothing: images are their sources
     energies = [
         float(model(periodic_batch([periodic_graph(atoms, positions, 3.0)])))
-        for positions in (start, wrapped.positions, start + cell[1] - cell[2])
+        for positions in placements
     ]
     assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
 

@@ -352,40 +352,15 @@ class GraphormerConfig:
                 f"(got channels={self.channels}, {self.num_tasks} molecule output(s), "
                 f"{self.atom_vector_tasks} vector target(s))"
             )
-        if not isinstance(self.distance_messages, bool):
-            raise ValueError(
-                f"model.distance_messages={self.distance_messages!r} is not allowed: true or false"
-            )
-        reach = self.message_cutoff
-        if (
-            isinstance(reach, bool)
-            or not isinstance(reach, int | float)
-            or not math.isfinite(reach)
-            or reach <= 0
-        ):
-            raise ValueError(
-                f"model.message_cutoff={reach!r} is not allowed: a distance > 0 in Angstrom"
-            )
-        self.message_cutoff = float(reach)
-        if not isinstance(self.centrality_gates, bool):
-            raise ValueError(
-                f"model.centrality_gates={self.centrality_gates!r} is not allowed: true or false"
-            )
-        reach = self.centrality_cutoff
-        if reach is not None:
-            if (
-                isinstance(reach, bool)
-                or not isinstance(reach, int | float)
-                or not math.isfinite(reach)
-                or reach <= 0
-            ):
+        for name in ("distance_messages", "centrality_gates"):
+            if not isinstance(getattr(self, name), bool):
                 raise ValueError(
-                    f"model.centrality_cutoff={reach!r} is not allowed: a distance > 0 in "
-                    "Angstrom, or null"
+                    f"model.{name}={getattr(self, name)!r} is not allowed: true or false"
                 )
-            self.centrality_cutoff = float(reach)
+        self.message_cutoff = _distance("message_cutoff", self.message_cutoff)
+        self.centrality_cutoff = _distance("centrality_cutoff", self.centrality_cutoff, True)
         for key, value in (
-            ("centrality_cutoff", reach),
+            ("centrality_cutoff", self.centrality_cutoff),
             ("centrality_gates", self.centrality_gates),
         ):
             if value not in (None, False) and self.channels == "2d":
@@ -539,6 +514,21 @@ def _integer(name: str, value: Any, least: int, optional: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         null = " or null" if optional else ""
         raise ValueError(f"model.{name}={value!r} is not allowed: an integer >= {least}{null}")
+
+
+def _distance(name: str, value: Any, optional: bool = False) -> float | None:
+    """``value`` as a float distance > 0 (Angstrom), or None where ``optional``; else the
+    ``model.<name>`` error."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        value_ok = False
+    else:
+        value_ok = value > 0
+    if not value_ok:
+        null = ", or null" if optional else ""
+        raise ValueError(f"model.{name}={value!r} is not allowed: a distance > 0 in Angstrom{null}")
+    return float(value)
 
 
 def _image_copies(image_of: Tensor | None) -> Tensor | None:
