@@ -53,7 +53,7 @@ def test_the_centrality_sums_gated_kernels_of_the_pairs_within_the_cutoff_pair_b
 
 
 @torch.no_grad()
-def test_gates_start_at_ones_and_a_cutoff_beyond_every_pair_is_graphormer_3ds_sum():
+def test_gates_start_at_ones_and_each_option_changes_the_function():
     graphs = positioned_graphs()
     plain = _model(centrality_cutoff=None, centrality_gates=False)
     fresh = Graphormer(GraphormerConfig(**{**plain.config.to_dict(), "centrality_gates": True}))
@@ -67,8 +67,8 @@ def test_gates_start_at_ones_and_a_cutoff_beyond_every_pair_is_graphormer_3ds_su
     near = _model(centrality_cutoff=2.0, centrality_gates=True)
     near.load_state_dict(far.state_dict())
     assert not torch.allclose(near(batch), far(batch), atol=1e-4)
-    gated = _model(centrality_cutoff=None, centrality_gates=True)
-    assert not torch.allclose(gated(batch), fresh(batch), atol=1e-4)
+    fresh.geometry.gates.weight.mul_(torch.rand_like(fresh.geometry.gates.weight) + 0.5)
+    assert not torch.allclose(fresh(batch), plain(batch), atol=1e-4)
 
 
 @torch.no_grad()
@@ -113,6 +113,8 @@ def test_settings_are_checked_and_counted():
         GraphormerConfig(channels="3d", centrality_cutoff=float("inf"))
     with pytest.raises(ValueError, match="model.centrality_gates='yes' is not allowed"):
         GraphormerConfig(channels="3d", centrality_gates="yes")
+    with pytest.raises(ValueError, match="set model.centrality_cutoff at most model.cutoff"):
+        GraphormerConfig(channels="3d", cutoff=4.0, centrality_cutoff=5.0)
     for key, value in (("centrality_cutoff", 5.0), ("centrality_gates", True)):
         with pytest.raises(ValueError, match=f"model.{key}=.*set model.channels=3d or both"):
             GraphormerConfig(**{key: value})

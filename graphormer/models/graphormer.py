@@ -373,6 +373,13 @@ class GraphormerConfig:
                 "model.distance_messages=true passes messages through the atoms' distances: "
                 "set model.channels=3d or both"
             )
+        reach = self.centrality_cutoff
+        if reach is not None and cutoff is not None and reach > cutoff:
+            raise ValueError(
+                f"model.centrality_cutoff={reach:g} reaches past model.cutoff={cutoff:g}, "
+                "beyond which no pair exists (the sum would stop abruptly there): set "
+                "model.centrality_cutoff at most model.cutoff"
+            )
         if self.distance_messages and cutoff is not None and self.message_cutoff > cutoff:
             raise ValueError(
                 f"model.message_cutoff={self.message_cutoff:g} reaches past "
