@@ -322,16 +322,7 @@ class GraphormerConfig:
                 "[2d, 3d, both] that sum to 1, e.g. [0.2, 0.6, 0.2]"
             )
         self.channel_probs = [float(p) for p in probs]
-        cutoff = self.cutoff
-        if cutoff is not None and (
-            isinstance(cutoff, bool)
-            or not isinstance(cutoff, int | float)
-            or not math.isfinite(cutoff)
-            or cutoff <= 0
-        ):
-            raise ValueError(
-                f"model.cutoff={cutoff!r} is not allowed: a distance > 0 in Angstrom, or null"
-            )
+        self.cutoff = cutoff = _distance("cutoff", self.cutoff, optional=True)
         if self.channels == "2d" and self.atom_vector_tasks:
             raise ValueError(
                 f"model.atom_vector_tasks={self.atom_vector_tasks} needs atom positions: set "
@@ -358,7 +349,9 @@ class GraphormerConfig:
                     f"model.{name}={getattr(self, name)!r} is not allowed: true or false"
                 )
         self.message_cutoff = _distance("message_cutoff", self.message_cutoff)
-        self.centrality_cutoff = _distance("centrality_cutoff", self.centrality_cutoff, True)
+        self.centrality_cutoff = _distance(
+            "centrality_cutoff", self.centrality_cutoff, optional=True
+        )
         for key, value in (
             ("centrality_cutoff", self.centrality_cutoff),
             ("centrality_gates", self.centrality_gates),
@@ -373,19 +366,17 @@ class GraphormerConfig:
                 "model.distance_messages=true passes messages through the atoms' distances: "
                 "set model.channels=3d or both"
             )
-        reach = self.centrality_cutoff
-        if reach is not None and cutoff is not None and reach > cutoff:
-            raise ValueError(
-                f"model.centrality_cutoff={reach:g} reaches past model.cutoff={cutoff:g}, "
-                "beyond which no pair exists (the sum would stop abruptly there): set "
-                "model.centrality_cutoff at most model.cutoff"
-            )
-        if self.distance_messages and cutoff is not None and self.message_cutoff > cutoff:
-            raise ValueError(
-                f"model.message_cutoff={self.message_cutoff:g} reaches past "
-                f"model.cutoff={cutoff:g}, beyond which no pair exists (the messages would stop "
-                "abruptly there): set model.message_cutoff at most model.cutoff"
-            )
+        faded = (
+            ("message_cutoff", self.message_cutoff if self.distance_messages else None, "messages"),
+            ("centrality_cutoff", self.centrality_cutoff, "sum"),
+        )
+        for key, reach, what in faded:
+            if reach is not None and cutoff is not None and reach > cutoff:
+                raise ValueError(
+                    f"model.{key}={reach:g} reaches past model.cutoff={cutoff:g}, beyond which "
+                    f"no pair exists (the {what} would stop abruptly there): set model.{key} "
+                    "at most model.cutoff"
+                )
         if self.channels != "2d" and not self.atom_feature_dims:
             raise ValueError(
                 f"model.channels={self.channels} reads each atom's element from the first "
@@ -528,11 +519,8 @@ def _distance(name: str, value: Any, optional: bool = False) -> float | None:
     ``model.<name>`` error."""
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        value_ok = False
-    else:
-        value_ok = value > 0
-    if not value_ok:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
         null = ", or null" if optional else ""
         raise ValueError(f"model.{name}={value!r} is not allowed: a distance > 0 in Angstrom{null}")
     return float(value)
