@@ -210,7 +210,7 @@ def graphormer(
     width: int = 64,
     kernels: int = 128,
     forces: str = "head",
-    messages: bool = False,
+    messages: str = "off",
 ):
     from graphormer.models import Graphormer, GraphormerConfig
 
@@ -229,7 +229,8 @@ def graphormer(
         atom_vector_tasks=0 if channels == "2d" else 1,
         # Forces in the energy's standardised units, as the loss compares them: force_scale 1.
         forces="gradient" if channels == "3d" and forces == "gradient" else "head",
-        distance_messages=messages and channels != "2d",
+        distance_messages=messages != "off" and channels != "2d",
+        vector_messages=messages == "vectors" and channels != "2d",
         message_cutoff=CUTOFF,
     )
     return Graphormer(config)
@@ -345,7 +346,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     if dense:
         channels = row.removeprefix("graphormer_")
         model = graphormer(
-            channels, args.layers, args.width, args.kernels, args.forces, args.messages == "on"
+            channels, args.layers, args.width, args.kernels, args.forces, args.messages
         )
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet")
@@ -399,7 +400,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     if args.loss == "centred":  # no offset per molecule was trained: no relative energies
         test["energy_mae"] = None
     return {
-        "row": f"{row}+messages" if dense and args.messages == "on" else row,
+        "row": f"{row}+{MESSAGE_ROWS[args.messages]}" if dense and args.messages != "off" else row,
         **test,
         "valid": evaluate(model, data, "valid", dense, mean, std),
         "wall_s": time.perf_counter() - start,
@@ -497,6 +498,7 @@ def mean_rows(data: dict) -> list[dict]:
     return rows
 
 
+MESSAGE_ROWS = {"on": "messages", "vectors": "vector_messages"}
 TEST_KEYS = ("centred_mae", "energy_mae", "force_mae", "wall_s", "peak_mib")
 # What each row's child process is told: the data, the budget, the loss and the model sizes.
 FORWARDED = (
@@ -535,9 +537,10 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=128, help="Gaussian kernels")
     parser.add_argument(
         "--messages",
-        choices=("off", "on"),
+        choices=("off", "on", "vectors"),
         default="off",
-        help="the 3D Graphormers with model.distance_messages=true (cutoff 5 A, as SchNet's)",
+        help="the 3D Graphormers with model.distance_messages=true (cutoff 5 A, as SchNet's); "
+        "vectors: with model.vector_messages=true as well (PaiNN's equivariant messages)",
     )
     parser.add_argument(
         "--valid-every", type=int, default=5, help="epochs between validation errors"

@@ -115,6 +115,7 @@ def graphormer(
     min_tag: int = 1,
     centrality_cutoff: float | None = None,
     centrality_gates: bool = False,
+    vector_messages: bool = False,
 ) -> torch.nn.Module:
     from graphormer.data.sources.ase import ELEMENTS
     from graphormer.models import Graphormer, GraphormerConfig
@@ -140,6 +141,7 @@ def graphormer(
         message_cutoff=SCHNET_CUTOFF,
         centrality_cutoff=centrality_cutoff,
         centrality_gates=centrality_gates,
+        vector_messages=vector_messages and messages,
     )
     return Graphormer(config)
 
@@ -266,6 +268,7 @@ def run_row(
     dimenet_blocks: int = 3,
     centrality_cutoff: float | None = None,
     centrality_gates: bool = False,
+    vector_messages: bool = False,
 ) -> dict:
     from graphormer.data.collate import GraphormerCollator
 
@@ -287,7 +290,15 @@ def run_row(
         # Forces in the energy's standardised units (the vector scale below): force_scale 1.
         forces = "gradient" if gradient else "head"
         model = graphormer(
-            vector, layers, width, forces, messages, min_tag, centrality_cutoff, centrality_gates
+            vector,
+            layers,
+            width,
+            forces,
+            messages,
+            min_tag,
+            centrality_cutoff,
+            centrality_gates,
+            vector_messages,
         )
     else:
         model = (
@@ -362,6 +373,7 @@ def run_row(
     return {
         "row": row
         + "+messages" * (messages and dense)
+        + "+vectors" * (messages and vector_messages and dense)
         + "+all_atoms" * (min_tag == 0 and dense)
         + "+all_images" * (around == "all" and dense and periodic)
         + f"+{dimenet_blocks}_blocks" * (row == "dimenet_pbc" and dimenet_blocks != 3)
@@ -454,6 +466,12 @@ def main() -> None:
         help="the Graphormers' 3D centrality gates each pair's kernels by its pair of elements "
         "(model.centrality_gates)",
     )
+    parser.add_argument(
+        "--vector-messages",
+        action="store_true",
+        help="with --messages, the messages also carry vectors (model.vector_messages: PaiNN's "
+        "equivariant message and update)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.structures, args.relaxed, args.relax_steps, args.epochs = 40, 24, 10, 2
@@ -482,6 +500,7 @@ def main() -> None:
                 args.dimenet_blocks,
                 args.centrality_cutoff,
                 args.centrality_gates,
+                args.vector_messages,
             )
         )
     print(

@@ -4,6 +4,7 @@ from graphormer.models.geometry import (
     DistanceMessages,
     GaussianDistanceEncoding,
     VectorHead,
+    VectorMessages,
     cosine_switch,
 )
 from graphormer.models.graphormer import (
@@ -27,6 +28,7 @@ __all__ = [
     "MoleculeFeatureInput",
     "NodeEncoder",
     "VectorHead",
+    "VectorMessages",
     "cosine_switch",
     "ogb_atom_feature_dims",
     "ogb_bond_feature_dims",

@@ -275,6 +275,90 @@ class DistanceMessages(nn.Module):
         return h + self.out(summed.to(x.dtype))
 
 
+class VectorMessages(nn.Module):
+    r"""Distance messages that also carry a vector state per atom (PaiNN's equivariant
+    message and update, Schuett et al., 2021, https://arxiv.org/abs/2102.03150), as a residual
+    block before a transformer layer. Each atom holds its state :math:`h_i` and ``d`` 3-vectors
+    :math:`\vec v_i` (zero before the first block). For each pair ``(i, j)``, ``i != j``,
+    closer than the cutoff, with :math:`\hat r_{ij}` the unit vector from ``i`` to ``j`` and
+    :math:`C` the cosine switch, the neighbour's projected state gated by a filter of the
+    pair's kernels splits into three ``d``-vectors:
+
+    .. math::
+        (a_{ij}, b_{ij}, c_{ij}) = C(d_{ij})\, W(\psi_{ij}) \odot \phi(\mathrm{LN}(h_j)), \quad
+        h_i \leftarrow h_i + \sum_j a_{ij}, \quad
+        \vec v_i \leftarrow \vec v_i + \sum_j \big(b_{ij} \odot \vec v_j
+            + c_{ij}\, \hat r_{ij}\big)
+
+    then each atom mixes its own channels: with :math:`U \vec v_i` and :math:`V \vec v_i`
+    linear maps over the channels and :math:`(e, f, g) = \mathrm{MLP}(\mathrm{LN}(h_i),
+    \lVert V \vec v_i \rVert)`,
+
+    .. math::
+        \vec v_i \leftarrow \vec v_i + e \odot U \vec v_i, \quad
+        h_i \leftarrow h_i + f \odot \langle U \vec v_i, V \vec v_i \rangle + g
+
+    The scalar products of vectors summed from different neighbours carry the angles between
+    them, which distances alone give only through many layers; the states stay invariant and
+    the vectors rotate with the structure (an atom's force can be read from them linearly).
+
+    Args:
+        num_kernels (int): ``K`` of the distance encoding.
+        hidden_dim (int): model width ``d``.
+
+    Shapes:
+        - input: ``h`` ``[R, d]`` rows of states, ``vectors`` ``[R, 3, d]`` (or None: zeros),
+          ``target`` and ``source`` ``[P]`` rows (each pair's ``i`` and ``j``), ``psi``
+          ``[P, K]``, ``switch`` ``[P]``, ``unit`` ``[P, 3]`` (from ``i`` to ``j``)
+        - output: ``([R, d], [R, 3, d])``
+    """
+
+    def __init__(self, num_kernels: int, hidden_dim: int) -> None:
+        super().__init__()
+        d = hidden_dim
+        self.norm = nn.LayerNorm(d)
+        self.inp = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 3 * d))
+        self.filter = nn.Sequential(nn.Linear(num_kernels, d), nn.GELU(), nn.Linear(d, 3 * d))
+        self.mix = nn.Linear(d, 2 * d, bias=False)  # U and V, over the channels
+        self.update_norm = nn.LayerNorm(d)
+        self.update = nn.Sequential(nn.Linear(2 * d, d), nn.GELU(), nn.Linear(d, 3 * d))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.norm.reset_parameters()
+        self.update_norm.reset_parameters()
+        bert_init_(*self.inp[::2], *self.filter[::2], self.mix, *self.update[::2])
+
+    def forward(
+        self,
+        h: Tensor,
+        vectors: Tensor | None,
+        target: Tensor,
+        source: Tensor,
+        psi: Tensor,
+        switch: Tensor,
+        unit: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        rows, d = h.shape
+        if vectors is None:
+            vectors = h.new_zeros(rows, 3, d)
+        x = self.inp(self.norm(h))  # [R, 3d]
+        gate = self.filter(psi.to(x.dtype)) * switch.unsqueeze(-1).to(x.dtype)  # [P, 3d]
+        a, b, c = (x.index_select(0, source) * gate).split(d, dim=-1)  # [P, d] each
+        moved = vectors.index_select(0, source) * b.unsqueeze(1)  # [P, 3, d]
+        moved = moved + unit.to(x.dtype).unsqueeze(-1) * c.unsqueeze(1)
+        # Summed in float32 at least (an atom of a slab has dozens of neighbours).
+        wide = torch.promote_types(x.dtype, torch.float32)
+        h = h + h.new_zeros(h.shape, dtype=wide).index_add(0, target, a.to(wide)).to(h.dtype)
+        summed = vectors.new_zeros(vectors.shape, dtype=wide).index_add(0, target, moved.to(wide))
+        vectors = vectors + summed.to(vectors.dtype)
+        u, v = self.mix(vectors).split(d, dim=-1)  # [R, 3, d] each
+        # The norm's gradient is finite at zero vectors (the first block's, an isolated atom's).
+        norm = (v.pow(2).sum(1) + 1e-8).sqrt()  # [R, d]
+        e, f, g = self.update(torch.cat([self.update_norm(h), norm], dim=-1)).split(d, dim=-1)
+        return h + f * (u * v).sum(1) + g, vectors + e.unsqueeze(1) * u
+
+
 class VectorHead(nn.Module):
     r"""Per-atom 3-vectors (forces, position changes) from the atoms' final states: Graphormer-3D's
     node head. One attention over the atoms (its own projections, the model's attention bias),

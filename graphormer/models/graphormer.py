@@ -24,6 +24,7 @@ from graphormer.models.geometry import (
     DistanceMessages,
     GaussianDistanceEncoding,
     VectorHead,
+    VectorMessages,
     cosine_switch,
 )
 from graphormer.models.heads import BondHead, NodeHead
@@ -169,6 +170,12 @@ class GraphormerConfig:
             of its pair of atom types (initialised to ones), so that each pair of elements adds
             a radial function of its own; needs ``channels`` 3d or both; False (the default) as
             Graphormer-3D. Neither option changes the attention bias.
+        vector_messages: the distance messages also carry ``d`` 3-vectors per atom (PaiNN's
+            equivariant message and update;
+            :class:`~graphormer.models.geometry.VectorMessages`), whose scalar products give
+            the states the angles between neighbours; with the vector head
+            (``atom_vector_tasks``, ``forces="head"``) the forces add a linear map of the
+            final vectors; needs ``distance_messages``; False (the default) as before.
     """
 
     num_layers: int = 12
@@ -214,6 +221,7 @@ class GraphormerConfig:
     message_cutoff: float = 5.0
     centrality_cutoff: float | None = None
     centrality_gates: bool = False
+    vector_messages: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -343,7 +351,7 @@ class GraphormerConfig:
                 f"(got channels={self.channels}, {self.num_tasks} molecule output(s), "
                 f"{self.atom_vector_tasks} vector target(s))"
             )
-        for name in ("distance_messages", "centrality_gates"):
+        for name in ("distance_messages", "centrality_gates", "vector_messages"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
                     f"model.{name}={getattr(self, name)!r} is not allowed: true or false"
@@ -365,6 +373,11 @@ class GraphormerConfig:
             raise ValueError(
                 "model.distance_messages=true passes messages through the atoms' distances: "
                 "set model.channels=3d or both"
+            )
+        if self.vector_messages and not self.distance_messages:
+            raise ValueError(
+                "model.vector_messages=true adds vectors to the distance messages: set "
+                "model.distance_messages=true as well"
             )
         faded = (
             ("message_cutoff", self.message_cutoff if self.distance_messages else None, "messages"),
@@ -415,11 +428,15 @@ class GraphormerConfig:
             k, types = self.num_kernels, self.atom_feature_dims[0] + 1
             tables += 2 * types * types + 2 * k + (k + 1) * (k + self.num_heads) + (k + 1) * h
             tables += types * types * k if self.centrality_gates else 0
-        if self.distance_messages:
+        if self.distance_messages and self.vector_messages:
+            k = self.num_kernels
+            tables += layers * ((k + 1) * h + 14 * h * h + 15 * h)
+        elif self.distance_messages:
             k = self.num_kernels
             tables += layers * ((k + 1) * h + 4 * h * h + 5 * h)
         if self.atom_vector_tasks and self.forces == "head":
             heads += 3 * (h * h + h) + h * self.atom_vector_tasks
+            heads += h * self.atom_vector_tasks if self.vector_messages else 0
         tables += self.num_tags * h
         return layers * per_layer + tables + 4 * h + h * h + heads
 
@@ -601,10 +618,9 @@ class Graphormer(nn.Module):
             else None
         )
         # Only when asked for, as the 3D channel: existing checkpoints keep their tensors.
+        messages = VectorMessages if c.vector_messages else DistanceMessages
         self.messages = (
-            nn.ModuleList(
-                DistanceMessages(c.num_kernels, c.hidden_dim) for _ in range(c.num_layers)
-            )
+            nn.ModuleList(messages(c.num_kernels, c.hidden_dim) for _ in range(c.num_layers))
             if c.distance_messages
             else None
         )
@@ -645,6 +661,12 @@ class Graphormer(nn.Module):
         self.vector_head = (
             VectorHead(c.hidden_dim, c.num_heads, c.atom_vector_tasks)
             if c.atom_vector_tasks and c.forces == "head"
+            else None
+        )
+        # With vector messages the atoms' vectors add a linear (equivariant) readout to the head.
+        self.vector_out = (
+            nn.Linear(c.hidden_dim, c.atom_vector_tasks, bias=False)
+            if self.vector_head is not None and c.vector_messages
             else None
         )
         if c.forces == "gradient":
@@ -702,7 +724,7 @@ class Graphormer(nn.Module):
         ``perturb`` ``[B, N, d]`` is added to the node input embeddings (FLAG's adversarial
         perturbation; Kong et al., 2020), at real nodes only; the graph token is never perturbed.
         """
-        h, attentions, _ = self._encode(batch, return_attention, perturb)
+        h, attentions, *_ = self._encode(batch, return_attention, perturb)
         return h, attentions
 
     def channels(self, batch: GraphormerBatch) -> tuple[bool, bool]:
@@ -736,9 +758,11 @@ class Graphormer(nn.Module):
         batch: GraphormerBatch,
         return_attention: bool = False,
         perturb: Tensor | None = None,
-    ) -> tuple[Tensor, list[Tensor], Tensor]:
-        """:meth:`encode`'s states and maps, and the masked attention bias the layers read."""
+    ) -> tuple[Tensor, list[Tensor], Tensor, Tensor | None]:
+        """:meth:`encode`'s states and maps, the masked attention bias the layers read, and
+        the atoms' vectors ``[B, N + 1, 3, d]`` of ``model.vector_messages`` (None without)."""
         node_mask = batch.node_mask
+        positions = batch.pos  # [B, N, 3] or None (``batch`` is the batch size further down)
         use_2d, use_3d = self.channels(batch)
         h = self.node_encoder(
             batch.x, batch.in_degree, batch.out_degree, node_mask, batch.x_continuous, use_2d
@@ -822,17 +846,23 @@ class Graphormer(nn.Module):
             if copies is not None:
                 # The copies' sources as rows of the packed tokens (sources are real tokens).
                 copies = row[copies.index_select(0, tokens)]  # [T]
-        pairs = None
+        pairs = vectors = None
         if geometry is not None and self.messages is not None:
-            pairs = self._message_pairs(geometry[3], length, row)
+            pairs = self._message_pairs(geometry[3], length, row, positions)
         attentions = []
         for _ in range(self.config.blocks):  # Graphormer-3D's blocks share the layers' weights
             for index, layer in enumerate(self.layers):
                 if pairs is not None:
                     shape = h.shape
-                    h = self.messages[index](h.reshape(-1, width), *pairs).view(shape)
+                    if self.config.vector_messages:
+                        h, vectors = self.messages[index](h.reshape(-1, width), vectors, *pairs)
+                        h = h.view(shape)
+                    else:
+                        h = self.messages[index](h.reshape(-1, width), *pairs).view(shape)
                     if copies is not None:
                         h = h.flatten(0, -2).index_select(0, copies).view_as(h)
+                        if vectors is not None:
+                            vectors = vectors.index_select(0, copies)
                 h, weights = layer(h, attn_bias, need_weights=return_attention, packed=packed)
                 if copies is not None:
                     # A periodic image is its source atom seen across the boundary: it holds
@@ -842,15 +872,23 @@ class Graphormer(nn.Module):
                 if return_attention:
                     attentions.append(weights)
         h = self.final_norm(h)
+        if vectors is not None:
+            if packed is not None:
+                vectors = vectors.new_zeros(batch * length, 3, width).index_copy(
+                    0, packed[0], vectors
+                )
+            vectors = vectors.view(batch, length, 3, width)
+            vectors = vectors * real[..., None, None].to(vectors.dtype)
         if packed is None:
-            return h * real.unsqueeze(-1).to(h.dtype), attentions, attn_bias
+            return h * real.unsqueeze(-1).to(h.dtype), attentions, attn_bias, vectors
         h = h.new_zeros(batch * length, width).index_copy(0, packed[0], h)
-        return h.view(batch, length, width), attentions, attn_bias
+        return h.view(batch, length, width), attentions, attn_bias, vectors
 
     def _message_pairs(
-        self, pairs: tuple[Tensor, ...], length: int, row: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The distance messages' ``(target rows, source rows, kernels, switch)``: the pairs
+        self, pairs: tuple[Tensor, ...], length: int, row: Tensor | None, batch_pos: Tensor
+    ) -> tuple[Tensor, ...]:
+        """The distance messages' ``(target rows, source rows, kernels, switch)``, and with
+        ``model.vector_messages`` each pair's unit vector from target to source: the pairs
         of distinct atoms within ``message_cutoff``, as rows of the layers' states: padded
         ``[B * (N+1)]`` (the graph token is row 0 of each graph), or packed ``[T]`` through
         ``row``, each padded row's packed one."""
@@ -860,7 +898,14 @@ class Graphormer(nn.Module):
         target, source = graph * length + 1 + i, graph * length + 1 + j
         if row is not None:
             target, source = row[target], row[source]
-        return target, source, psi, cosine_switch(distance, self.config.message_cutoff)
+        found = (target, source, psi, cosine_switch(distance, self.config.message_cutoff))
+        if not self.config.vector_messages:
+            return found
+        with torch.autocast(batch_pos.device.type, enabled=False):
+            wide = torch.promote_types(batch_pos.dtype, torch.float32)
+            gap = batch_pos[graph, j].to(wide) - batch_pos[graph, i].to(wide)  # [P, 3]
+            unit = gap / distance.to(wide).unsqueeze(-1).clamp_min(1e-9)
+        return (*found, unit)
 
     def forward(
         self,
@@ -1038,7 +1083,7 @@ class Graphormer(nn.Module):
         perturb: Tensor | None = None,
     ) -> dict[str, Tensor] | tuple[dict[str, Tensor], list[Tensor]]:
         """:meth:`forward_levels` without forces from the energy's gradient."""
-        h, attentions, attn_bias = self._encode(batch, return_attention, perturb)
+        h, attentions, attn_bias, atom_vectors = self._encode(batch, return_attention, perturb)
         out = {"molecule": self.molecule_output(h, batch)}
         if self.atom_head is not None:
             out["atom"] = self.atom_head(h[:, 1:])  # [B, N, T_atom], graph token dropped
@@ -1050,6 +1095,9 @@ class Graphormer(nn.Module):
                     "positions, and the batch carries none"
                 )
             vectors = self.vector_head(h[:, 1:], batch.pos, attn_bias[:, :, 1:, 1:])
+            if self.vector_out is not None and atom_vectors is not None:
+                # [B, N, 3, d] -> [B, N, T, 3]: one map over the channels for every axis.
+                vectors = vectors + self.vector_out(atom_vectors[:, 1:]).transpose(-1, -2)
             # Zeros at padding and at periodic images: outputs are the real atoms'.
             out["atom_vector"] = vectors * batch.atom_mask[..., None, None].to(vectors.dtype)
         if self.bond_head is not None:

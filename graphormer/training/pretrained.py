@@ -59,9 +59,11 @@ _STRUCTURE = (
     # Periodic structures: the tag embedding's rows, and how often the layers run.
     "num_tags",
     "blocks",
-    # Messages through distance filters: whether their blocks exist, and how far they reach.
+    # Messages through distance filters: whether their blocks exist, how far they reach, and
+    # whether they carry vectors.
     "distance_messages",
     "message_cutoff",
+    "vector_messages",
 )
 
 

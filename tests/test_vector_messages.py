@@ -1,0 +1,269 @@
+"""model.vector_messages: distance messages that also carry vectors (PaiNN's equivariant
+message and update). The block against a pair-by-pair reference, rotation of the vectors and
+invariance of the states, angles reaching the states, padded and packed batches, periodic
+images, gradient forces through the vectors, the settings' checks, and a run of the commands."""
+
+import pytest
+import torch
+
+from graphormer.models import Graphormer, GraphormerConfig, VectorMessages
+
+from helpers import (
+    copper_placements,
+    energy_at,
+    float64_batch,
+    moved_graphs,
+    periodic_batch,
+    periodic_graph,
+    positioned_graphs,
+    proper_rotation,
+    slab_batch,
+    small_3d_model,
+)
+
+
+def _model(dtype=torch.float64, **settings) -> Graphormer:
+    values = {"distance_messages": True, "vector_messages": True, "message_cutoff": 3.0}
+    return small_3d_model(dtype, **{**values, **settings})
+
+
+def _pairs():
+    torch.manual_seed(0)
+    target = torch.tensor([0, 0, 1, 3, 3, 3, 2])
+    source = torch.tensor([1, 2, 0, 4, 5, 0, 3])
+    psi = torch.rand(7, 5, dtype=torch.float64)
+    switch = torch.tensor([1.0, 0.5, 0.2, 0.0, 0.9, 1.0, 0.7], dtype=torch.float64)
+    unit = torch.nn.functional.normalize(torch.randn(7, 3, dtype=torch.float64), dim=-1)
+    return target, source, psi, switch, unit
+
+
+def test_the_block_sums_messages_and_mixes_channels_as_written():
+    torch.manual_seed(1)
+    d = 8
+    block = VectorMessages(num_kernels=5, hidden_dim=d).double()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    h = torch.randn(6, d, dtype=torch.float64)
+    vectors = torch.randn(6, 3, d, dtype=torch.float64)
+    target, source, psi, switch, unit = _pairs()
+    out_h, out_v = block(h, vectors, target, source, psi, switch, unit)
+
+    x = block.inp(block.norm(h))
+    new_h, new_v = h.clone(), vectors.clone()
+    for t, s, k, c, r in zip(target, source, psi, switch, unit, strict=True):
+        a, b, g = (c * block.filter(k) * x[s]).split(d)
+        new_h[t] += a
+        new_v[t] += vectors[s] * b + r[:, None] * g[None, :]
+    u = new_v @ block.mix.weight[:d].T  # [R, 3, d]
+    v = new_v @ block.mix.weight[d:].T
+    norm = (v.pow(2).sum(1) + 1e-8).sqrt()
+    e, f, g = block.update(torch.cat([block.update_norm(new_h), norm], -1)).split(d, dim=-1)
+    torch.testing.assert_close(out_h, new_h + f * (u * v).sum(1) + g)
+    torch.testing.assert_close(out_v, new_v + e[:, None, :] * u)
+    # no vectors in yet: zeros, and a lone atom (row 5 receives nothing) keeps no vector
+    first_h, first_v = block(h, None, target, source, psi, switch, unit)
+    zeros_h, zeros_v = block(h, torch.zeros_like(vectors), target, source, psi, switch, unit)
+    torch.testing.assert_close(first_h, zeros_h)
+    torch.testing.assert_close(first_v, zeros_v)
+    assert first_v[5].abs().max() == 0 and first_v[0].abs().max() > 0
+
+
+def test_the_block_rotates_vectors_and_keeps_states():
+    torch.manual_seed(2)
+    block = VectorMessages(num_kernels=5, hidden_dim=8).double()
+    h = torch.randn(6, 8, dtype=torch.float64)
+    vectors = torch.randn(6, 3, 8, dtype=torch.float64)
+    target, source, psi, switch, unit = _pairs()
+    rotation = proper_rotation(3)
+    out_h, out_v = block(h, vectors, target, source, psi, switch, unit)
+    turned_h, turned_v = block(
+        h, rotation @ vectors, target, source, psi, switch, unit @ rotation.T
+    )
+    torch.testing.assert_close(turned_h, out_h)
+    torch.testing.assert_close(turned_v, rotation @ out_v)
+    # a reflection too: the vectors are polar, the states see only products and norms
+    mirror = torch.diag(torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64))
+    mirrored = block(h, mirror @ vectors, target, source, psi, switch, unit @ mirror)
+    torch.testing.assert_close(mirrored[0], out_h)
+
+
+@torch.no_grad()
+def test_energies_stay_invariant_and_forces_rotate_with_the_molecule():
+    model = _model(atom_vector_tasks=1)
+    graphs = positioned_graphs()
+    rotation = proper_rotation(1)
+    moved = moved_graphs(graphs, rotation, torch.tensor([2.0, -4.0, 1.0], dtype=torch.float64))
+    before = model.forward_levels(float64_batch(graphs))
+    after = model.forward_levels(float64_batch(moved))
+    torch.testing.assert_close(after["molecule"], before["molecule"], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(
+        after["atom_vector"], before["atom_vector"] @ rotation.T, rtol=1e-9, atol=1e-9
+    )
+    # the vectors' own readout is part of the forces
+    head_only = (
+        before["atom_vector"]
+        - model.vector_out(model._encode(float64_batch(graphs))[3][:, 1:]).transpose(-1, -2)
+        * float64_batch(graphs).atom_mask[..., None, None]
+    )
+    assert (head_only - before["atom_vector"]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_the_states_see_angles_that_distance_messages_alone_do_not():
+    """Two arrangements of four atoms with the same distances from the centre to each
+    neighbour: the first message block of scalar distance messages gives the centre the same
+    state for both; the vector block's products of summed unit vectors tell them apart."""
+    d, target, source = 8, torch.tensor([0, 0, 0]), torch.tensor([1, 2, 3])
+    psi = torch.rand(3, 5, dtype=torch.float64).expand(3, 5).clone()
+    psi[:] = psi[0]  # the same distance to each neighbour
+    switch = torch.ones(3, dtype=torch.float64)
+    torch.manual_seed(4)
+    block = VectorMessages(num_kernels=5, hidden_dim=d).double()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    h = torch.zeros(4, d, dtype=torch.float64)
+    h[1:] = torch.randn(d, dtype=torch.float64)  # three identical neighbours
+    planar = torch.tensor([[1.0, 0, 0], [-0.5, 0.866025, 0], [-0.5, -0.866025, 0]])
+    bent = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]])
+    states = [block(h, None, target, source, psi, switch, u.double())[0][0] for u in (planar, bent)]
+    assert (states[0] - states[1]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_a_molecule_alone_equals_the_same_in_a_padded_or_packed_batch():
+    model = _model(torch.float32, atom_vector_tasks=1)
+    graphs = positioned_graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "C", "O", "N", "CO", "CC"])
+    together = model.forward_levels(float64_batch(graphs, torch.float32))  # packed
+    similar = positioned_graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "CC(=O)Nc1ccc(OC)cc1"])
+    padded = model.forward_levels(float64_batch(similar, torch.float32))  # not packed
+    for index in (0, 4, 5):
+        alone = model.forward_levels(float64_batch(graphs[index : index + 1], torch.float32))
+        n = graphs[index].num_nodes
+        torch.testing.assert_close(
+            alone["molecule"][0], together["molecule"][index], atol=1e-4, rtol=1e-4
+        )
+        torch.testing.assert_close(
+            alone["atom_vector"][0, :n], together["atom_vector"][index, :n], atol=1e-4, rtol=1e-4
+        )
+    alone = model.forward_levels(float64_batch(similar[1:], torch.float32))
+    torch.testing.assert_close(alone["molecule"][0], padded["molecule"][1], atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_periodic_images_hold_their_sources_vectors_and_wrapping_keeps_the_energy():
+    pytest.importorskip("ase")
+    atoms, placements = copper_placements(seed=0, outside=5, fraction=0.15, axis=0)
+    model = _model(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
+    graph = periodic_graph(atoms, placements[0], 3.0)
+    n = len(atoms)
+    vectors = model._encode(periodic_batch([graph]))[3][0, 1:]
+    assert vectors[:n].abs().max() > 1e-3
+    torch.testing.assert_close(vectors[n:], vectors[graph.image_of[n:]])
+    energies = [
+        float(model(periodic_batch([periodic_graph(atoms, positions, 3.0)])))
+        for positions in placements
+    ]
+    assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
+
+
+def test_gradient_forces_differentiate_through_the_vectors():
+    pytest.importorskip("ase")
+    import dataclasses
+
+    from graphormer.data.sources.ase import ELEMENTS
+
+    model = _model(
+        atom_feature_dims=[ELEMENTS],
+        bond_feature_dims=[1],
+        num_heads=4,
+        num_tags=3,
+        atom_vector_tasks=1,
+        forces="gradient",
+        message_cutoff=5.0,
+    )
+    assert model.vector_out is None  # the gradient gives the forces
+    batch = slab_batch(2, seed=7)
+    vectors = model.forward_levels(batch)["atom_vector"]
+    pos, atom = batch.pos.clone(), 2
+    for axis in range(3):
+        step = torch.zeros_like(pos)
+        step[0, atom, axis] = 1e-5
+        step[0, batch.image_of[0] == atom, axis] = 1e-5  # the atom's images move with it
+        difference = energy_at(model, batch, pos + step) - energy_at(model, batch, pos - step)
+        expected = -float(difference[0]) / 2e-5
+        torch.testing.assert_close(float(vectors[0, atom, 0, axis]), expected, rtol=1e-4, atol=1e-9)
+    model.train()
+    model.forward_levels(dataclasses.replace(batch))["atom_vector"].square().sum().backward()
+    assert model.messages[0].mix.weight.grad.abs().max() > 0
+
+
+def test_settings_are_checked_and_the_parameter_estimate_counts_the_blocks():
+    with pytest.raises(ValueError, match="set model.distance_messages=true as well"):
+        GraphormerConfig(channels="3d", vector_messages=True)
+    with pytest.raises(ValueError, match="model.vector_messages='yes' is not allowed"):
+        GraphormerConfig(channels="3d", distance_messages=True, vector_messages="yes")
+    for tasks in (0, 1):
+        config = GraphormerConfig(
+            num_layers=3,
+            hidden_dim=16,
+            ffn_dim=16,
+            num_heads=2,
+            channels="3d",
+            distance_messages=True,
+            vector_messages=True,
+            atom_vector_tasks=tasks,
+        )
+        model = Graphormer(config)
+        assert len(model.messages) == 3 and isinstance(model.messages[0], VectorMessages)
+        assert (model.vector_out is not None) == bool(tasks)
+        actual = sum(p.numel() for p in model.parameters())
+        assert abs(config.estimated_parameters() - actual) < 0.01 * actual
+
+
+def test_fine_tuning_takes_the_vectors_with_the_architecture():
+    from graphormer.training.pretrained import architecture
+
+    stored = {"distance_messages": True, "vector_messages": True, "dropout": 0.1}
+    assert architecture(stored) == {"distance_messages": True, "vector_messages": True}
+
+
+def test_train_and_predict_with_vector_messages(tmp_path):
+    pytest.importorskip("ase")
+    import ase.io
+    import pandas as pd
+
+    from graphormer.testing import emt_frames
+
+    from helpers import TINY, call_script, read_json
+
+    path = tmp_path / "emt.extxyz"
+    ase.io.write(path, emt_frames(24))
+    run = tmp_path / "run"
+    args = [
+        "dataset=ase",
+        f"dataset.path={path}",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.atom_vector_targets=[forces]",
+        f"hydra.run.dir={run}",
+        "model.channels=3d",
+        "model.num_kernels=16",
+        "model.distance_messages=true",
+        "model.vector_messages=true",
+        "trainer.max_epochs=2",
+        *TINY,
+    ]
+    call_script("train.py", args, cwd=tmp_path)
+    metrics = read_json(run / "metrics.json")
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "model.messages.0.mix.weight" in state["state_dict"]
+    assert "model.vector_out.weight" in state["state_dict"]
+    out = tmp_path / "pred.csv"
+    call_script(
+        "predict.py",
+        [f"ckpt={metrics['best_checkpoint']}", f"input={path}", f"output={out}"],
+        cwd=tmp_path,
+    )
+    energy = pd.read_csv(out).energy
+    assert len(energy) == 24 and energy.notna().all() and energy.nunique() > 1
