@@ -473,6 +473,8 @@ def main() -> None:
         "equivariant message and update)",
     )
     args = parser.parse_args()
+    if args.vector_messages and not args.messages:
+        parser.error("--vector-messages adds vectors to the distance messages: add --messages")
     if args.quick:
         args.structures, args.relaxed, args.relax_steps, args.epochs = 40, 24, 10, 2
     torch.set_num_threads(1)

@@ -86,6 +86,7 @@ def test_the_block_rotates_vectors_and_keeps_states():
     mirror = torch.diag(torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64))
     mirrored = block(h, mirror @ vectors, target, source, psi, switch, unit @ mirror)
     torch.testing.assert_close(mirrored[0], out_h)
+    torch.testing.assert_close(mirrored[1], mirror @ out_v)
 
 
 @torch.no_grad()
@@ -100,13 +101,32 @@ def test_energies_stay_invariant_and_forces_rotate_with_the_molecule():
     torch.testing.assert_close(
         after["atom_vector"], before["atom_vector"] @ rotation.T, rtol=1e-9, atol=1e-9
     )
-    # the vectors' own readout is part of the forces
-    head_only = (
-        before["atom_vector"]
-        - model.vector_out(model._encode(float64_batch(graphs))[3][:, 1:]).transpose(-1, -2)
-        * float64_batch(graphs).atom_mask[..., None, None]
-    )
-    assert (head_only - before["atom_vector"]).abs().max() > 1e-3
+    # the forces are the vector head's plus the linear map of the final vectors
+    batch = float64_batch(graphs)
+    h, _, attn_bias, vectors = model._encode(batch)
+    head = model.vector_head(h[:, 1:], batch.pos, attn_bias[:, :, 1:, 1:])
+    mapped = model.vector_out(vectors[:, 1:]).transpose(-1, -2)
+    mask = batch.atom_mask[..., None, None]
+    torch.testing.assert_close(before["atom_vector"], (head + mapped) * mask)
+    assert (mapped * mask).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_the_vectors_pass_from_each_block_to_the_next_between_the_atoms_unit_vectors():
+    model = _model()
+    batch = float64_batch(positioned_graphs(smiles=["CCOc1ccccc1", "CCOc1ccccc1C"]))
+    seen = []
+    model.messages[1].register_forward_pre_hook(lambda module, args: seen.append(args))
+    model(batch)
+    (args,) = seen
+    assert args[1] is not None and args[1].abs().max() > 1e-3  # the first block's vectors
+    # each pair's unit vector points from its target atom to its source atom
+    length = batch.pos.size(1) + 1
+    target, source, unit = args[2], args[3], args[-1]
+    flat = torch.nn.functional.pad(batch.pos, (0, 0, 1, 0)).reshape(-1, 3)  # padded rows
+    gap = flat[source] - flat[target]
+    assert len(target) > 10 and (target % length != 0).all()
+    torch.testing.assert_close(unit, gap / gap.norm(dim=-1, keepdim=True))
 
 
 @torch.no_grad()
@@ -115,10 +135,9 @@ def test_the_states_see_angles_that_distance_messages_alone_do_not():
     neighbour: the first message block of scalar distance messages gives the centre the same
     state for both; the vector block's products of summed unit vectors tell them apart."""
     d, target, source = 8, torch.tensor([0, 0, 0]), torch.tensor([1, 2, 3])
-    psi = torch.rand(3, 5, dtype=torch.float64).expand(3, 5).clone()
-    psi[:] = psi[0]  # the same distance to each neighbour
-    switch = torch.ones(3, dtype=torch.float64)
     torch.manual_seed(4)
+    psi = torch.rand(1, 5, dtype=torch.float64).expand(3, 5)  # one distance to each neighbour
+    switch = torch.ones(3, dtype=torch.float64)
     block = VectorMessages(num_kernels=5, hidden_dim=d).double()
     with torch.no_grad():
         for p in block.parameters():
@@ -149,6 +168,10 @@ def test_a_molecule_alone_equals_the_same_in_a_padded_or_packed_batch():
         )
     alone = model.forward_levels(float64_batch(similar[1:], torch.float32))
     torch.testing.assert_close(alone["molecule"][0], padded["molecule"][1], atol=1e-4, rtol=1e-4)
+    n = similar[1].num_nodes
+    torch.testing.assert_close(
+        alone["atom_vector"][0, :n], padded["atom_vector"][1, :n], atol=1e-4, rtol=1e-4
+    )
 
 
 @torch.no_grad()
@@ -229,6 +252,15 @@ def test_fine_tuning_takes_the_vectors_with_the_architecture():
     assert architecture(stored) == {"distance_messages": True, "vector_messages": True}
 
 
+def test_a_2d_training_batch_of_a_both_model_gives_the_vector_map_a_zero_gradient():
+    model = _model(channels="both", channel_probs=[1.0, 0.0, 0.0], atom_vector_tasks=1).train()
+    out = model.forward_levels(float64_batch(positioned_graphs()))
+    (out["molecule"].sum() + out["atom_vector"].sum()).backward()
+    unused = [n for n, p in model.named_parameters() if p.grad is None]
+    assert unused == []
+    assert model.vector_out.weight.grad.abs().max() == 0
+
+
 def test_train_and_predict_with_vector_messages(tmp_path):
     pytest.importorskip("ase")
     import ase.io
@@ -267,3 +299,23 @@ def test_train_and_predict_with_vector_messages(tmp_path):
     )
     energy = pd.read_csv(out).energy
     assert len(energy) == 24 and energy.notna().all() and energy.nunique() > 1
+    # fine-tuning on the energy alone takes the messages and leaves the force map behind, and
+    # a model of energies alone fine-tunes into one with forces
+    common = [a for a in args if not a.startswith(("hydra.run.dir", "dataset.atom_vector"))]
+    ckpt = metrics["best_checkpoint"]
+    energy_run = tmp_path / "energy"
+    call_script(
+        "train.py",
+        [*common, f"hydra.run.dir={energy_run}", f"pretrained={ckpt}", "trainer.max_epochs=1"],
+        cwd=tmp_path,
+    )
+    tuned = torch.load(energy_run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert "model.vector_out.weight" not in tuned and "model.messages.0.mix.weight" in tuned
+    forces_run = tmp_path / "forces"
+    back = read_json(energy_run / "metrics.json")["best_checkpoint"]
+    call_script(
+        "train.py",
+        [*common, "dataset.atom_vector_targets=[forces]", f"hydra.run.dir={forces_run}"]
+        + [f"pretrained={back}"],
+        cwd=tmp_path,
+    )

@@ -345,12 +345,13 @@ class VectorMessages(nn.Module):
         x = self.inp(self.norm(h))  # [R, 3d]
         gate = self.filter(psi.to(x.dtype)) * switch.unsqueeze(-1).to(x.dtype)  # [P, 3d]
         a, b, c = (x.index_select(0, source) * gate).split(d, dim=-1)  # [P, d] each
-        moved = vectors.index_select(0, source) * b.unsqueeze(1)  # [P, 3, d]
-        moved = moved + unit.to(x.dtype).unsqueeze(-1) * c.unsqueeze(1)
-        # Summed in float32 at least (an atom of a slab has dozens of neighbours).
+        # Summed in float32 at least (an atom of a slab has dozens of neighbours), the unit
+        # vectors kept in it.
         wide = torch.promote_types(x.dtype, torch.float32)
+        moved = (vectors.index_select(0, source) * b.unsqueeze(1)).to(wide)  # [P, 3, d]
+        moved = moved + unit.to(wide).unsqueeze(-1) * c.to(wide).unsqueeze(1)
         h = h + h.new_zeros(h.shape, dtype=wide).index_add(0, target, a.to(wide)).to(h.dtype)
-        summed = vectors.new_zeros(vectors.shape, dtype=wide).index_add(0, target, moved.to(wide))
+        summed = vectors.new_zeros(vectors.shape, dtype=wide).index_add(0, target, moved)
         vectors = vectors + summed.to(vectors.dtype)
         u, v = self.mix(vectors).split(d, dim=-1)  # [R, 3, d] each
         # The norm's gradient is finite at zero vectors (the first block's, an isolated atom's).

@@ -1098,6 +1098,9 @@ class Graphormer(nn.Module):
             if self.vector_out is not None and atom_vectors is not None:
                 # [B, N, 3, d] -> [B, N, T, 3]: one map over the channels for every axis.
                 vectors = vectors + self.vector_out(atom_vectors[:, 1:]).transpose(-1, -2)
+            elif self.vector_out is not None:
+                # A 2D step of a `both` model has no vectors: a zero gradient for the map.
+                vectors = touch(vectors, self.vector_out)
             # Zeros at padding and at periodic images: outputs are the real atoms'.
             out["atom_vector"] = vectors * batch.atom_mask[..., None, None].to(vectors.dtype)
         if self.bond_head is not None:

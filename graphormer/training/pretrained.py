@@ -85,6 +85,7 @@ def _is_output_layer(name: str) -> bool:
         "model.atom_head.",
         "model.bond_head.",
         "model.vector_head.",
+        "model.vector_out.",
         "model.molecule_input.",
         "model.readout.",
     )
