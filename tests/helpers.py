@@ -590,3 +590,91 @@ def copper_placements(seed: int, outside: int, fraction: float, axis: int):
 def periodic_batch(graphs):
     """Periodic graphs (:func:`periodic_graph`) collated with float64 positions."""
     return float64_batch(graphs, max_hops=1)
+
+
+def rotated_levels(model, rotation, shift, graphs=None) -> dict:
+    """``model.forward_levels`` of :func:`positioned_graphs` (or ``graphs``), after asserting
+    that moving them by ``rotation`` and ``shift`` leaves the energies unchanged and rotates
+    the per-atom vectors with them (float64, to 1e-9)."""
+    graphs = positioned_graphs() if graphs is None else graphs
+    before = model.forward_levels(float64_batch(graphs))
+    after = model.forward_levels(float64_batch(moved_graphs(graphs, rotation, shift)))
+    torch.testing.assert_close(after["molecule"], before["molecule"], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(
+        after["atom_vector"], before["atom_vector"] @ rotation.T, rtol=1e-9, atol=1e-9
+    )
+    return before
+
+
+def assert_placements_agree(model, atoms, placements, cutoff: float = 3.0) -> None:
+    """The energy of a periodic structure is the same whichever copy of each atom lies in the
+    cell (:func:`copper_placements`)."""
+    energies = [
+        float(model(periodic_batch([periodic_graph(atoms, positions, cutoff)])))
+        for positions in placements
+    ]
+    assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
+
+
+def slab_gradient_settings() -> dict:
+    """Settings of a :func:`small_3d_model` of EMT slabs (elements, tags) whose forces are its
+    energy's gradient."""
+    from graphormer.data.sources.ase import ELEMENTS
+
+    return dict(
+        atom_feature_dims=[ELEMENTS],
+        bond_feature_dims=[1],
+        num_heads=4,
+        num_tags=3,
+        atom_vector_tasks=1,
+        forces="gradient",
+        message_cutoff=5.0,
+    )
+
+
+def assert_forces_are_energy_gradients(model, batch, atom: int = 2) -> None:
+    """The first structure's ``atom`` has as force the negative energy difference of moving it
+    (and its periodic images) a step each way along each axis, over the step's length."""
+    vectors = model.forward_levels(batch)["atom_vector"]
+    pos = batch.pos.clone()
+    for axis in range(3):
+        step = torch.zeros_like(pos)
+        step[0, atom, axis] = 1e-5
+        step[0, batch.image_of[0] == atom, axis] = 1e-5  # the atom's images move with it
+        difference = energy_at(model, batch, pos + step) - energy_at(model, batch, pos - step)
+        expected = -float(difference[0]) / 2e-5
+        torch.testing.assert_close(float(vectors[0, atom, 0, axis]), expected, rtol=1e-4, atol=1e-9)
+
+
+def emt_run(tmp_path: Path, *overrides: str, frames: int = 24):
+    """``train.py`` of a tiny 3D model on ``frames`` EMT structures written to
+    ``tmp_path/emt.extxyz``, run in ``tmp_path/run`` with ``overrides``; the file, the run
+    folder, the arguments and its metrics."""
+    import ase.io
+
+    from graphormer.testing import emt_frames
+
+    path = tmp_path / "emt.extxyz"
+    ase.io.write(path, emt_frames(frames))
+    run = tmp_path / "run"
+    args = [
+        "dataset=ase",
+        f"dataset.path={path}",
+        f"dataset.root={tmp_path / 'data'}",
+        f"hydra.run.dir={run}",
+        "model.channels=3d",
+        "model.num_kernels=16",
+        *overrides,
+        *TINY,
+    ]
+    call_script("train.py", args, cwd=tmp_path)
+    return path, run, args, read_json(run / "metrics.json")
+
+
+def assert_predicts_energies(tmp_path: Path, ckpt: str, path: Path, count: int) -> None:
+    """``predict.py`` of ``ckpt`` on the structure file ``path`` writes ``count`` energies,
+    none missing, not all equal."""
+    out = tmp_path / "pred.csv"
+    call_script("predict.py", [f"ckpt={ckpt}", f"input={path}", f"output={out}"], cwd=tmp_path)
+    energy = pd.read_csv(out).energy
+    assert len(energy) == count and energy.notna().all() and energy.nunique() > 1

@@ -11,13 +11,12 @@ import torch
 from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig
 
 from helpers import (
+    assert_placements_agree,
     copper_placements,
     float64_batch,
-    moved_graphs,
-    periodic_batch,
-    periodic_graph,
     positioned_graphs,
     proper_rotation,
+    rotated_levels,
     small_3d_model,
 )
 
@@ -74,15 +73,7 @@ def test_gates_start_at_ones_and_each_option_changes_the_function():
 @torch.no_grad()
 def test_energies_keep_invariant_and_an_atom_crossing_the_cutoff_changes_them_smoothly():
     model = _model(atom_vector_tasks=1)
-    graphs = positioned_graphs()
-    rotation = proper_rotation(3)
-    moved = moved_graphs(graphs, rotation, torch.tensor([1.5, -2.0, 0.5], dtype=torch.float64))
-    before = model.forward_levels(float64_batch(graphs))
-    after = model.forward_levels(float64_batch(moved))
-    torch.testing.assert_close(after["molecule"], before["molecule"], rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(
-        after["atom_vector"], before["atom_vector"] @ rotation.T, rtol=1e-9, atol=1e-9
-    )
+    rotated_levels(model, proper_rotation(3), torch.tensor([1.5, -2.0, 0.5], dtype=torch.float64))
     # two atoms pulled apart through the 3 A cutoff: no jump at it
     (pair,) = positioned_graphs(smiles=["O.O"])
     energies = []
@@ -99,11 +90,7 @@ def test_periodic_wrapping_keeps_the_energy():
     pytest.importorskip("ase")
     atoms, placements = copper_placements(seed=1, outside=4, fraction=0.2, axis=1)
     model = _model(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
-    energies = [
-        float(model(periodic_batch([periodic_graph(atoms, positions, 3.0)])))
-        for positions in placements
-    ]
-    assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
+    assert_placements_agree(model, atoms, placements)
 
 
 def test_settings_are_checked_and_counted():

@@ -11,15 +11,19 @@ import torch
 from graphormer.models import DistanceMessages, Graphormer, GraphormerConfig, cosine_switch
 
 from helpers import (
+    assert_forces_are_energy_gradients,
+    assert_placements_agree,
+    assert_predicts_energies,
     copper_placements,
-    energy_at,
+    emt_run,
     float64_batch,
-    moved_graphs,
     periodic_batch,
     periodic_graph,
     positioned_graphs,
     proper_rotation,
+    rotated_levels,
     slab_batch,
+    slab_gradient_settings,
     small_3d_model,
 )
 
@@ -62,16 +66,8 @@ def test_the_block_sums_filtered_neighbour_states_pair_by_pair():
 def test_messages_keep_energies_invariant_and_vectors_equivariant():
     model = _model(atom_vector_tasks=1)
     graphs = positioned_graphs()
-    rotation = proper_rotation(1)
-    moved = moved_graphs(graphs, rotation, torch.tensor([2.0, -4.0, 1.0], dtype=torch.float64))
-    before, after = (
-        model.forward_levels(float64_batch(graphs)),
-        model.forward_levels(float64_batch(moved)),
-    )
-    torch.testing.assert_close(after["molecule"], before["molecule"], rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(
-        after["atom_vector"], before["atom_vector"] @ rotation.T, rtol=1e-9, atol=1e-9
-    )
+    shift = torch.tensor([2.0, -4.0, 1.0], dtype=torch.float64)
+    before = rotated_levels(model, proper_rotation(1), shift)
     # the messages are part of the function: without them the energies differ
     plain = _model(atom_vector_tasks=1, distance_messages=False)
     plain.load_state_dict(model.state_dict(), strict=False)
@@ -182,39 +178,17 @@ def test_periodic_images_hold_their_sources_state_and_wrapping_keeps_the_energy(
     h = model.encode(periodic_batch([graph]))[0][0, 1:]
     torch.testing.assert_close(h[n:], h[graph.image_of[n:]])
     # which copy of an atom lies in the cell changes nothing: images are their sources
-    energies = [
-        float(model(periodic_batch([periodic_graph(atoms, positions, 3.0)])))
-        for positions in placements
-    ]
-    assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
+    assert_placements_agree(model, atoms, placements)
 
 
 def test_gradient_forces_differentiate_through_the_messages():
     pytest.importorskip("ase")
     import dataclasses
 
-    from graphormer.data.sources.ase import ELEMENTS
-
-    model = _model(
-        atom_feature_dims=[ELEMENTS],
-        bond_feature_dims=[1],
-        num_heads=4,
-        num_tags=3,
-        atom_vector_tasks=1,
-        forces="gradient",
-        message_cutoff=5.0,
-    )
+    model = _model(**slab_gradient_settings())
     batch = slab_batch(2, seed=7)
 
-    vectors = model.forward_levels(batch)["atom_vector"]
-    pos, atom = batch.pos.clone(), 2
-    for axis in range(3):
-        step = torch.zeros_like(pos)
-        step[0, atom, axis] = 1e-5
-        step[0, batch.image_of[0] == atom, axis] = 1e-5  # the atom's images move with it
-        difference = energy_at(model, batch, pos + step) - energy_at(model, batch, pos - step)
-        expected = -float(difference[0]) / 2e-5
-        torch.testing.assert_close(float(vectors[0, atom, 0, axis]), expected, rtol=1e-4, atol=1e-9)
+    assert_forces_are_energy_gradients(model, batch)
     # and a loss on the forces reaches the messages' filters (a second derivative)
     model.train()
     model.forward_levels(dataclasses.replace(batch))["atom_vector"].square().sum().backward()
@@ -223,36 +197,8 @@ def test_gradient_forces_differentiate_through_the_messages():
 
 def test_train_and_predict_with_distance_messages(tmp_path):
     pytest.importorskip("ase")
-    import ase.io
-    import pandas as pd
-
-    from graphormer.testing import emt_frames
-
-    from helpers import TINY, call_script, read_json
-
-    path = tmp_path / "emt.extxyz"
-    ase.io.write(path, emt_frames(24))
-    run = tmp_path / "run"
     extra = ("model.distance_messages=true", "model.message_cutoff=4.5", "trainer.max_epochs=2")
-    args = [
-        "dataset=ase",
-        f"dataset.path={path}",
-        f"dataset.root={tmp_path / 'data'}",
-        f"hydra.run.dir={run}",
-        "model.channels=3d",
-        "model.num_kernels=16",
-        *extra,
-        *TINY,
-    ]
-    call_script("train.py", args, cwd=tmp_path)
-    metrics = read_json(run / "metrics.json")
+    path, run, _, metrics = emt_run(tmp_path, *extra)
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert "model.messages.0.filter.0.weight" in state["state_dict"]
-    out = tmp_path / "pred.csv"
-    call_script(
-        "predict.py",
-        [f"ckpt={metrics['best_checkpoint']}", f"input={path}", f"output={out}"],
-        cwd=tmp_path,
-    )
-    energy = pd.read_csv(out).energy
-    assert len(energy) == 24 and energy.notna().all() and energy.nunique() > 1
+    assert_predicts_energies(tmp_path, metrics["best_checkpoint"], path, 24)

@@ -9,15 +9,19 @@ import torch
 from graphormer.models import Graphormer, GraphormerConfig, VectorMessages
 
 from helpers import (
+    assert_forces_are_energy_gradients,
+    assert_placements_agree,
+    assert_predicts_energies,
     copper_placements,
-    energy_at,
+    emt_run,
     float64_batch,
-    moved_graphs,
     periodic_batch,
     periodic_graph,
     positioned_graphs,
     proper_rotation,
+    rotated_levels,
     slab_batch,
+    slab_gradient_settings,
     small_3d_model,
 )
 
@@ -92,17 +96,10 @@ def test_the_block_rotates_vectors_and_keeps_states():
 @torch.no_grad()
 def test_energies_stay_invariant_and_forces_rotate_with_the_molecule():
     model = _model(atom_vector_tasks=1)
-    graphs = positioned_graphs()
-    rotation = proper_rotation(1)
-    moved = moved_graphs(graphs, rotation, torch.tensor([2.0, -4.0, 1.0], dtype=torch.float64))
-    before = model.forward_levels(float64_batch(graphs))
-    after = model.forward_levels(float64_batch(moved))
-    torch.testing.assert_close(after["molecule"], before["molecule"], rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(
-        after["atom_vector"], before["atom_vector"] @ rotation.T, rtol=1e-9, atol=1e-9
-    )
+    shift = torch.tensor([2.0, -4.0, 1.0], dtype=torch.float64)
+    before = rotated_levels(model, proper_rotation(1), shift)
     # the forces are the vector head's plus the linear map of the final vectors
-    batch = float64_batch(graphs)
+    batch = float64_batch(positioned_graphs())
     h, _, attn_bias, vectors = model._encode(batch)
     head = model.vector_head(h[:, 1:], batch.pos, attn_bias[:, :, 1:, 1:])
     mapped = model.vector_out(vectors[:, 1:]).transpose(-1, -2)
@@ -184,39 +181,17 @@ def test_periodic_images_hold_their_sources_vectors_and_wrapping_keeps_the_energ
     vectors = model._encode(periodic_batch([graph]))[3][0, 1:]
     assert vectors[:n].abs().max() > 1e-3
     torch.testing.assert_close(vectors[n:], vectors[graph.image_of[n:]])
-    energies = [
-        float(model(periodic_batch([periodic_graph(atoms, positions, 3.0)])))
-        for positions in placements
-    ]
-    assert abs(energies[1] - energies[0]) < 1e-5 and abs(energies[2] - energies[0]) < 1e-5
+    assert_placements_agree(model, atoms, placements)
 
 
 def test_gradient_forces_differentiate_through_the_vectors():
     pytest.importorskip("ase")
     import dataclasses
 
-    from graphormer.data.sources.ase import ELEMENTS
-
-    model = _model(
-        atom_feature_dims=[ELEMENTS],
-        bond_feature_dims=[1],
-        num_heads=4,
-        num_tags=3,
-        atom_vector_tasks=1,
-        forces="gradient",
-        message_cutoff=5.0,
-    )
+    model = _model(**slab_gradient_settings())
     assert model.vector_out is None  # the gradient gives the forces
     batch = slab_batch(2, seed=7)
-    vectors = model.forward_levels(batch)["atom_vector"]
-    pos, atom = batch.pos.clone(), 2
-    for axis in range(3):
-        step = torch.zeros_like(pos)
-        step[0, atom, axis] = 1e-5
-        step[0, batch.image_of[0] == atom, axis] = 1e-5  # the atom's images move with it
-        difference = energy_at(model, batch, pos + step) - energy_at(model, batch, pos - step)
-        expected = -float(difference[0]) / 2e-5
-        torch.testing.assert_close(float(vectors[0, atom, 0, axis]), expected, rtol=1e-4, atol=1e-9)
+    assert_forces_are_energy_gradients(model, batch)
     model.train()
     model.forward_levels(dataclasses.replace(batch))["atom_vector"].square().sum().backward()
     assert model.messages[0].mix.weight.grad.abs().max() > 0
@@ -263,42 +238,19 @@ def test_a_2d_training_batch_of_a_both_model_gives_the_vector_map_a_zero_gradien
 
 def test_train_and_predict_with_vector_messages(tmp_path):
     pytest.importorskip("ase")
-    import ase.io
-    import pandas as pd
+    from helpers import call_script, read_json
 
-    from graphormer.testing import emt_frames
-
-    from helpers import TINY, call_script, read_json
-
-    path = tmp_path / "emt.extxyz"
-    ase.io.write(path, emt_frames(24))
-    run = tmp_path / "run"
-    args = [
-        "dataset=ase",
-        f"dataset.path={path}",
-        f"dataset.root={tmp_path / 'data'}",
+    overrides = (
         "dataset.atom_vector_targets=[forces]",
-        f"hydra.run.dir={run}",
-        "model.channels=3d",
-        "model.num_kernels=16",
         "model.distance_messages=true",
         "model.vector_messages=true",
         "trainer.max_epochs=2",
-        *TINY,
-    ]
-    call_script("train.py", args, cwd=tmp_path)
-    metrics = read_json(run / "metrics.json")
+    )
+    path, run, args, metrics = emt_run(tmp_path, *overrides)
     state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert "model.messages.0.mix.weight" in state["state_dict"]
     assert "model.vector_out.weight" in state["state_dict"]
-    out = tmp_path / "pred.csv"
-    call_script(
-        "predict.py",
-        [f"ckpt={metrics['best_checkpoint']}", f"input={path}", f"output={out}"],
-        cwd=tmp_path,
-    )
-    energy = pd.read_csv(out).energy
-    assert len(energy) == 24 and energy.notna().all() and energy.nunique() > 1
+    assert_predicts_energies(tmp_path, metrics["best_checkpoint"], path, 24)
     # fine-tuning on the energy alone takes the messages and leaves the force map behind, and
     # a model of energies alone fine-tunes into one with forces
     common = [a for a in args if not a.startswith(("hydra.run.dir", "dataset.atom_vector"))]
