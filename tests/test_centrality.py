@@ -35,7 +35,7 @@ def test_the_centrality_sums_gated_kernels_of_the_pairs_within_the_cutoff_pair_b
     pos = torch.tensor([[[0.0, 0, 0], [1.2, 0, 0], [0, 2.0, 0], [4.0, 0, 0], [0, 0, 0]]]).double()
     atom_type = torch.tensor([[1, 2, 3, 1, 0]])  # the last atom is padding
     mask = atom_type > 0
-    _, atoms, _, (batch, i, j, psi, distance) = encoding.encode(pos, atom_type, mask)
+    _, atoms, _, (batch, i, j, psi, distance, _) = encoding.encode(pos, atom_type, mask)
     expected = torch.zeros(5, 4, dtype=torch.float64)
     for p in range(len(i)):
         a, b = int(i[p]), int(j[p])

@@ -172,12 +172,13 @@ class GaussianDistanceEncoding(nn.Module):
 
     def encode(
         self, pos: Tensor, atom_type: Tensor, node_mask: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]:
+    ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, ...]]:
         """:meth:`forward`'s three outputs and the pairs they were computed from:
-        ``(batch, i, j, kernels [P, K], distances [P])``, every ordered pair of real atoms
-        within the cutoff (the diagonal included), row-major."""
+        ``(batch, i, j, kernels [P, K], distances [P], unit vectors from i to j [P, 3])``,
+        every ordered pair of real atoms within the cutoff (the diagonal included, its unit
+        vector zero), row-major."""
         with torch.autocast(pos.device.type, enabled=False):
-            dist, _ = pair_distances(pos)
+            dist, unit = pair_distances(pos)
             pair_mask = node_mask.unsqueeze(2) & node_mask.unsqueeze(1)  # [B, N, N]
             far = torch.zeros_like(pair_mask)
             if self.cutoff is not None:
@@ -189,7 +190,7 @@ class GaussianDistanceEncoding(nn.Module):
             pair_type = atom_type[batch, i] * self.num_atom_types + atom_type[batch, j]
             distance = dist[batch, i, j]  # [P]
             psi = self._gaussians(distance, pair_type)  # [P, K] float32
-        pairs = (batch, i, j, psi, distance)
+        pairs = (batch, i, j, psi, distance, unit[batch, i, j])
         # The MLPs run in the weights' dtype (or autocast's): only the kernels need float32.
         psi = psi.to(self.centrality.weight.dtype)
         # A pair without kernels (padding, beyond the cutoff) gets the MLP of zero kernels, as

@@ -428,12 +428,9 @@ class GraphormerConfig:
             k, types = self.num_kernels, self.atom_feature_dims[0] + 1
             tables += 2 * types * types + 2 * k + (k + 1) * (k + self.num_heads) + (k + 1) * h
             tables += types * types * k if self.centrality_gates else 0
-        if self.distance_messages and self.vector_messages:
-            k = self.num_kernels
-            tables += layers * ((k + 1) * h + 14 * h * h + 15 * h)
-        elif self.distance_messages:
-            k = self.num_kernels
-            tables += layers * ((k + 1) * h + 4 * h * h + 5 * h)
+        if self.distance_messages:
+            block = 14 * h * h + 15 * h if self.vector_messages else 4 * h * h + 5 * h
+            tables += layers * ((self.num_kernels + 1) * h + block)
         if self.atom_vector_tasks and self.forces == "head":
             heads += 3 * (h * h + h) + h * self.atom_vector_tasks
             heads += h * self.atom_vector_tasks if self.vector_messages else 0
@@ -762,7 +759,6 @@ class Graphormer(nn.Module):
         """:meth:`encode`'s states and maps, the masked attention bias the layers read, and
         the atoms' vectors ``[B, N + 1, 3, d]`` of ``model.vector_messages`` (None without)."""
         node_mask = batch.node_mask
-        positions = batch.pos  # [B, N, 3] or None (``batch`` is the batch size further down)
         use_2d, use_3d = self.channels(batch)
         h = self.node_encoder(
             batch.x, batch.in_degree, batch.out_degree, node_mask, batch.x_continuous, use_2d
@@ -848,7 +844,7 @@ class Graphormer(nn.Module):
                 copies = row[copies.index_select(0, tokens)]  # [T]
         pairs = vectors = None
         if geometry is not None and self.messages is not None:
-            pairs = self._message_pairs(geometry[3], length, row, positions)
+            pairs = self._message_pairs(geometry[3], length, row)
         attentions = []
         for _ in range(self.config.blocks):  # Graphormer-3D's blocks share the layers' weights
             for index, layer in enumerate(self.layers):
@@ -885,27 +881,21 @@ class Graphormer(nn.Module):
         return h.view(batch, length, width), attentions, attn_bias, vectors
 
     def _message_pairs(
-        self, pairs: tuple[Tensor, ...], length: int, row: Tensor | None, batch_pos: Tensor
+        self, pairs: tuple[Tensor, ...], length: int, row: Tensor | None
     ) -> tuple[Tensor, ...]:
         """The distance messages' ``(target rows, source rows, kernels, switch)``, and with
         ``model.vector_messages`` each pair's unit vector from target to source: the pairs
         of distinct atoms within ``message_cutoff``, as rows of the layers' states: padded
         ``[B * (N+1)]`` (the graph token is row 0 of each graph), or packed ``[T]`` through
         ``row``, each padded row's packed one."""
-        graph, i, j, psi, distance = pairs
+        graph, i, j, psi, distance, unit = pairs
         keep = (i != j) & (distance < self.config.message_cutoff)
-        graph, i, j, psi, distance = (t[keep] for t in (graph, i, j, psi, distance))
+        graph, i, j, psi, distance, unit = (t[keep] for t in pairs)
         target, source = graph * length + 1 + i, graph * length + 1 + j
         if row is not None:
             target, source = row[target], row[source]
         found = (target, source, psi, cosine_switch(distance, self.config.message_cutoff))
-        if not self.config.vector_messages:
-            return found
-        with torch.autocast(batch_pos.device.type, enabled=False):
-            wide = torch.promote_types(batch_pos.dtype, torch.float32)
-            gap = batch_pos[graph, j].to(wide) - batch_pos[graph, i].to(wide)  # [P, 3]
-            unit = gap / distance.to(wide).unsqueeze(-1).clamp_min(1e-9)
-        return (*found, unit)
+        return (*found, unit) if self.config.vector_messages else found
 
     def forward(
         self,
