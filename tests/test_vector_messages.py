@@ -12,6 +12,7 @@ from helpers import (
     assert_forces_are_energy_gradients,
     assert_placements_agree,
     assert_predicts_energies,
+    call_script,
     copper_placements,
     emt_run,
     float64_batch,
@@ -19,6 +20,7 @@ from helpers import (
     periodic_graph,
     positioned_graphs,
     proper_rotation,
+    read_json,
     rotated_levels,
     slab_batch,
     slab_gradient_settings,
@@ -238,8 +240,6 @@ def test_a_2d_training_batch_of_a_both_model_gives_the_vector_map_a_zero_gradien
 
 def test_train_and_predict_with_vector_messages(tmp_path):
     pytest.importorskip("ase")
-    from helpers import call_script, read_json
-
     overrides = (
         "dataset.atom_vector_targets=[forces]",
         "model.distance_messages=true",
