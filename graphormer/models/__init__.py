@@ -6,6 +6,7 @@ from graphormer.models.geometry import (
     VectorHead,
     VectorMessages,
     cosine_switch,
+    gaussian_grid,
 )
 from graphormer.models.graphormer import (
     Graphormer,
@@ -30,6 +31,7 @@ __all__ = [
     "VectorHead",
     "VectorMessages",
     "cosine_switch",
+    "gaussian_grid",
     "ogb_atom_feature_dims",
     "ogb_bond_feature_dims",
 ]

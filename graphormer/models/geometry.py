@@ -16,7 +16,9 @@ __all__ = [
     "DistanceMessages",
     "GaussianDistanceEncoding",
     "VectorHead",
+    "VectorMessages",
     "cosine_switch",
+    "gaussian_grid",
     "pair_distances",
 ]
 
@@ -218,6 +220,18 @@ def cosine_switch(distance: Tensor, cutoff: float) -> Tensor:
     energy abruptly."""
     inside = 0.5 * (torch.cos(distance * (math.pi / cutoff)) + 1)
     return torch.where(distance < cutoff, inside, torch.zeros_like(inside))
+
+
+def gaussian_grid(distance: Tensor, cutoff: float, count: int) -> Tensor:
+    """``[..., count]``: ``count`` Gaussians of a distance ``[...]`` on a fixed grid, SchNet's
+    radial basis: centres evenly spaced from 0 to ``cutoff`` (both included), each as wide as
+    the spacing (``exp(-(d - mu_k)^2 / (2 delta^2))``, peak 1). Nothing is learned: every
+    distance below the cutoff is resolved to the grid's spacing from the first step."""
+    if count < 2:
+        raise ValueError(f"a Gaussian grid needs at least 2 centres, got {count}")
+    centres = torch.linspace(0.0, cutoff, count, dtype=distance.dtype, device=distance.device)
+    spacing = cutoff / (count - 1)
+    return torch.exp(-0.5 * ((distance.unsqueeze(-1) - centres) / spacing) ** 2)
 
 
 class DistanceMessages(nn.Module):

@@ -26,6 +26,7 @@ from graphormer.models.geometry import (
     VectorHead,
     VectorMessages,
     cosine_switch,
+    gaussian_grid,
 )
 from graphormer.models.heads import BondHead, NodeHead
 from graphormer.models.init import bert_init_
@@ -176,6 +177,12 @@ class GraphormerConfig:
             the states the angles between neighbours; with the vector head
             (``atom_vector_tasks``, ``forces="head"``) the forces add a linear map of the
             final vectors; needs ``distance_messages``; False (the default) as before.
+        message_basis: what the distance messages' filters read: ``kernels`` (the default),
+            the distance encoding's learned Gaussian kernels (the same ``psi`` as the attention
+            bias); ``grid``, SchNet's fixed basis (:func:`~graphormer.models.geometry.gaussian_grid`:
+            ``num_kernels`` Gaussians evenly spaced from 0 to ``message_cutoff``, each as wide
+            as the spacing), which resolves every distance from the first step; the attention
+            bias and the centrality keep the learned kernels. No parameter changes.
     """
 
     num_layers: int = 12
@@ -222,6 +229,7 @@ class GraphormerConfig:
     centrality_cutoff: float | None = None
     centrality_gates: bool = False
     vector_messages: bool = False
+    message_basis: str = "kernels"
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -378,6 +386,21 @@ class GraphormerConfig:
             raise ValueError(
                 "model.vector_messages=true adds vectors to the distance messages: set "
                 "model.distance_messages=true as well"
+            )
+        if self.message_basis not in ("kernels", "grid"):
+            raise ValueError(
+                f"model.message_basis={self.message_basis!r} is not allowed: kernels (the "
+                "distance encoding's learned kernels) or grid (SchNet's fixed Gaussian grid)"
+            )
+        if self.message_basis == "grid" and not self.distance_messages:
+            raise ValueError(
+                "model.message_basis=grid chooses what the distance messages read: set "
+                "model.distance_messages=true as well"
+            )
+        if self.message_basis == "grid" and self.num_kernels < 2:
+            raise ValueError(
+                f"model.message_basis=grid spaces model.num_kernels={self.num_kernels} "
+                "Gaussians from 0 to the message cutoff: set model.num_kernels at least 2"
             )
         faded = (
             ("message_cutoff", self.message_cutoff if self.distance_messages else None, "messages"),
@@ -887,13 +910,16 @@ class Graphormer(nn.Module):
         ``model.vector_messages`` each pair's unit vector from target to source: the pairs
         of distinct atoms within ``message_cutoff``, as rows of the layers' states: padded
         ``[B * (N+1)]`` (the graph token is row 0 of each graph), or packed ``[T]`` through
-        ``row``, each padded row's packed one."""
+        ``row``, each padded row's packed one. The kernels are the distance encoding's, or
+        with ``model.message_basis=grid`` SchNet's fixed grid of as many Gaussians."""
         graph, i, j, psi, distance, unit = pairs
         keep = (i != j) & (distance < self.config.message_cutoff)
         graph, i, j, psi, distance, unit = (t[keep] for t in pairs)
         target, source = graph * length + 1 + i, graph * length + 1 + j
         if row is not None:
             target, source = row[target], row[source]
+        if self.config.message_basis == "grid":
+            psi = gaussian_grid(distance, self.config.message_cutoff, psi.size(-1))
         found = (target, source, psi, cosine_switch(distance, self.config.message_cutoff))
         return (*found, unit) if self.config.vector_messages else found
 

@@ -60,10 +60,11 @@ _STRUCTURE = (
     "num_tags",
     "blocks",
     # Messages through distance filters: whether their blocks exist, how far they reach, and
-    # whether they carry vectors.
+    # whether they carry vectors, and what their filters read.
     "distance_messages",
     "message_cutoff",
     "vector_messages",
+    "message_basis",
 )
 
 
