@@ -211,6 +211,7 @@ def graphormer(
     kernels: int = 128,
     forces: str = "head",
     messages: str = "off",
+    message_basis: str = "kernels",
 ):
     from graphormer.models import Graphormer, GraphormerConfig
 
@@ -232,6 +233,7 @@ def graphormer(
         distance_messages=messages != "off" and channels != "2d",
         vector_messages=messages == "vectors" and channels != "2d",
         message_cutoff=CUTOFF,
+        message_basis=message_basis if messages != "off" and channels != "2d" else "kernels",
     )
     return Graphormer(config)
 
@@ -346,7 +348,13 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     if dense:
         channels = row.removeprefix("graphormer_")
         model = graphormer(
-            channels, args.layers, args.width, args.kernels, args.forces, args.messages
+            channels,
+            args.layers,
+            args.width,
+            args.kernels,
+            args.forces,
+            args.messages,
+            args.message_basis,
         )
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet")
@@ -354,14 +362,14 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     energies = torch.stack([data["energy"][m][c] for m, c in train_items])
     mean, std = float(energies.mean()), float(energies.std())
     train_batches = Batches(data, train_items, dense)
+    centred = args.loss == "centred"
+    if centred:  # whole molecules per batch: all their conformers, one after the other
+        batch_size = CONFORMERS * max(1, batch_size // CONFORMERS)
     steps = epochs * math.ceil(len(train_items) / batch_size)
     optimiser = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimiser, lr, total_steps=steps, pct_start=0.1)
     generator = torch.Generator().manual_seed(0)
     start = time.perf_counter()
-    centred = args.loss == "centred"
-    if centred:  # whole molecules per batch: all their conformers, one after the other
-        batch_size = CONFORMERS * max(1, batch_size // CONFORMERS)
     for epoch in range(epochs):
         model.train()
         if centred:
@@ -400,7 +408,9 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     if args.loss == "centred":  # no offset per molecule was trained: no relative energies
         test["energy_mae"] = None
     return {
-        "row": f"{row}+{MESSAGE_ROWS[args.messages]}" if dense and args.messages != "off" else row,
+        "row": row
+        + f"+{MESSAGE_ROWS[args.messages]}" * (dense and args.messages != "off")
+        + "+grid" * (dense and args.messages != "off" and args.message_basis == "grid"),
         **test,
         "valid": evaluate(model, data, "valid", dense, mean, std),
         "wall_s": time.perf_counter() - start,
@@ -503,7 +513,7 @@ TEST_KEYS = ("centred_mae", "energy_mae", "force_mae", "wall_s", "peak_mib")
 # What each row's child process is told: the data, the budget, the loss and the model sizes.
 FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
-    "layers", "width", "kernels", "valid_every", "messages",
+    "layers", "width", "kernels", "valid_every", "messages", "message_basis",
 )  # fmt: skip
 
 
@@ -543,6 +553,14 @@ def main() -> None:
         "vectors: with model.vector_messages=true as well (PaiNN's equivariant messages)",
     )
     parser.add_argument(
+        "--message-basis",
+        choices=("kernels", "grid"),
+        default="kernels",
+        help="with --messages, what the messages' filters read (model.message_basis): the "
+        "distance encoding's learned kernels, or SchNet's fixed Gaussian grid (--kernels "
+        "Gaussians from 0 to 5 A)",
+    )
+    parser.add_argument(
         "--valid-every", type=int, default=5, help="epochs between validation errors"
     )
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
@@ -556,6 +574,8 @@ def main() -> None:
             "--forces gradient is for graphormer_3d (model.forces=gradient needs "
             "model.channels=3d): leave graphormer_both out of --rows"
         )
+    if args.message_basis != "kernels" and args.messages == "off":
+        parser.error("--message-basis chooses what the distance messages read: add --messages")
     if args.quick:
         args.molecules, args.epochs = 120, 2
     torch.set_num_threads(1)

@@ -106,30 +106,38 @@ def graphs_of(frames: list, periodic: bool, relaxed: bool, around: str = "adsorb
     )
 
 
-def graphormer(
-    vector: bool,
-    layers: int = 4,
-    width: int = 64,
-    forces: str = "head",
-    messages: bool = False,
-    min_tag: int = 1,
-    centrality_cutoff: float | None = None,
-    centrality_gates: bool = False,
-    vector_messages: bool = False,
-) -> torch.nn.Module:
+# The rows' settings (the command's options): each run_row and graphormer call reads them.
+SETTINGS = {
+    "layers": 4,
+    "width": 64,
+    "force_weight": 1.0,
+    "messages": False,
+    "around": "adsorbate",
+    "min_tag": 1,
+    "dimenet_blocks": 3,
+    "centrality_cutoff": None,
+    "centrality_gates": False,
+    "vector_messages": False,
+    "message_basis": "kernels",
+}
+
+
+def graphormer(vector: bool, forces: str = "head", settings: dict | None = None) -> torch.nn.Module:
+    """The benchmark's Graphormer; ``settings`` replace :data:`SETTINGS`' values."""
+    s = {**SETTINGS, **(settings or {})}
     from graphormer.data.sources.ase import ELEMENTS
     from graphormer.models import Graphormer, GraphormerConfig
 
     config = GraphormerConfig(
-        num_layers=layers,
-        hidden_dim=width,
-        ffn_dim=width,
+        num_layers=s["layers"],
+        hidden_dim=s["width"],
+        ffn_dim=s["width"],
         num_heads=8,
         dropout=0.0,
         attention_dropout=0.0,
         activation_dropout=0.0,
         readout="token_sum",
-        readout_min_tag=min_tag,
+        readout_min_tag=s["min_tag"],
         channels="3d",
         num_kernels=64,
         num_tags=3,
@@ -137,11 +145,12 @@ def graphormer(
         bond_feature_dims=[1],
         atom_vector_tasks=1 if vector else 0,
         forces=forces,
-        distance_messages=messages,
+        distance_messages=s["messages"],
         message_cutoff=SCHNET_CUTOFF,
-        centrality_cutoff=centrality_cutoff,
-        centrality_gates=centrality_gates,
-        vector_messages=vector_messages and messages,
+        centrality_cutoff=s["centrality_cutoff"],
+        centrality_gates=s["centrality_gates"],
+        vector_messages=s["vector_messages"] and s["messages"],
+        message_basis=s["message_basis"] if s["messages"] else "kernels",
     )
     return Graphormer(config)
 
@@ -254,22 +263,12 @@ def periodic_pairs(frames: list, offsets: list[int]):
 
 
 def run_row(
-    row: str,
-    data: dict,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    layers: int = 4,
-    width: int = 64,
-    force_weight: float = 1.0,
-    messages: bool = False,
-    around: str = "adsorbate",
-    min_tag: int = 1,
-    dimenet_blocks: int = 3,
-    centrality_cutoff: float | None = None,
-    centrality_gates: bool = False,
-    vector_messages: bool = False,
+    row: str, data: dict, epochs: int, batch_size: int, lr: float, settings: dict | None = None
 ) -> dict:
+    """Train and test one row; ``settings`` replace :data:`SETTINGS`' values."""
+    s = {**SETTINGS, **(settings or {})}
+    messages, around, min_tag = s["messages"], s["around"], s["min_tag"]
+    dimenet_blocks, centrality_cutoff = s["dimenet_blocks"], s["centrality_cutoff"]
     from graphormer.data.collate import GraphormerCollator
 
     torch.manual_seed(0)
@@ -289,17 +288,7 @@ def run_row(
     if dense:
         # Forces in the energy's standardised units (the vector scale below): force_scale 1.
         forces = "gradient" if gradient else "head"
-        model = graphormer(
-            vector,
-            layers,
-            width,
-            forces,
-            messages,
-            min_tag,
-            centrality_cutoff,
-            centrality_gates,
-            vector_messages,
-        )
+        model = graphormer(vector, forces, s)
     else:
         model = (
             PeriodicSchNet() if row == "schnet_pbc" else PeriodicDimeNet(num_blocks=dimenet_blocks)
@@ -350,7 +339,9 @@ def run_row(
             loss = (pred - (energy[chosen] - mean) / std).abs().mean()
             if pred_vec is not None and target_vec is not None:
                 labelled = ~torch.isnan(target_vec).any(-1)
-                weight = 15.0 - 14.0 * progress if relaxed else force_weight  # Microsoft's 15 -> 1
+                weight = (
+                    15.0 - 14.0 * progress if relaxed else s["force_weight"]
+                )  # Microsoft's 15 -> 1
                 error = (pred_vec[labelled] - target_vec[labelled] / scale).abs().mean()
                 loss = loss + weight * error
             optimiser.zero_grad()
@@ -373,12 +364,13 @@ def run_row(
     return {
         "row": row
         + "+messages" * (messages and dense)
-        + "+vectors" * (messages and vector_messages and dense)
+        + "+vectors" * (messages and s["vector_messages"] and dense)
+        + "+grid" * (messages and s["message_basis"] == "grid" and dense)
         + "+all_atoms" * (min_tag == 0 and dense)
         + "+all_images" * (around == "all" and dense and periodic)
         + f"+{dimenet_blocks}_blocks" * (row == "dimenet_pbc" and dimenet_blocks != 3)
         + "+local_centrality" * (centrality_cutoff is not None and dense)
-        + "+gated_centrality" * (centrality_gates and dense),
+        + "+gated_centrality" * (s["centrality_gates"] and dense),
         "energy_mae": float(np.mean(energy_error)),
         "energy_median": float(np.median(energy_error)),
         "energy_errors": energy_error,
@@ -472,9 +464,20 @@ def main() -> None:
         help="with --messages, the messages also carry vectors (model.vector_messages: PaiNN's "
         "equivariant message and update)",
     )
+    parser.add_argument(
+        "--message-basis",
+        choices=("kernels", "grid"),
+        default="kernels",
+        help="with --messages, what the messages' filters read (model.message_basis): the "
+        "distance encoding's learned kernels, or SchNet's fixed Gaussian grid",
+    )
     args = parser.parse_args()
     if args.vector_messages and not args.messages:
         parser.error("--vector-messages adds vectors to the distance messages: add --messages")
+    if args.message_basis != "kernels" and not args.messages:
+        parser.error("--message-basis chooses what the distance messages read: add --messages")
+    settings = {key: getattr(args, key) for key in SETTINGS if key != "around"}
+    settings["around"] = args.pbc_around
     if args.quick:
         args.structures, args.relaxed, args.relax_steps, args.epochs = 40, 24, 10, 2
     torch.set_num_threads(1)
@@ -486,25 +489,7 @@ def main() -> None:
     )
     results = mean_rows(data) if "mean" in args.rows else []
     for row in [r for r in args.rows if r != "mean"]:
-        results.append(
-            run_row(
-                row,
-                data,
-                args.epochs,
-                args.batch_size,
-                args.lr,
-                args.layers,
-                args.width,
-                args.force_weight,
-                args.messages,
-                args.pbc_around,
-                args.min_tag,
-                args.dimenet_blocks,
-                args.centrality_cutoff,
-                args.centrality_gates,
-                args.vector_messages,
-            )
-        )
+        results.append(run_row(row, data, args.epochs, args.batch_size, args.lr, settings))
     print(
         "\n| model | test energy MAE (eV) | median energy error (eV) | test force MAE (eV/A) "
         "| wall (s) |"
