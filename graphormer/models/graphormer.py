@@ -179,10 +179,11 @@ class GraphormerConfig:
             final vectors; needs ``distance_messages``; False (the default) as before.
         message_basis: what the distance messages' filters read: ``kernels`` (the default),
             the distance encoding's learned Gaussian kernels (the same ``psi`` as the attention
-            bias); ``grid``, SchNet's fixed basis (:func:`~graphormer.models.geometry.gaussian_grid`:
-            ``num_kernels`` Gaussians evenly spaced from 0 to ``message_cutoff``, each as wide
-            as the spacing), which resolves every distance from the first step; the attention
-            bias and the centrality keep the learned kernels. No parameter changes.
+            bias); ``grid``, SchNet's fixed basis
+            (:func:`~graphormer.models.geometry.gaussian_grid`: ``num_kernels`` Gaussians
+            evenly spaced from 0 to ``message_cutoff``, each as wide as the spacing), which
+            resolves every distance from the first step; the attention bias and the centrality
+            keep the learned kernels. No parameter changes.
     """
 
     num_layers: int = 12
