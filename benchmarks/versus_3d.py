@@ -407,10 +407,12 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     test = evaluate(model, data, "test", dense, mean, std)
     if args.loss == "centred":  # no offset per molecule was trained: no relative energies
         test["energy_mae"] = None
+    # graphormer_2d has no positions, hence no messages, whatever --messages says
+    messages = dense and args.messages != "off" and row != "graphormer_2d"
     return {
         "row": row
-        + f"+{MESSAGE_ROWS[args.messages]}" * (dense and args.messages != "off")
-        + "+grid" * (dense and args.messages != "off" and args.message_basis == "grid"),
+        + f"+{MESSAGE_ROWS[args.messages]}" * messages
+        + "+grid" * (messages and args.message_basis == "grid"),
         **test,
         "valid": evaluate(model, data, "valid", dense, mean, std),
         "wall_s": time.perf_counter() - start,

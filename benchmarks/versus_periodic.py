@@ -339,9 +339,8 @@ def run_row(
             loss = (pred - (energy[chosen] - mean) / std).abs().mean()
             if pred_vec is not None and target_vec is not None:
                 labelled = ~torch.isnan(target_vec).any(-1)
-                weight = (
-                    15.0 - 14.0 * progress if relaxed else s["force_weight"]
-                )  # Microsoft's 15 -> 1
+                # Microsoft's 15 -> 1 for the position change; the forces' own weight
+                weight = 15.0 - 14.0 * progress if relaxed else s["force_weight"]
                 error = (pred_vec[labelled] - target_vec[labelled] / scale).abs().mean()
                 loss = loss + weight * error
             optimiser.zero_grad()

@@ -224,9 +224,10 @@ def cosine_switch(distance: Tensor, cutoff: float) -> Tensor:
 
 def gaussian_grid(distance: Tensor, cutoff: float, count: int) -> Tensor:
     """``[..., count]``: ``count`` Gaussians of a distance ``[...]`` on a fixed grid, SchNet's
-    radial basis: centres evenly spaced from 0 to ``cutoff`` (both included), each as wide as
-    the spacing (``exp(-(d - mu_k)^2 / (2 delta^2))``, peak 1). Nothing is learned: every
-    distance below the cutoff is resolved to the grid's spacing from the first step."""
+    radial basis as PyG's ``GaussianSmearing`` builds it: centres evenly spaced from 0 to
+    ``cutoff`` (both included), each as wide as the spacing ``delta``
+    (``exp(-(d - mu_k)^2 / (2 delta^2))``, peak 1). Nothing is learned: every distance below
+    the cutoff is resolved to the grid's spacing from the first step."""
     if count < 2:
         raise ValueError(f"a Gaussian grid needs at least 2 centres, got {count}")
     centres = torch.linspace(0.0, cutoff, count, dtype=distance.dtype, device=distance.device)
@@ -238,7 +239,8 @@ class DistanceMessages(nn.Module):
     r"""Messages between atoms through continuous distance filters (SchNet's interaction,
     Schuett et al., 2017, https://arxiv.org/abs/1706.08566), as a residual block before a
     transformer layer. For each pair ``(i, j)``, ``i != j``, closer than the cutoff ``r_c``,
-    the distance encoding's kernels give a filter :math:`W_{ij} = \mathrm{MLP}(\psi_{ij})`
+    the distance encoding's kernels (or :func:`gaussian_grid` of the distance, with
+    ``model.message_basis=grid``) give a filter :math:`W_{ij} = \mathrm{MLP}(\psi_{ij})`
     that gates the neighbour's projected state, switched off smoothly towards the cutoff by
     :math:`C(d) = \frac12(\cos(\pi d / r_c) + 1)` (:func:`cosine_switch`):
 
@@ -297,7 +299,8 @@ class VectorMessages(nn.Module):
     :math:`\vec v_i` (zero before the first block). For each pair ``(i, j)``, ``i != j``,
     closer than the cutoff, with :math:`\hat r_{ij}` the unit vector from ``i`` to ``j`` and
     :math:`C` the cosine switch, the neighbour's projected state gated by a filter of the
-    pair's kernels splits into three ``d``-vectors:
+    pair's kernels (or :func:`gaussian_grid`, as :class:`DistanceMessages`) splits into
+    three ``d``-vectors:
 
     .. math::
         (a_{ij}, b_{ij}, c_{ij}) = C(d_{ij})\, W(\psi_{ij}) \odot \phi(\mathrm{LN}(h_j)), \quad
