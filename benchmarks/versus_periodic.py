@@ -119,6 +119,7 @@ SETTINGS = {
     "centrality_gates": False,
     "vector_messages": False,
     "message_basis": "kernels",
+    "centrality_basis": "kernels",
 }
 
 
@@ -151,6 +152,7 @@ def graphormer(vector: bool, forces: str = "head", settings: dict | None = None)
         centrality_gates=s["centrality_gates"],
         vector_messages=s["vector_messages"] and s["messages"],
         message_basis=s["message_basis"] if s["messages"] else "kernels",
+        centrality_basis=s["centrality_basis"],
     )
     return Graphormer(config)
 
@@ -369,7 +371,8 @@ def run_row(
         + "+all_images" * (around == "all" and dense and periodic)
         + f"+{dimenet_blocks}_blocks" * (row == "dimenet_pbc" and dimenet_blocks != 3)
         + "+local_centrality" * (centrality_cutoff is not None and dense)
-        + "+gated_centrality" * (s["centrality_gates"] and dense),
+        + "+gated_centrality" * (s["centrality_gates"] and dense)
+        + "+grid_centrality" * (s["centrality_basis"] == "grid" and dense),
         "energy_mae": float(np.mean(energy_error)),
         "energy_median": float(np.median(energy_error)),
         "energy_errors": energy_error,
@@ -464,6 +467,13 @@ def main() -> None:
         "equivariant message and update)",
     )
     parser.add_argument(
+        "--centrality-basis",
+        choices=("kernels", "grid"),
+        default="kernels",
+        help="with --centrality-cutoff, what the Graphormers' 3D centrality sums "
+        "(model.centrality_basis): the learned kernels, or a fixed Gaussian grid",
+    )
+    parser.add_argument(
         "--message-basis",
         choices=("kernels", "grid"),
         default="kernels",
@@ -473,6 +483,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.vector_messages and not args.messages:
         parser.error("--vector-messages adds vectors to the distance messages: add --messages")
+    if args.centrality_basis != "kernels" and args.centrality_cutoff is None:
+        parser.error(
+            "--centrality-basis grid spans 0 to the centrality's cutoff: add --centrality-cutoff"
+        )
     if args.message_basis != "kernels" and not args.messages:
         parser.error("--message-basis chooses what the distance messages read: add --messages")
     settings = {key: getattr(args, key) for key in SETTINGS if key != "around"}

@@ -1,22 +1,26 @@
-"""model.centrality_cutoff and model.centrality_gates: the 3D centrality summed over near pairs
-only (faded smoothly) and each pair's kernels gated by its pair of atom types. The sum against a
-pair-by-pair reference, the gates' start at ones, invariance, periodic wrapping, smoothness at
-the cutoff, and the settings' checks."""
+"""model.centrality_cutoff, model.centrality_gates and model.centrality_basis: the 3D centrality
+summed over near pairs only (faded smoothly), each pair's kernels gated by its pair of atom types,
+and a fixed Gaussian grid summed in place of the learned kernels. The sum against a pair-by-pair
+reference, the gates' start at ones, invariance, periodic wrapping, smoothness at the cutoff,
+gradient forces through the grid, and the settings' checks."""
 
 import math
 
 import pytest
 import torch
 
-from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig
+from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig, gaussian_grid
 
 from helpers import (
+    assert_forces_are_energy_gradients,
     assert_placements_agree,
     copper_placements,
     float64_batch,
     positioned_graphs,
     proper_rotation,
     rotated_levels,
+    slab_batch,
+    slab_gradient_settings,
     small_3d_model,
 )
 
@@ -125,3 +129,74 @@ def test_fine_tuning_takes_the_centrality_with_the_architecture():
         "centrality_cutoff": 5.0,
         "centrality_gates": True,
     }
+
+
+@torch.no_grad()
+def test_the_grid_centrality_sums_the_fixed_grid_of_the_pairs_within_the_cutoff():
+    torch.manual_seed(0)
+    settings = dict(centrality_cutoff=2.5, centrality_gates=True)
+    encoding = GaussianDistanceEncoding(2, 6, 5, 4, **settings, centrality_basis="grid").double()
+    with torch.no_grad():
+        encoding.gates.weight.normal_()
+    kernels = GaussianDistanceEncoding(2, 6, 5, 4, **settings).double()
+    kernels.load_state_dict(encoding.state_dict())
+    pos = torch.tensor([[[0.0, 0, 0], [1.2, 0, 0], [0, 2.0, 0], [4.0, 0, 0], [0, 0, 0]]]).double()
+    atom_type = torch.tensor([[1, 2, 3, 1, 0]])  # the last atom is padding
+    mask = atom_type > 0
+    bias, atoms, _, (batch, i, j, psi, distance, _) = encoding.encode(pos, atom_type, mask)
+    expected = torch.zeros(5, 4, dtype=torch.float64)
+    for p in range(len(i)):
+        a, b, d = int(i[p]), int(j[p]), float(distance[p])
+        if d < 2.5:
+            gate = encoding.gates.weight[int(atom_type[0, a]) * 5 + int(atom_type[0, b])]
+            grid = torch.exp(
+                -0.5 * ((d - torch.linspace(0, 2.5, 4, dtype=torch.float64)) / (2.5 / 3)) ** 2
+            )
+            expected[a] += grid * gate * (0.5 * (math.cos(math.pi * d / 2.5) + 1))
+    reference = encoding.centrality(expected) * mask[0].unsqueeze(-1)
+    torch.testing.assert_close(atoms[0], reference, rtol=1e-12, atol=1e-12)
+    # the attention bias and the kernels handed on are the learned ones either way
+    bias_k, atoms_k, _, pairs_k = kernels.encode(pos, atom_type, mask)
+    torch.testing.assert_close(bias, bias_k, rtol=0, atol=0)
+    torch.testing.assert_close(psi, pairs_k[3], rtol=0, atol=0)
+    assert not torch.allclose(atoms, atoms_k, atol=1e-3)
+    assert not torch.allclose(psi, gaussian_grid(distance, 2.5, 4), atol=1e-3)
+
+
+@torch.no_grad()
+def test_the_grid_centrality_keeps_energies_invariant_and_smooth_at_the_cutoff():
+    model = _model(atom_vector_tasks=1, centrality_basis="grid")
+    rotated_levels(model, proper_rotation(4), torch.tensor([0.5, 1.0, -3.0], dtype=torch.float64))
+    (pair,) = positioned_graphs(smiles=["O.O"])
+    energies = []
+    for gap in (2.9999, 3.0, 3.0001):
+        g = pair.clone()
+        g.pos = pair.pos.clone()
+        g.pos[1] = g.pos[0] + torch.tensor([gap, 0.0, 0.0]).double()
+        energies.append(float(model(float64_batch([g]))))
+    assert abs(energies[0] - energies[1]) < 1e-5 and abs(energies[2] - energies[1]) < 1e-5
+
+
+def test_gradient_forces_differentiate_through_the_grid_centrality():
+    pytest.importorskip("ase")
+    settings = {**slab_gradient_settings(), "centrality_cutoff": 5.0, "centrality_gates": False}
+    model = _model(**settings, centrality_basis="grid")
+    assert_forces_are_energy_gradients(model, slab_batch(2, seed=3))
+
+
+def test_the_grid_centrality_settings_are_checked_and_kept():
+    from graphormer.training.pretrained import architecture
+
+    with pytest.raises(ValueError, match="model.centrality_basis='fixed' is not allowed"):
+        GraphormerConfig(channels="3d", centrality_cutoff=5.0, centrality_basis="fixed")
+    with pytest.raises(ValueError, match="set model.centrality_cutoff .Angstrom. as well"):
+        GraphormerConfig(channels="3d", centrality_basis="grid")
+    with pytest.raises(ValueError, match="set model.num_kernels at least 2"):
+        GraphormerConfig(
+            channels="3d", centrality_cutoff=5.0, centrality_basis="grid", num_kernels=1
+        )
+    with pytest.raises(ValueError, match="give the cutoff"):
+        GaussianDistanceEncoding(2, 6, 5, 4, centrality_basis="grid")
+    assert GraphormerConfig(channels="3d").centrality_basis == "kernels"  # old checkpoints
+    stored = {"centrality_cutoff": 5.0, "centrality_basis": "grid", "dropout": 0.1}
+    assert architecture(stored) == {"centrality_cutoff": 5.0, "centrality_basis": "grid"}

@@ -91,7 +91,10 @@ class GaussianDistanceEncoding(nn.Module):
     ``centrality_gates`` scales each pair's kernels by a learned ``K``-vector of its pair type
     (initialised to ones) before the sum, so that each pair of elements contributes a radial
     function of its own shape and size, not one shared by all pairs up to ``gamma`` and
-    ``beta``. The attention bias and the kernels handed on (``pairs``) are unchanged.
+    ``beta``. ``centrality_basis="grid"`` sums :func:`gaussian_grid` of the distance over
+    ``[0, centrality_cutoff]`` instead of the learned kernels: each atom's histogram of its
+    neighbours' distances, resolved to the grid's spacing. The attention bias and the kernels
+    handed on (``pairs``) are unchanged.
 
     Args:
         num_heads (int): ``H``.
@@ -103,6 +106,9 @@ class GaussianDistanceEncoding(nn.Module):
             closer than it, faded smoothly. (default: None: every pair, Graphormer-3D's)
         centrality_gates (bool, optional): a learned gate of ``K`` per pair type on the
             centrality's kernels. (default: :obj:`False`)
+        centrality_basis (str, optional): ``kernels`` (the learned kernels) or ``grid``
+            (``K`` fixed Gaussians over ``[0, centrality_cutoff]``; needs the cutoff).
+            (default: :obj:`"kernels"`)
 
     Shapes:
         - input: ``pos`` ``[B, N, 3]``, ``atom_type`` ``[B, N]`` long (0 at padding),
@@ -120,8 +126,14 @@ class GaussianDistanceEncoding(nn.Module):
         cutoff: float | None = None,
         centrality_cutoff: float | None = None,
         centrality_gates: bool = False,
+        centrality_basis: str = "kernels",
     ) -> None:
         super().__init__()
+        if centrality_basis not in ("kernels", "grid"):
+            raise ValueError(f"centrality_basis={centrality_basis!r}: kernels or grid")
+        if centrality_basis == "grid" and centrality_cutoff is None:
+            raise ValueError("centrality_basis=grid spans [0, centrality_cutoff]: give the cutoff")
+        self.centrality_basis = centrality_basis
         self.num_atom_types = num_atom_types
         self.cutoff = cutoff
         self.centrality_cutoff = centrality_cutoff
@@ -203,6 +215,9 @@ class GaussianDistanceEncoding(nn.Module):
             pair_mask.unsqueeze(-1), self.bias_mlp(psi)
         )  # [B, N, N, H]
         summed = psi
+        if self.centrality_basis == "grid":
+            grid = gaussian_grid(distance, self.centrality_cutoff, psi.size(-1))
+            summed = grid.to(psi.dtype)
         if self.gates is not None:
             summed = summed * self.gates(pair_type).to(psi.dtype)
         if self.centrality_cutoff is not None:

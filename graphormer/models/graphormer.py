@@ -184,6 +184,11 @@ class GraphormerConfig:
             evenly spaced from 0 to ``message_cutoff``, each as wide as the spacing), which
             resolves every distance from the first step; the attention bias and the centrality
             keep the learned kernels. No parameter changes.
+        centrality_basis: what the 3D centrality sums: ``kernels`` (the default), the
+            distance encoding's learned kernels, as Graphormer-3D; ``grid``, the same fixed
+            Gaussians as ``message_basis=grid`` over ``[0, centrality_cutoff]`` (each atom's
+            histogram of its neighbours' distances); needs ``centrality_cutoff``. The attention
+            bias keeps the learned kernels. No parameter changes.
     """
 
     num_layers: int = 12
@@ -231,6 +236,7 @@ class GraphormerConfig:
     centrality_gates: bool = False
     vector_messages: bool = False
     message_basis: str = "kernels"
+    centrality_basis: str = "kernels"
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -402,6 +408,21 @@ class GraphormerConfig:
             raise ValueError(
                 f"model.message_basis=grid spaces model.num_kernels={self.num_kernels} "
                 "Gaussians from 0 to the message cutoff: set model.num_kernels at least 2"
+            )
+        if self.centrality_basis not in ("kernels", "grid"):
+            raise ValueError(
+                f"model.centrality_basis={self.centrality_basis!r} is not allowed: kernels (the "
+                "distance encoding's learned kernels) or grid (a fixed Gaussian grid)"
+            )
+        if self.centrality_basis == "grid" and self.centrality_cutoff is None:
+            raise ValueError(
+                "model.centrality_basis=grid spaces its Gaussians from 0 to the centrality's "
+                "cutoff: set model.centrality_cutoff (Angstrom) as well"
+            )
+        if self.centrality_basis == "grid" and self.num_kernels < 2:
+            raise ValueError(
+                f"model.centrality_basis=grid spaces model.num_kernels={self.num_kernels} "
+                "Gaussians from 0 to the centrality cutoff: set model.num_kernels at least 2"
             )
         faded = (
             ("message_cutoff", self.message_cutoff if self.distance_messages else None, "messages"),
@@ -634,6 +655,7 @@ class Graphormer(nn.Module):
                 c.cutoff,
                 c.centrality_cutoff,
                 c.centrality_gates,
+                c.centrality_basis,
             )
             if c.uses_positions
             else None

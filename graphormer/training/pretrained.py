@@ -56,6 +56,7 @@ _STRUCTURE = (
     "cutoff",
     "centrality_cutoff",
     "centrality_gates",
+    "centrality_basis",
     # Periodic structures: the tag embedding's rows, and how often the layers run.
     "num_tags",
     "blocks",
