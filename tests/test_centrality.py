@@ -9,12 +9,14 @@ import math
 import pytest
 import torch
 
-from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig, gaussian_grid
+from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerConfig
 
 from helpers import (
     assert_forces_are_energy_gradients,
     assert_placements_agree,
+    assert_predicts_energies,
     copper_placements,
+    emt_run,
     float64_batch,
     positioned_graphs,
     proper_rotation,
@@ -89,11 +91,13 @@ def test_energies_keep_invariant_and_an_atom_crossing_the_cutoff_changes_them_sm
     assert abs(energies[0] - energies[1]) < 1e-5 and abs(energies[2] - energies[1]) < 1e-5
 
 
+@pytest.mark.parametrize("basis", ["kernels", "grid"])
 @torch.no_grad()
-def test_periodic_wrapping_keeps_the_energy():
+def test_periodic_wrapping_keeps_the_energy(basis):
     pytest.importorskip("ase")
     atoms, placements = copper_placements(seed=1, outside=4, fraction=0.2, axis=1)
-    model = _model(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
+    settings = dict(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
+    model = _model(**settings, centrality_basis=basis)
     assert_placements_agree(model, atoms, placements)
 
 
@@ -160,7 +164,6 @@ def test_the_grid_centrality_sums_the_fixed_grid_of_the_pairs_within_the_cutoff(
     torch.testing.assert_close(bias, bias_k, rtol=0, atol=0)
     torch.testing.assert_close(psi, pairs_k[3], rtol=0, atol=0)
     assert not torch.allclose(atoms, atoms_k, atol=1e-3)
-    assert not torch.allclose(psi, gaussian_grid(distance, 2.5, 4), atol=1e-3)
 
 
 @torch.no_grad()
@@ -182,6 +185,10 @@ def test_gradient_forces_differentiate_through_the_grid_centrality():
     settings = {**slab_gradient_settings(), "centrality_cutoff": 5.0, "centrality_gates": False}
     model = _model(**settings, centrality_basis="grid")
     assert_forces_are_energy_gradients(model, slab_batch(2, seed=3))
+    # and a loss on the forces trains the centrality through the grid (a second derivative)
+    model.train()
+    model.forward_levels(slab_batch(2, seed=3))["atom_vector"].square().sum().backward()
+    assert model.geometry.centrality.weight.grad.abs().max() > 0
 
 
 def test_the_grid_centrality_settings_are_checked_and_kept():
@@ -197,6 +204,17 @@ def test_the_grid_centrality_settings_are_checked_and_kept():
         )
     with pytest.raises(ValueError, match="give the cutoff"):
         GaussianDistanceEncoding(2, 6, 5, 4, centrality_basis="grid")
-    assert GraphormerConfig(channels="3d").centrality_basis == "kernels"  # old checkpoints
+    with pytest.raises(ValueError, match="at least 2 kernels"):
+        GaussianDistanceEncoding(2, 6, 5, 1, centrality_cutoff=3.0, centrality_basis="grid")
+    assert GraphormerConfig(channels="3d").centrality_basis == "kernels"  # keys absent: as before
     stored = {"centrality_cutoff": 5.0, "centrality_basis": "grid", "dropout": 0.1}
     assert architecture(stored) == {"centrality_cutoff": 5.0, "centrality_basis": "grid"}
+
+
+def test_train_and_predict_with_the_grid_centrality(tmp_path):
+    pytest.importorskip("ase")
+    extra = ("model.centrality_cutoff=4.0", "model.centrality_basis=grid", "trainer.max_epochs=2")
+    path, run, _, metrics = emt_run(tmp_path, *extra)
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert state["hyper_parameters"]["model"]["centrality_basis"] == "grid"
+    assert_predicts_energies(tmp_path, metrics["best_checkpoint"], path, 24)

@@ -92,8 +92,8 @@ class GaussianDistanceEncoding(nn.Module):
     (initialised to ones) before the sum, so that each pair of elements contributes a radial
     function of its own shape and size, not one shared by all pairs up to ``gamma`` and
     ``beta``. ``centrality_basis="grid"`` sums :func:`gaussian_grid` of the distance over
-    ``[0, centrality_cutoff]`` instead of the learned kernels: each atom's histogram of its
-    neighbours' distances, resolved to the grid's spacing. The attention bias and the kernels
+    ``[0, centrality_cutoff]`` instead of the learned kernels: each atom's smooth histogram of
+    its neighbours' distances (itself included), resolved to the grid's spacing. The attention bias and the kernels
     handed on (``pairs``) are unchanged.
 
     Args:
@@ -133,6 +133,8 @@ class GaussianDistanceEncoding(nn.Module):
             raise ValueError(f"centrality_basis={centrality_basis!r}: kernels or grid")
         if centrality_basis == "grid" and centrality_cutoff is None:
             raise ValueError("centrality_basis=grid spans [0, centrality_cutoff]: give the cutoff")
+        if centrality_basis == "grid" and num_kernels < 2:
+            raise ValueError(f"centrality_basis=grid needs at least 2 kernels, got {num_kernels}")
         self.centrality_basis = centrality_basis
         self.num_atom_types = num_atom_types
         self.cutoff = cutoff

@@ -182,12 +182,12 @@ class GraphormerConfig:
             bias); ``grid``, SchNet's fixed basis
             (:func:`~graphormer.models.geometry.gaussian_grid`: ``num_kernels`` Gaussians
             evenly spaced from 0 to ``message_cutoff``, each as wide as the spacing), which
-            resolves every distance from the first step; the attention bias and the centrality
-            keep the learned kernels. No parameter changes.
+            resolves every distance from the first step; the attention bias keeps the learned
+            kernels, the centrality follows ``centrality_basis``. No parameter changes.
         centrality_basis: what the 3D centrality sums: ``kernels`` (the default), the
             distance encoding's learned kernels, as Graphormer-3D; ``grid``, the same fixed
             Gaussians as ``message_basis=grid`` over ``[0, centrality_cutoff]`` (each atom's
-            histogram of its neighbours' distances); needs ``centrality_cutoff``. The attention
+            smooth histogram of its neighbours' distances, itself included); needs ``centrality_cutoff``. The attention
             bias keeps the learned kernels. No parameter changes.
     """
 
