@@ -93,8 +93,8 @@ class GaussianDistanceEncoding(nn.Module):
     function of its own shape and size, not one shared by all pairs up to ``gamma`` and
     ``beta``. ``centrality_basis="grid"`` sums :func:`gaussian_grid` of the distance over
     ``[0, centrality_cutoff]`` instead of the learned kernels: each atom's smooth histogram of
-    its neighbours' distances (itself included), resolved to the grid's spacing. The attention bias and the kernels
-    handed on (``pairs``) are unchanged.
+    its neighbours' distances (itself included), resolved to the grid's spacing. The attention
+    bias and the kernels handed on (``pairs``) are unchanged.
 
     Args:
         num_heads (int): ``H``.

@@ -187,8 +187,9 @@ class GraphormerConfig:
         centrality_basis: what the 3D centrality sums: ``kernels`` (the default), the
             distance encoding's learned kernels, as Graphormer-3D; ``grid``, the same fixed
             Gaussians as ``message_basis=grid`` over ``[0, centrality_cutoff]`` (each atom's
-            smooth histogram of its neighbours' distances, itself included); needs ``centrality_cutoff``. The attention
-            bias keeps the learned kernels. No parameter changes.
+            smooth histogram of its neighbours' distances, itself included); needs
+            ``centrality_cutoff``. The attention bias keeps the learned kernels. No parameter
+            changes.
     """
 
     num_layers: int = 12
@@ -394,36 +395,29 @@ class GraphormerConfig:
                 "model.vector_messages=true adds vectors to the distance messages: set "
                 "model.distance_messages=true as well"
             )
-        if self.message_basis not in ("kernels", "grid"):
-            raise ValueError(
-                f"model.message_basis={self.message_basis!r} is not allowed: kernels (the "
-                "distance encoding's learned kernels) or grid (SchNet's fixed Gaussian grid)"
-            )
-        if self.message_basis == "grid" and not self.distance_messages:
-            raise ValueError(
-                "model.message_basis=grid chooses what the distance messages read: set "
-                "model.distance_messages=true as well"
-            )
-        if self.message_basis == "grid" and self.num_kernels < 2:
-            raise ValueError(
-                f"model.message_basis=grid spaces model.num_kernels={self.num_kernels} "
-                "Gaussians from 0 to the message cutoff: set model.num_kernels at least 2"
-            )
-        if self.centrality_basis not in ("kernels", "grid"):
-            raise ValueError(
-                f"model.centrality_basis={self.centrality_basis!r} is not allowed: kernels (the "
-                "distance encoding's learned kernels) or grid (a fixed Gaussian grid)"
-            )
-        if self.centrality_basis == "grid" and self.centrality_cutoff is None:
-            raise ValueError(
-                "model.centrality_basis=grid spaces its Gaussians from 0 to the centrality's "
-                "cutoff: set model.centrality_cutoff (Angstrom) as well"
-            )
-        if self.centrality_basis == "grid" and self.num_kernels < 2:
-            raise ValueError(
-                f"model.centrality_basis=grid spaces model.num_kernels={self.num_kernels} "
-                "Gaussians from 0 to the centrality cutoff: set model.num_kernels at least 2"
-            )
+        # Each fixed grid spans 0 to its part's cutoff: (key, whether that part exists, the fix).
+        bases = (
+            ("message_basis", self.distance_messages, "model.distance_messages=true"),
+            (
+                "centrality_basis",
+                self.centrality_cutoff is not None,
+                "model.centrality_cutoff (Angstrom)",
+            ),
+        )
+        for key, present, needed in bases:
+            value = getattr(self, key)
+            if value not in ("kernels", "grid"):
+                raise ValueError(
+                    f"model.{key}={value!r} is not allowed: kernels (the distance encoding's "
+                    "learned kernels) or grid (SchNet's fixed Gaussian grid)"
+                )
+            if value == "grid" and not present:
+                raise ValueError(f"model.{key}=grid spans 0 to its cutoff: set {needed} as well")
+            if value == "grid" and self.num_kernels < 2:
+                raise ValueError(
+                    f"model.{key}=grid spaces model.num_kernels={self.num_kernels} Gaussians "
+                    "from 0 to its cutoff: set model.num_kernels at least 2"
+                )
         faded = (
             ("message_cutoff", self.message_cutoff if self.distance_messages else None, "messages"),
             ("centrality_cutoff", self.centrality_cutoff, "sum"),
