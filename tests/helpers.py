@@ -671,6 +671,16 @@ def emt_run(tmp_path: Path, *overrides: str, frames: int = 24):
     return path, run, args, read_json(run / "metrics.json")
 
 
+def assert_run_keeps_setting(tmp_path: Path, key: str, value: str, *overrides: str) -> None:
+    """A 2-epoch :func:`emt_run` with ``model.<key>=<value>`` and ``overrides`` stores the
+    setting in its checkpoint, and ``predict.py`` of its best checkpoint writes energies."""
+    extra = (f"model.{key}={value}", *overrides, "trainer.max_epochs=2")
+    path, run, _, metrics = emt_run(tmp_path, *extra)
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert state["hyper_parameters"]["model"][key] == value
+    assert_predicts_energies(tmp_path, metrics["best_checkpoint"], path, 24)
+
+
 def assert_predicts_energies(tmp_path: Path, ckpt: str, path: Path, count: int) -> None:
     """``predict.py`` of ``ckpt`` on the structure file ``path`` writes ``count`` energies,
     none missing, not all equal."""

@@ -14,9 +14,8 @@ from graphormer.models import GaussianDistanceEncoding, Graphormer, GraphormerCo
 from helpers import (
     assert_forces_are_energy_gradients,
     assert_placements_agree,
-    assert_predicts_energies,
+    assert_run_keeps_setting,
     copper_placements,
-    emt_run,
     float64_batch,
     positioned_graphs,
     proper_rotation,
@@ -213,8 +212,4 @@ def test_the_grid_centrality_settings_are_checked_and_kept():
 
 def test_train_and_predict_with_the_grid_centrality(tmp_path):
     pytest.importorskip("ase")
-    extra = ("model.centrality_cutoff=4.0", "model.centrality_basis=grid", "trainer.max_epochs=2")
-    path, run, _, metrics = emt_run(tmp_path, *extra)
-    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    assert state["hyper_parameters"]["model"]["centrality_basis"] == "grid"
-    assert_predicts_energies(tmp_path, metrics["best_checkpoint"], path, 24)
+    assert_run_keeps_setting(tmp_path, "centrality_basis", "grid", "model.centrality_cutoff=4.0")

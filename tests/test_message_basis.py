@@ -12,8 +12,7 @@ from graphormer.models import Graphormer, GraphormerConfig, gaussian_grid
 
 from helpers import (
     assert_forces_are_energy_gradients,
-    assert_predicts_energies,
-    emt_run,
+    assert_run_keeps_setting,
     float64_batch,
     positioned_graphs,
     proper_rotation,
@@ -125,8 +124,4 @@ def test_fine_tuning_takes_the_basis_with_the_architecture():
 
 def test_train_and_predict_with_the_grid(tmp_path):
     pytest.importorskip("ase")
-    extra = ("model.distance_messages=true", "model.message_basis=grid", "trainer.max_epochs=2")
-    path, run, _, metrics = emt_run(tmp_path, *extra)
-    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-    assert state["hyper_parameters"]["model"]["message_basis"] == "grid"
-    assert_predicts_energies(tmp_path, metrics["best_checkpoint"], path, 24)
+    assert_run_keeps_setting(tmp_path, "message_basis", "grid", "model.distance_messages=true")
