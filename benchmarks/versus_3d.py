@@ -212,9 +212,13 @@ def graphormer(
     forces: str = "head",
     messages: str = "off",
     message_basis: str = "kernels",
+    centrality_cutoff: float | None = None,
+    centrality_gates: bool = False,
+    centrality_basis: str = "kernels",
 ):
     from graphormer.models import Graphormer, GraphormerConfig
 
+    three_d = channels != "2d"
     config = GraphormerConfig(
         num_layers=layers,
         hidden_dim=width,
@@ -234,6 +238,9 @@ def graphormer(
         vector_messages=messages == "vectors" and channels != "2d",
         message_cutoff=CUTOFF,
         message_basis=message_basis if messages != "off" and channels != "2d" else "kernels",
+        centrality_cutoff=centrality_cutoff if three_d else None,
+        centrality_gates=centrality_gates and three_d,
+        centrality_basis=centrality_basis if three_d else "kernels",
     )
     return Graphormer(config)
 
@@ -355,6 +362,9 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
             args.forces,
             args.messages,
             args.message_basis,
+            args.centrality_cutoff,
+            args.centrality_gates,
+            args.centrality_basis,
         )
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet")
@@ -408,11 +418,15 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     if args.loss == "centred":  # no offset per molecule was trained: no relative energies
         test["energy_mae"] = None
     # graphormer_2d has no positions, hence no messages, whatever --messages says
-    messages = dense and args.messages != "off" and row != "graphormer_2d"
+    three_d = dense and row != "graphormer_2d"
+    messages = three_d and args.messages != "off"
     return {
         "row": row
         + f"+{MESSAGE_ROWS[args.messages]}" * messages
-        + "+grid" * (messages and args.message_basis == "grid"),
+        + "+grid" * (messages and args.message_basis == "grid")
+        + "+local_centrality" * (three_d and args.centrality_cutoff is not None)
+        + "+gated_centrality" * (three_d and args.centrality_gates)
+        + "+grid_centrality" * (three_d and args.centrality_basis == "grid"),
         **test,
         "valid": evaluate(model, data, "valid", dense, mean, std),
         "wall_s": time.perf_counter() - start,
@@ -516,6 +530,7 @@ TEST_KEYS = ("centred_mae", "energy_mae", "force_mae", "wall_s", "peak_mib")
 FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
     "layers", "width", "kernels", "valid_every", "messages", "message_basis",
+    "centrality_cutoff", "centrality_gates", "centrality_basis",
 )  # fmt: skip
 
 
@@ -563,6 +578,25 @@ def main() -> None:
         "Gaussians from 0 to 5 A)",
     )
     parser.add_argument(
+        "--centrality-cutoff",
+        type=float,
+        help="the 3D Graphormers' centrality sums the pairs closer than this many A, faded "
+        "smoothly (model.centrality_cutoff; default: every pair, Graphormer-3D's)",
+    )
+    parser.add_argument(
+        "--centrality-gates",
+        action="store_true",
+        help="the 3D Graphormers' centrality gates each pair by its pair of elements "
+        "(model.centrality_gates)",
+    )
+    parser.add_argument(
+        "--centrality-basis",
+        choices=("kernels", "grid"),
+        default="kernels",
+        help="with --centrality-cutoff, what the 3D centrality sums (model.centrality_basis): "
+        "the learned kernels, or a fixed Gaussian grid from 0 to the cutoff",
+    )
+    parser.add_argument(
         "--valid-every", type=int, default=5, help="epochs between validation errors"
     )
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
@@ -578,6 +612,10 @@ def main() -> None:
         )
     if args.message_basis != "kernels" and args.messages == "off":
         parser.error("--message-basis chooses what the distance messages read: add --messages")
+    if args.centrality_basis != "kernels" and args.centrality_cutoff is None:
+        parser.error(
+            "--centrality-basis grid spans 0 to the centrality's cutoff: add --centrality-cutoff"
+        )
     if args.quick:
         args.molecules, args.epochs = 120, 2
     torch.set_num_threads(1)
@@ -602,7 +640,11 @@ def main() -> None:
     for row in [r for r in args.rows if r != "mean"]:
         command = [sys.executable, __file__, "--only", row]
         for name in FORWARDED:
-            command += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+            value, flag = getattr(args, name), "--" + name.replace("_", "-")
+            if isinstance(value, bool):  # a switch: present or absent
+                command += [flag] * value
+            elif value is not None:  # None: the option's default
+                command += [flag, str(value)]
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         # The child's lines as they come (a long row shows its epochs), its result at the end.
         with subprocess.Popen(
