@@ -526,7 +526,8 @@ def mean_rows(data: dict) -> list[dict]:
 
 MESSAGE_ROWS = {"on": "messages", "vectors": "vector_messages"}
 TEST_KEYS = ("centred_mae", "energy_mae", "force_mae", "wall_s", "peak_mib")
-# What each row's child process is told: the data, the budget, the loss and the model sizes.
+# What each row's child process is told: the data, the budget, the loss, the model's sizes and
+# options.
 FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
     "layers", "width", "kernels", "valid_every", "messages", "message_basis",
@@ -612,6 +613,8 @@ def main() -> None:
         )
     if args.message_basis != "kernels" and args.messages == "off":
         parser.error("--message-basis chooses what the distance messages read: add --messages")
+    if args.centrality_cutoff is not None and args.centrality_cutoff <= 0:
+        parser.error(f"--centrality-cutoff {args.centrality_cutoff}: give a distance above 0 A")
     if args.centrality_basis != "kernels" and args.centrality_cutoff is None:
         parser.error(
             "--centrality-basis grid spans 0 to the centrality's cutoff: add --centrality-cutoff"

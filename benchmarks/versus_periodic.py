@@ -523,7 +523,8 @@ def main() -> None:
             f"| {r['row']} | {r['energy_mae']:.3f} | {r['energy_median']:.3f} | {force} "
             f"| {r['wall_s']:.0f} |"
         )
-    name = f"results_{args.structures}_{args.relaxed}_{args.epochs}.json"
+    seed = f"_seed_{args.seed}" * (args.seed != 0)  # runs of other seeds beside it keep theirs
+    name = f"results_{args.structures}_{args.relaxed}_{args.epochs}{seed}.json"
     (args.work / name).write_text(json.dumps(results, indent=1))
 
 
