@@ -371,9 +371,11 @@ def run_row(
         + "+all_atoms" * (min_tag == 0 and dense)
         + "+all_images" * (around == "all" and dense and periodic)
         + f"+{dimenet_blocks}_blocks" * (row == "dimenet_pbc" and dimenet_blocks != 3)
-        + "+local_centrality" * (centrality_cutoff is not None and dense)
+        + (f"+local_centrality_{centrality_cutoff:g}" if centrality_cutoff and dense else "")
         + "+gated_centrality" * (s["centrality_gates"] and dense)
         + "+grid_centrality" * (s["centrality_basis"] == "grid" and dense)
+        + f"+layers_{s['layers']}" * (s["layers"] != SETTINGS["layers"] and dense)
+        + f"+width_{s['width']}" * (s["width"] != SETTINGS["width"] and dense)
         + f"+force_weight_{s['force_weight']:g}" * (s["force_weight"] != 1.0 and not relaxed)
         + f"+seed_{s['seed']}" * (s["seed"] != 0),
         "energy_mae": float(np.mean(energy_error)),
@@ -530,11 +532,16 @@ def main() -> None:
             f"| {r['row']} | {r['energy_mae']:.3f} | {r['energy_median']:.3f} | {force} "
             f"| {r['wall_s']:.0f} |"
         )
-    # Runs of other seeds or force weights beside it keep their files.
-    seed = f"_seed_{args.seed}" * (args.seed != 0)
-    weight = f"_force_weight_{args.force_weight:g}" * (args.force_weight != 1.0)
-    name = f"results_{args.structures}_{args.relaxed}_{args.epochs}{weight}{seed}.json"
-    (args.work / name).write_text(json.dumps(results, indent=1))
+    # One file per data size and budget; a row's name holds its model and loss settings, so the
+    # rows of earlier commands with other settings stay and a rerun of a row replaces it.
+    name = (
+        f"results_{args.structures}_{args.relaxed}_{args.epochs}_{args.batch_size}_{args.lr:g}.json"
+    )
+    path = args.work / name
+    kept = json.loads(path.read_text()) if path.exists() else []
+    ran = {r["row"] for r in results}
+    merged = [r for r in kept if r["row"] not in ran] + results
+    path.write_text(json.dumps(merged, indent=1))
 
 
 if __name__ == "__main__":
