@@ -231,13 +231,13 @@ def graphormer(
         readout="token_sum",
         channels=channels,
         channel_probs=[0.0, 0.0, 1.0],  # with "both": bonds and positions in every batch
-        atom_vector_tasks=0 if channels == "2d" else 1,
+        atom_vector_tasks=1 if three_d else 0,
         # Forces in the energy's standardised units, as the loss compares them: force_scale 1.
         forces="gradient" if channels == "3d" and forces == "gradient" else "head",
-        distance_messages=messages != "off" and channels != "2d",
-        vector_messages=messages == "vectors" and channels != "2d",
+        distance_messages=messages != "off" and three_d,
+        vector_messages=messages == "vectors" and three_d,
         message_cutoff=CUTOFF,
-        message_basis=message_basis if messages != "off" and channels != "2d" else "kernels",
+        message_basis=message_basis if messages != "off" and three_d else "kernels",
         centrality_cutoff=centrality_cutoff if three_d else None,
         centrality_gates=centrality_gates and three_d,
         centrality_basis=centrality_basis if three_d else "kernels",
@@ -424,7 +424,11 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
         "row": row
         + f"+{MESSAGE_ROWS[args.messages]}" * messages
         + "+grid" * (messages and args.message_basis == "grid")
-        + "+local_centrality" * (three_d and args.centrality_cutoff is not None)
+        + (
+            f"+local_centrality_{args.centrality_cutoff:g}"
+            if three_d and args.centrality_cutoff
+            else ""
+        )
         + "+gated_centrality" * (three_d and args.centrality_gates)
         + "+grid_centrality" * (three_d and args.centrality_basis == "grid"),
         **test,
