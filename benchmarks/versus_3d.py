@@ -347,6 +347,36 @@ def evaluate(model, data: dict, split: str, dense: bool, mean: float, std: float
     }
 
 
+DEFAULTS = {"layers": 4, "width": 64, "kernels": 128, "force_weight": 1.0}
+
+
+def row_name(row: str, args: argparse.Namespace) -> str:
+    """``row`` with every setting that is not the default, so that the rows of commands with other
+    settings keep their own entries in one results file."""
+    dense = row.startswith("graphormer")
+    # graphormer_2d has no positions, hence no messages, whatever --messages says
+    three_d = dense and row != "graphormer_2d"
+    messages = three_d and args.messages != "off"
+    return (
+        row
+        + "+gradient" * (row == "graphormer_3d" and args.forces == "gradient")
+        + (f"+{MESSAGE_ROWS[args.messages]}" if messages else "")
+        + "+grid" * (messages and args.message_basis == "grid")
+        + (
+            f"+local_centrality_{args.centrality_cutoff:g}"
+            if three_d and args.centrality_cutoff
+            else ""
+        )
+        + "+gated_centrality" * (three_d and args.centrality_gates)
+        + "+grid_centrality" * (three_d and args.centrality_basis == "grid")
+        + f"+layers_{args.layers}" * (dense and args.layers != DEFAULTS["layers"])
+        + f"+width_{args.width}" * (dense and args.width != DEFAULTS["width"])
+        + f"+kernels_{args.kernels}" * (three_d and args.kernels != DEFAULTS["kernels"])
+        + f"+force_weight_{args.force_weight:g}"
+        * (row != "graphormer_2d" and args.force_weight != DEFAULTS["force_weight"])
+    )
+
+
 def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     """Train one row with ``args``' budget and loss; its test (and validation) errors."""
     epochs, batch_size, lr = args.epochs, args.batch_size, args.lr
@@ -417,20 +447,8 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     test = evaluate(model, data, "test", dense, mean, std)
     if args.loss == "centred":  # no offset per molecule was trained: no relative energies
         test["energy_mae"] = None
-    # graphormer_2d has no positions, hence no messages, whatever --messages says
-    three_d = dense and row != "graphormer_2d"
-    messages = three_d and args.messages != "off"
     return {
-        "row": row
-        + f"+{MESSAGE_ROWS[args.messages]}" * messages
-        + "+grid" * (messages and args.message_basis == "grid")
-        + (
-            f"+local_centrality_{args.centrality_cutoff:g}"
-            if three_d and args.centrality_cutoff
-            else ""
-        )
-        + "+gated_centrality" * (three_d and args.centrality_gates)
-        + "+grid_centrality" * (three_d and args.centrality_basis == "grid"),
+        "row": row_name(row, args),
         **test,
         "valid": evaluate(model, data, "valid", dense, mean, std),
         "wall_s": time.perf_counter() - start,
@@ -548,7 +566,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument(
-        "--force-weight", type=float, default=1.0, help="weight of the force term of the loss"
+        "--force-weight",
+        type=float,
+        default=DEFAULTS["force_weight"],
+        help="weight of the force term of the loss",
     )
     parser.add_argument(
         "--loss",
@@ -564,9 +585,11 @@ def main() -> None:
         help="the 3D Graphormers' forces: from the vector head, or as the energy's negative "
         "gradient (as SchNet's and DimeNet++'s)",
     )
-    parser.add_argument("--layers", type=int, default=4, help="Graphormer layers")
-    parser.add_argument("--width", type=int, default=64, help="Graphormer width (and FFN)")
-    parser.add_argument("--kernels", type=int, default=128, help="Gaussian kernels")
+    parser.add_argument("--layers", type=int, default=DEFAULTS["layers"], help="Graphormer layers")
+    parser.add_argument(
+        "--width", type=int, default=DEFAULTS["width"], help="Graphormer width (and FFN)"
+    )
+    parser.add_argument("--kernels", type=int, default=DEFAULTS["kernels"], help="Gaussian kernels")
     parser.add_argument(
         "--messages",
         choices=("off", "on", "vectors"),
@@ -681,9 +704,15 @@ def main() -> None:
             f"| {r['row']} | {r['centred_mae']:.3f} | {relative} | {force} | "
             f"{r['wall_s']:.0f} | {peak} |"
         )
-    (args.work / f"results_{args.molecules}_{args.epochs}.json").write_text(
-        json.dumps(results, indent=1)
+    # One file per data size, budget and energy loss; a row's name holds its model settings and
+    # force weight, so the rows of earlier commands with other settings stay and a rerun of a row
+    # replaces it.
+    path = args.work / (
+        f"results_{args.molecules}_{args.epochs}_{args.batch_size}_{args.lr:g}_{args.loss}.json"
     )
+    kept = json.loads(path.read_text()) if path.exists() else []
+    ran = {r["row"] for r in results}
+    path.write_text(json.dumps([r for r in kept if r["row"] not in ran] + results, indent=1))
 
 
 if __name__ == "__main__":
