@@ -36,7 +36,10 @@ differences (batches of whole molecules); its models learn no offset per molecul
 relative error is not printed. Test energy MAEs and force MAE (kcal/mol, kcal/mol/A), wall seconds
 of training and evaluation, and peak memory are printed side by side; ``--profile STEPS`` times
 the training steps of ``graphormer_3d`` by section instead. ``--quick`` is a small smoke run (120
-molecules, 2 epochs).
+molecules, 2 epochs). Each row's name carries every setting that is not the default (``+gradient``,
+``+vector_messages``, ``+layers_6``, ``+force_weight_3``, ...), and the rows are added to
+``results_<molecules>_<epochs>_<batch>_<lr>_<loss>.json`` under ``--work``, a rerun replacing
+only its own row, so several commands can share one ``--work``.
 """
 
 from __future__ import annotations
