@@ -33,6 +33,7 @@ __all__ = [
     "check_threads_record",
     "dimenet_plus_plus",
     "lever_rows",
+    "merge_results",
     "model_preset",
     "nci_graphs",
     "pretrain",
@@ -179,6 +180,14 @@ def run_chemprop(
         command += ["--molecule-featurizers", "v1_rdkit_2d_normalized"]
     wall = run_timed(command, str(out), threads=getattr(args, "threads", 1))
     return chemprop_predictions(out), wall
+
+
+def merge_results(path: Path, results: list[dict]) -> None:
+    """Add ``results`` (dicts with a ``row`` name) to the JSON list at ``path``: a row of the same
+    name is replaced, every other row kept, so the commands of one benchmark can share a file."""
+    ran = {r["row"] for r in results}
+    kept = json.loads(path.read_text()) if path.exists() else []
+    path.write_text(json.dumps([r for r in kept if r["row"] not in ran] + results, indent=1))
 
 
 def dimenet_plus_plus(

@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import dimenet_plus_plus, triplets
+from common import dimenet_plus_plus, merge_results, triplets
 
 ROWS = ("mean", "graphormer_2d", "graphormer_3d", "graphormer_both", "schnet", "dimenet++")
 CONFORMERS = 5
@@ -710,12 +710,11 @@ def main() -> None:
     # One file per data size, budget and energy loss; a row's name holds its model settings and
     # force weight, so the rows of earlier commands with other settings stay and a rerun of a row
     # replaces it.
-    path = args.work / (
-        f"results_{args.molecules}_{args.epochs}_{args.batch_size}_{args.lr:g}_{args.loss}.json"
+    merge_results(
+        args.work
+        / f"results_{args.molecules}_{args.epochs}_{args.batch_size}_{args.lr:g}_{args.loss}.json",
+        results,
     )
-    kept = json.loads(path.read_text()) if path.exists() else []
-    ran = {r["row"] for r in results}
-    path.write_text(json.dumps([r for r in kept if r["row"] not in ran] + results, indent=1))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ placed close above an atom, carry most of the MAE of a small test split) and its
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import dimenet_plus_plus, triplets
+from common import dimenet_plus_plus, merge_results, triplets
 
 ROWS = (
     "mean",
@@ -376,7 +375,8 @@ def run_row(
         + "+grid_centrality" * (s["centrality_basis"] == "grid" and dense)
         + f"+layers_{s['layers']}" * (s["layers"] != SETTINGS["layers"] and dense)
         + f"+width_{s['width']}" * (s["width"] != SETTINGS["width"] and dense)
-        + f"+force_weight_{s['force_weight']:g}" * (s["force_weight"] != 1.0 and not relaxed)
+        + f"+force_weight_{s['force_weight']:g}"
+        * (s["force_weight"] != SETTINGS["force_weight"] and not relaxed)
         + f"+seed_{s['seed']}" * (s["seed"] != 0),
         "energy_mae": float(np.mean(energy_error)),
         "energy_median": float(np.median(energy_error)),
@@ -534,14 +534,8 @@ def main() -> None:
         )
     # One file per data size and budget; a row's name holds its model and loss settings, so the
     # rows of earlier commands with other settings stay and a rerun of a row replaces it.
-    name = (
-        f"results_{args.structures}_{args.relaxed}_{args.epochs}_{args.batch_size}_{args.lr:g}.json"
-    )
-    path = args.work / name
-    kept = json.loads(path.read_text()) if path.exists() else []
-    ran = {r["row"] for r in results}
-    merged = [r for r in kept if r["row"] not in ran] + results
-    path.write_text(json.dumps(merged, indent=1))
+    budget = f"{args.structures}_{args.relaxed}_{args.epochs}_{args.batch_size}_{args.lr:g}"
+    merge_results(args.work / f"results_{budget}.json", results)
 
 
 if __name__ == "__main__":
