@@ -19,7 +19,8 @@ of each test molecule's own conformers: an oracle, about the best a model blind 
 do), ``graphormer_2d`` (bonds only), ``graphormer_3d`` (``model.channels=3d`` with the vector
 head for forces, or with ``--forces gradient`` ``model.forces=gradient``: forces as the energy's
 negative gradient),
-``graphormer_both`` (bonds and positions in every batch), ``schnet`` and ``dimenet++``
+``graphormer_both`` (bonds and positions in every batch; its forces as ``graphormer_3d``'s),
+``schnet`` and ``dimenet++``
 (``torch_geometric.nn.models``; forces as the negative gradient of the energy). PyG's radius
 graph and DimeNet's triplets need torch-cluster and torch-sparse, which are not dependencies here:
 this script gives both models pairs within the cutoff and triplets computed with plain torch (for
@@ -236,7 +237,7 @@ def graphormer(
         channel_probs=[0.0, 0.0, 1.0],  # with "both": bonds and positions in every batch
         atom_vector_tasks=1 if three_d else 0,
         # Forces in the energy's standardised units, as the loss compares them: force_scale 1.
-        forces="gradient" if channels == "3d" and forces == "gradient" else "head",
+        forces="gradient" if three_d and forces == "gradient" else "head",
         distance_messages=messages != "off" and three_d,
         vector_messages=messages == "vectors" and three_d,
         message_cutoff=CUTOFF,
@@ -362,7 +363,7 @@ def row_name(row: str, args: argparse.Namespace) -> str:
     messages = three_d and args.messages != "off"
     return (
         row
-        + "+gradient" * (row == "graphormer_3d" and args.forces == "gradient")
+        + "+gradient" * (three_d and args.forces == "gradient")
         + (f"+{MESSAGE_ROWS[args.messages]}" if messages else "")
         + "+grid" * (messages and args.message_basis == "grid")
         + (
@@ -636,11 +637,6 @@ def main() -> None:
     )
     parser.add_argument("--only", help=argparse.SUPPRESS)  # a child process: one row
     args = parser.parse_args()
-    if args.forces == "gradient" and "graphormer_both" in args.rows and not args.only:
-        parser.error(
-            "--forces gradient is for graphormer_3d (model.forces=gradient needs "
-            "model.channels=3d): leave graphormer_both out of --rows"
-        )
     if args.message_basis != "kernels" and args.messages == "off":
         parser.error("--message-basis chooses what the distance messages read: add --messages")
     if args.centrality_cutoff is not None and args.centrality_cutoff <= 0:

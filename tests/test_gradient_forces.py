@@ -9,7 +9,16 @@ import torch
 
 from graphormer.models import Graphormer, GraphormerConfig
 
-from helpers import TINY, call_script, energy_at, evaluate_run, read_json, slab_batch
+from helpers import (
+    TINY,
+    call_script,
+    energy_at,
+    evaluate_run,
+    float64_batch,
+    positioned_graphs,
+    read_json,
+    slab_batch,
+)
 
 pytest.importorskip("ase", reason="structures need the 3d extra (pip install ase)")
 import ase.io  # noqa: E402
@@ -116,14 +125,58 @@ def test_a_loss_on_the_forces_trains_through_the_second_derivative():
 def test_forces_gradient_refuses_what_it_cannot_differentiate():
     with pytest.raises(ValueError, match="model.forces='field' is not allowed"):
         _model(forces="field")
-    with pytest.raises(ValueError, match="needs model.channels=3d"):
-        _model(channels="both")
+    with pytest.raises(ValueError, match="needs atom positions"):
+        _model(channels="2d")
     with pytest.raises(ValueError, match="one per-atom vector target"):
         _model(atom_vector_tasks=2)
     with pytest.raises(ValueError, match="one molecule target"):
         _model(num_tasks=0)
     assert _model(forces="head").vector_head is not None
     assert _model().vector_head is None
+
+
+def test_a_model_of_bonds_and_positions_takes_its_forces_from_the_energy_of_both():
+    # channels=both: the energy reads the bond graph and the positions; its gradient is the
+    # forces. A 2D training step reads no positions: zero forces, and the step still trains.
+    torch.manual_seed(0)
+    config = GraphormerConfig(
+        num_layers=2,
+        hidden_dim=16,
+        ffn_dim=16,
+        num_heads=4,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        readout="token_sum",
+        channels="both",
+        channel_probs=[1.0, 0.0, 0.0],
+        num_kernels=8,
+        atom_vector_tasks=1,
+        forces="gradient",
+    )
+    model = Graphormer(config).double().eval()
+    batch = float64_batch(positioned_graphs())
+    pos = batch.pos.clone()
+    with torch.inference_mode():
+        vectors = model.forward_levels(batch)["atom_vector"]
+    assert model.channels(batch) == (True, True)
+    graph, atom = 1, 2
+    for axis in range(3):
+        step = torch.zeros_like(pos)
+        step[graph, atom, axis] = 1e-5
+        difference = energy_at(model, batch, pos + step) - energy_at(model, batch, pos - step)
+        expected = -float(difference[graph]) / 2e-5
+        assert abs(expected) > 1e-6
+        torch.testing.assert_close(
+            float(vectors[graph, atom, 0, axis]), expected, rtol=1e-4, atol=1e-9
+        )
+    model.train()  # channel_probs draws 2D only
+    assert model.channels(batch) == (True, False)
+    out = model.forward_levels(batch)
+    assert (out["atom_vector"] == 0).all()
+    (out["molecule"].sum() + out["atom_vector"].sum()).backward()
+    assert model.geometry.means.grad is None or (model.geometry.means.grad == 0).all()
+    assert max(float(p.grad.abs().max()) for p in model.parameters() if p.grad is not None) > 0
 
 
 def test_train_eval_and_predict_forces_as_the_energys_gradient(tmp_path):

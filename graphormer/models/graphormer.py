@@ -143,7 +143,9 @@ class GraphormerConfig:
             gradient of the first molecule output, the energy, with respect to the atom's
             position, each periodic image moving with its atom: forces that conserve energy
             where the energy is smooth, as SchNet's and DimeNet's (a hard ``cutoff``, or
-            periodic images kept by distance, make it jump as atoms cross them); needs ``channels="3d"`` and one vector task, and costs
+            periodic images kept by distance, make it jump as atoms cross them); needs ``channels``
+            3d or both (a 2D training step of ``both`` reads no positions: its forces are
+            zeros and teach nothing) and one vector task, and costs
             about twice the time of a training step). The scale from the energy's units to
             the vectors' is :attr:`Graphormer.force_scale` (set by the training module).
         num_tags: rows of an embedding of each atom's tag (``batch.tags``; OC20's 0 fixed
@@ -358,12 +360,12 @@ class GraphormerConfig:
                 "gradient (forces as the energy's negative gradient)"
             )
         if self.forces == "gradient" and (
-            self.channels != "3d" or self.atom_vector_tasks != 1 or self.num_tasks < 1
+            self.channels == "2d" or self.atom_vector_tasks != 1 or self.num_tasks < 1
         ):
             raise ValueError(
                 "model.forces=gradient predicts one vector per atom, the negative gradient of "
                 "the first molecule target (the energy) with respect to the positions: it needs "
-                "model.channels=3d, one molecule target and one per-atom vector target "
+                "model.channels=3d or both, one molecule target and one per-atom vector target "
                 f"(got channels={self.channels}, {self.num_tasks} molecule output(s), "
                 f"{self.atom_vector_tasks} vector target(s))"
             )
@@ -1097,9 +1099,12 @@ class Graphormer(nn.Module):
             found = self._levels(moved, return_attention, perturb)
             out, attentions = found if return_attention else (found, None)
             energy = out["molecule"][:, 0].float().sum()
-            # Every position enters the energy (the distance encoding reads each pair, an atom
-            # with itself included), so the gradient exists: zeros for a lone atom.
-            (grad,) = torch.autograd.grad(energy, leaf, create_graph=train)
+            # A pass that reads positions reads every one (the distance encoding takes each
+            # pair, an atom with itself included): zeros for a lone atom. A 2D training step of
+            # a `both` model reads none, and its energy has no gradient: zeros.
+            (grad,) = torch.autograd.grad(
+                energy, leaf, create_graph=train, allow_unused=True, materialize_grads=True
+            )
         mask = batch.atom_mask[..., None, None]
         vectors = -grad.unsqueeze(2) * self.force_scale.to(grad.dtype)  # [B, N, 1, 3]
         out["atom_vector"] = vectors * mask.to(vectors.dtype)
