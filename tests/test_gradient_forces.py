@@ -138,23 +138,14 @@ def test_forces_gradient_refuses_what_it_cannot_differentiate():
 def test_a_model_of_bonds_and_positions_takes_its_forces_from_the_energy_of_both():
     # channels=both: the energy reads the bond graph and the positions; its gradient is the
     # forces. A 2D training step reads no positions: zero forces, and the step still trains.
-    torch.manual_seed(0)
-    config = GraphormerConfig(
-        num_layers=2,
-        hidden_dim=16,
-        ffn_dim=16,
-        num_heads=4,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        readout="token_sum",
+    ogb = GraphormerConfig()  # molecules: OGB's atom and bond features
+    model = _model(
         channels="both",
         channel_probs=[1.0, 0.0, 0.0],
-        num_kernels=8,
-        atom_vector_tasks=1,
-        forces="gradient",
-    )
-    model = Graphormer(config).double().eval()
+        atom_feature_dims=ogb.atom_feature_dims,
+        bond_feature_dims=ogb.bond_feature_dims,
+        num_tags=0,
+    ).eval()
     batch = float64_batch(positioned_graphs())
     pos = batch.pos.clone()
     with torch.inference_mode():
