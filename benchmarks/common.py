@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,20 @@ def train_command(out: Path, *overrides: str) -> list[str]:
     ]
 
 
+def failed(name: str, returncode: int, output: str) -> SystemExit:
+    """The exit of a benchmark whose child ``name`` failed: its last output and, when a signal
+    killed it (a negative ``returncode``), which one. Such a child prints nothing of its own:
+    on Linux a SIGKILL is, as a rule, the kernel's out-of-memory killer."""
+    why = ""
+    if returncode < 0:
+        signal_name = signal.Signals(-returncode).name
+        why = f" (killed by {signal_name}"
+        if -returncode == signal.SIGKILL:
+            why += ": out of memory, as a rule; run fewer benchmark processes at a time"
+        why += ")"
+    return SystemExit(f"{name} failed{why}:\n{output[-3000:]}")
+
+
 def run_timed(command: list[str], name: str, show: bool = False, threads: int = 1) -> float:
     """Runs ``command`` with this checkout first on ``PYTHONPATH`` and ``threads`` threads (0:
     torch's default); its wall seconds. A failure ends the benchmark with the command's last
@@ -78,7 +93,7 @@ def run_timed(command: list[str], name: str, show: bool = False, threads: int = 
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     if result.returncode:
-        raise SystemExit(f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise failed(name, result.returncode, f"{result.stdout[-3000:]}\n{result.stderr}")
     if show:
         print(result.stdout, end="", flush=True)
     return wall

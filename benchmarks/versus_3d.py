@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import dimenet_plus_plus, merge_results, triplets
+from common import dimenet_plus_plus, failed, merge_results, triplets
 
 ROWS = ("mean", "graphormer_2d", "graphormer_3d", "graphormer_both", "schnet", "dimenet++")
 CONFORMERS = 5
@@ -687,7 +687,7 @@ def main() -> None:
                     print(line, end="", flush=True)
             error = process.stderr.read()
         if process.returncode or not found:
-            raise SystemExit(f"{row} failed:\n{error[-3000:]}")
+            raise failed(row, process.returncode, error)
         results.append(found[0])
         print(f"  {row}: test {json.dumps({k: found[0][k] for k in TEST_KEYS})}", flush=True)
     print(
