@@ -65,9 +65,10 @@ def train_command(out: Path, *overrides: str) -> list[str]:
 
 
 def failed(name: str, returncode: int, output: str) -> SystemExit:
-    """The exit of a benchmark whose child ``name`` failed: its last output and, when a signal
-    killed it (a negative ``returncode``), which one. Such a child prints nothing of its own:
-    on Linux a SIGKILL is, as a rule, the kernel's out-of-memory killer."""
+    """The exit of a benchmark whose child ``name`` failed: its ``output`` (the caller keeps its
+    tail) and, when a signal killed it (a negative ``returncode``), which one. Such a child
+    prints nothing of its own: on Linux a SIGKILL is, as a rule, the kernel's out-of-memory
+    killer."""
     why = ""
     if returncode < 0:
         signal_name = signal.Signals(-returncode).name
@@ -75,7 +76,7 @@ def failed(name: str, returncode: int, output: str) -> SystemExit:
         if -returncode == signal.SIGKILL:
             why += ": out of memory, as a rule; run fewer benchmark processes at a time"
         why += ")"
-    return SystemExit(f"{name} failed{why}:\n{output[-3000:]}")
+    return SystemExit(f"{name} failed{why}:\n{output}")
 
 
 def run_timed(command: list[str], name: str, show: bool = False, threads: int = 1) -> float:
@@ -93,7 +94,7 @@ def run_timed(command: list[str], name: str, show: bool = False, threads: int = 
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - start
     if result.returncode:
-        raise failed(name, result.returncode, f"{result.stdout[-3000:]}\n{result.stderr}")
+        raise failed(name, result.returncode, f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     if show:
         print(result.stdout, end="", flush=True)
     return wall

@@ -687,7 +687,7 @@ def main() -> None:
                     print(line, end="", flush=True)
             error = process.stderr.read()
         if process.returncode or not found:
-            raise failed(row, process.returncode, error)
+            raise failed(row, process.returncode, error[-3000:])
         results.append(found[0])
         print(f"  {row}: test {json.dumps({k: found[0][k] for k in TEST_KEYS})}", flush=True)
     print(
