@@ -33,6 +33,7 @@ __all__ = [
     "check_pretrain_record",
     "check_threads_record",
     "dimenet_plus_plus",
+    "failed",
     "lever_rows",
     "merge_results",
     "model_preset",
