@@ -219,6 +219,7 @@ def graphormer(
     centrality_cutoff: float | None = None,
     centrality_gates: bool = False,
     centrality_basis: str = "kernels",
+    angle_cutoff: float | None = None,
 ):
     from graphormer.models import Graphormer, GraphormerConfig
 
@@ -245,6 +246,7 @@ def graphormer(
         centrality_cutoff=centrality_cutoff if three_d else None,
         centrality_gates=centrality_gates and three_d,
         centrality_basis=centrality_basis if three_d else "kernels",
+        angle_cutoff=angle_cutoff if three_d else None,
     )
     return Graphormer(config)
 
@@ -373,6 +375,7 @@ def row_name(row: str, args: argparse.Namespace) -> str:
         )
         + "+gated_centrality" * (three_d and args.centrality_gates)
         + "+grid_centrality" * (three_d and args.centrality_basis == "grid")
+        + (f"+angles_{args.angle_cutoff:g}" if three_d and args.angle_cutoff else "")
         + f"+layers_{args.layers}" * (dense and args.layers != DEFAULTS["layers"])
         + f"+width_{args.width}" * (dense and args.width != DEFAULTS["width"])
         + f"+kernels_{args.kernels}" * (three_d and args.kernels != DEFAULTS["kernels"])
@@ -399,6 +402,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
             args.centrality_cutoff,
             args.centrality_gates,
             args.centrality_basis,
+            args.angle_cutoff,
         )
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet")
@@ -557,7 +561,7 @@ TEST_KEYS = ("centred_mae", "energy_mae", "force_mae", "wall_s", "peak_mib")
 FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
     "layers", "width", "kernels", "valid_every", "messages", "message_basis",
-    "centrality_cutoff", "centrality_gates", "centrality_basis",
+    "centrality_cutoff", "centrality_gates", "centrality_basis", "angle_cutoff",
 )  # fmt: skip
 
 
@@ -629,6 +633,12 @@ def main() -> None:
         "the learned kernels, or a fixed Gaussian grid from 0 to the cutoff",
     )
     parser.add_argument(
+        "--angle-cutoff",
+        type=float,
+        help="the 3D Graphormers' atoms add a histogram of the angles between their neighbours "
+        "closer than this many A (model.angle_cutoff; default: none)",
+    )
+    parser.add_argument(
         "--valid-every", type=int, default=5, help="epochs between validation errors"
     )
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
@@ -641,6 +651,8 @@ def main() -> None:
         parser.error("--message-basis chooses what the distance messages read: add --messages")
     if args.centrality_cutoff is not None and args.centrality_cutoff <= 0:
         parser.error(f"--centrality-cutoff {args.centrality_cutoff}: give a distance above 0 A")
+    if args.angle_cutoff is not None and args.angle_cutoff <= 0:
+        parser.error(f"--angle-cutoff {args.angle_cutoff}: give a distance above 0 A")
     if args.centrality_basis != "kernels" and args.centrality_cutoff is None:
         parser.error(
             "--centrality-basis grid spans 0 to the centrality's cutoff: add --centrality-cutoff"

@@ -119,6 +119,7 @@ SETTINGS = {
     "vector_messages": False,
     "message_basis": "kernels",
     "centrality_basis": "kernels",
+    "angle_cutoff": None,
     "seed": 0,
 }
 
@@ -153,6 +154,7 @@ def graphormer(vector: bool, forces: str = "head", settings: dict | None = None)
         vector_messages=s["vector_messages"] and s["messages"],
         message_basis=s["message_basis"] if s["messages"] else "kernels",
         centrality_basis=s["centrality_basis"],
+        angle_cutoff=s["angle_cutoff"],
     )
     return Graphormer(config)
 
@@ -373,6 +375,7 @@ def run_row(
         + (f"+local_centrality_{centrality_cutoff:g}" if centrality_cutoff and dense else "")
         + "+gated_centrality" * (s["centrality_gates"] and dense)
         + "+grid_centrality" * (s["centrality_basis"] == "grid" and dense)
+        + (f"+angles_{s['angle_cutoff']:g}" if s["angle_cutoff"] and dense else "")
         + f"+layers_{s['layers']}" * (s["layers"] != SETTINGS["layers"] and dense)
         + f"+width_{s['width']}" * (s["width"] != SETTINGS["width"] and dense)
         + f"+force_weight_{s['force_weight']:g}"
@@ -498,7 +501,18 @@ def main() -> None:
         help="with --messages, what the messages' filters read (model.message_basis): the "
         "distance encoding's learned kernels, or SchNet's fixed Gaussian grid",
     )
+    parser.add_argument(
+        "--angle-cutoff",
+        type=float,
+        help="the Graphormers' atoms add a histogram of the angles between their neighbours "
+        "closer than this many A (model.angle_cutoff; default: none)",
+    )
     args = parser.parse_args()
+    if args.angle_cutoff is not None and not 0 < args.angle_cutoff <= PBC_CUTOFF:
+        parser.error(
+            f"--angle-cutoff {args.angle_cutoff}: give a distance above 0 A and at most the "
+            f"periodic images' {PBC_CUTOFF:g} A"
+        )
     if args.vector_messages and not args.messages:
         parser.error("--vector-messages adds vectors to the distance messages: add --messages")
     if args.centrality_basis != "kernels" and args.centrality_cutoff is None:

@@ -1,6 +1,7 @@
 from graphormer.models.attention import BiasedMultiheadAttention
 from graphormer.models.encoders import CategoricalEmbedding, GraphAttentionBias, NodeEncoder
 from graphormer.models.geometry import (
+    AngularCentrality,
     DistanceMessages,
     GaussianDistanceEncoding,
     VectorHead,
@@ -18,6 +19,7 @@ from graphormer.models.layers import GraphormerLayer
 from graphormer.models.molecule_features import MoleculeFeatureInput
 
 __all__ = [
+    "AngularCentrality",
     "BiasedMultiheadAttention",
     "CategoricalEmbedding",
     "DistanceMessages",

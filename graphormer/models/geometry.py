@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from graphormer.models.init import bert_init_
 
 __all__ = [
+    "AngularCentrality",
     "DistanceMessages",
     "GaussianDistanceEncoding",
     "VectorHead",
@@ -250,6 +251,92 @@ def gaussian_grid(distance: Tensor, cutoff: float, count: int) -> Tensor:
     centres = torch.linspace(0.0, cutoff, count, dtype=distance.dtype, device=distance.device)
     spacing = cutoff / (count - 1)
     return torch.exp(-0.5 * ((distance.unsqueeze(-1) - centres) / spacing) ** 2)
+
+
+class AngularCentrality(nn.Module):
+    r"""Each atom's smooth histogram of the angles at which it sees its neighbours, added to its
+    input: a three-body term beside Graphormer-3D's 3D centrality (a sum over pairs), as the
+    angular symmetry functions of Behler-Parrinello and ANI potentials (Smith et al., 2017,
+    https://arxiv.org/abs/1610.08935) describe an atom's environment. For atom ``i`` and each
+    unordered pair of distinct neighbours ``j``, ``k`` closer than the cutoff ``r_a``, with
+    :math:`\cos\theta_{jik} = \hat r_{ij} \cdot \hat r_{ik}` and :math:`C` the cosine switch:
+
+    .. math::
+        a_i = \sum_{j < k} C(d_{ij})\, C(d_{ik})\;
+            A(\cos\theta_{jik}) \otimes R\big(\tfrac12 (d_{ij} + d_{ik})\big) \otimes
+            (e_{t_j} \odot e_{t_k}), \qquad h_i \leftarrow h_i + \mathrm{Lin}(a_i)
+
+    ``A`` is :data:`ANGLES` fixed Gaussians of the cosine spaced over ``[-1, 1]``, ``R``
+    :data:`RADII` fixed Gaussians of the legs' mean length over ``[0, r_a]`` (both as
+    :func:`gaussian_grid`), and ``e`` a learned :data:`ELEMENTS`-vector per atom type, whose
+    products tell the pairs of neighbouring elements apart (ANI keeps one histogram per pair of
+    elements; here the channels are shared and learned). Bond angles, which a sum of pair
+    distances sees only through the 1-3 distance and its neighbours, enter the first layer
+    directly; everything is smooth in the positions (forces as the energy's gradient differentiate
+    through it) and invariant to rotations, translations, reflections and atom order.
+
+    Args:
+        hidden_dim (int): model width ``d``.
+        num_atom_types (int): atom types, 0 (padding) included.
+        cutoff (float): ``r_a``, Angstrom.
+
+    Shapes:
+        - input: the distance encoding's ``pairs`` (:meth:`GaussianDistanceEncoding.encode`:
+          every ordered pair of real atoms, row-major), ``atom_type`` ``[B, N]``,
+          ``node_mask`` ``[B, N]``
+        - output: ``[B, N, d]``, zero at padding
+    """
+
+    ANGLES = 16
+    RADII = 4
+    ELEMENTS = 8
+
+    def __init__(self, hidden_dim: int, num_atom_types: int, cutoff: float) -> None:
+        super().__init__()
+        self.cutoff = cutoff
+        self.elements = nn.Embedding(num_atom_types, self.ELEMENTS)
+        self.out = nn.Linear(self.ANGLES * self.RADII * self.ELEMENTS, hidden_dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.elements.weight)
+        bert_init_(self.out)
+
+    def forward(self, pairs: tuple[Tensor, ...], atom_type: Tensor, node_mask: Tensor) -> Tensor:
+        graph, i, j, _, distance, unit = pairs
+        b, n = node_mask.shape
+        keep = (i != j) & (distance < self.cutoff)
+        graph, i, j, distance, unit = graph[keep], i[keep], j[keep], distance[keep], unit[keep]
+        first, second = neighbour_pairs(graph * n + i, b * n)  # [T] each, rows of the pairs
+        cosine = (unit[first] * unit[second]).sum(-1)  # [T]
+        angles = gaussian_grid(cosine + 1, 2.0, self.ANGLES)  # centres over cos in [-1, 1]
+        legs = 0.5 * (distance[first] + distance[second])
+        radii = gaussian_grid(legs, self.cutoff, self.RADII)
+        switch = cosine_switch(distance, self.cutoff)
+        weight = switch[first] * switch[second]  # [T]
+        shape = (angles.unsqueeze(2) * radii.unsqueeze(1)).flatten(1) * weight.unsqueeze(1)
+        dtype = self.out.weight.dtype
+        neighbours = self.elements(atom_type[graph, j]).to(shape.dtype)  # [P', E]
+        species = neighbours[first] * neighbours[second]  # [T, E]
+        terms = (shape.unsqueeze(2) * species.unsqueeze(1)).flatten(1)  # [T, A * R * E]
+        centre = (graph * n + i)[first]
+        sums = terms.new_zeros(b * n, terms.size(1)).index_add(0, centre, terms)
+        atoms = self.out(sums.to(dtype)).view(b, n, -1)
+        return atoms * node_mask.unsqueeze(-1).to(atoms.dtype)
+
+
+def neighbour_pairs(centre: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    """For pairs ``[P]`` sorted by their centre (any ``[0, size)`` index), every unordered
+    pair of distinct pairs that share a centre, as two ``[T]`` indices into them (``first <
+    second``): each atom's pairs of neighbours, the triplets of an angle."""
+    count = torch.bincount(centre, minlength=size)  # [size]
+    start = torch.cumsum(count, 0) - count
+    index = torch.arange(centre.numel(), device=centre.device)
+    later = count[centre] - (index - start[centre]) - 1  # pairs after each in its group
+    first = torch.repeat_interleave(index, later)  # [T]
+    offset = torch.cumsum(later, 0) - later  # where each pair's triplets begin
+    step = torch.arange(first.numel(), device=centre.device) - offset[first]
+    return first, first + 1 + step
 
 
 class DistanceMessages(nn.Module):

@@ -21,6 +21,7 @@ from graphormer.errors import DataError
 from graphormer.models.dropout import Dropout, twice_differentiable
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder, touch
 from graphormer.models.geometry import (
+    AngularCentrality,
     DistanceMessages,
     GaussianDistanceEncoding,
     VectorHead,
@@ -192,6 +193,11 @@ class GraphormerConfig:
             smooth histogram of its neighbours' distances, itself included); needs
             ``centrality_cutoff``. The attention bias keeps the learned kernels. No parameter
             changes.
+        angle_cutoff: Angstrom; each atom's input adds a smooth histogram of the angles
+            between pairs of its neighbours closer than this, each pair's legs and elements
+            (:class:`~graphormer.models.geometry.AngularCentrality`, a three-body term as ANI's
+            angular symmetry functions); needs ``channels`` 3d or both; at most ``cutoff``.
+            None (the default) builds none; not part of Graphormer-3D.
     """
 
     num_layers: int = 12
@@ -240,6 +246,7 @@ class GraphormerConfig:
     vector_messages: bool = False
     message_basis: str = "kernels"
     centrality_basis: str = "kernels"
+    angle_cutoff: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -378,9 +385,11 @@ class GraphormerConfig:
         self.centrality_cutoff = _distance(
             "centrality_cutoff", self.centrality_cutoff, optional=True
         )
+        self.angle_cutoff = _distance("angle_cutoff", self.angle_cutoff, optional=True)
         for key, value in (
             ("centrality_cutoff", self.centrality_cutoff),
             ("centrality_gates", self.centrality_gates),
+            ("angle_cutoff", self.angle_cutoff),
         ):
             if value not in (None, False) and self.channels == "2d":
                 raise ValueError(
@@ -423,6 +432,7 @@ class GraphormerConfig:
         faded = (
             ("message_cutoff", self.message_cutoff if self.distance_messages else None, "messages"),
             ("centrality_cutoff", self.centrality_cutoff, "sum"),
+            ("angle_cutoff", self.angle_cutoff, "angles"),
         )
         for key, reach, what in faded:
             if reach is not None and cutoff is not None and reach > cutoff:
@@ -469,6 +479,10 @@ class GraphormerConfig:
             k, types = self.num_kernels, self.atom_feature_dims[0] + 1
             tables += 2 * types * types + 2 * k + (k + 1) * (k + self.num_heads) + (k + 1) * h
             tables += types * types * k if self.centrality_gates else 0
+        if self.angle_cutoff is not None:
+            angular = AngularCentrality
+            channels = angular.ANGLES * angular.RADII * angular.ELEMENTS
+            tables += (self.atom_feature_dims[0] + 1) * angular.ELEMENTS + (channels + 1) * h
         if self.distance_messages:
             block = 14 * h * h + 15 * h if self.vector_messages else 4 * h * h + 5 * h
             tables += layers * ((self.num_kernels + 1) * h + block)
@@ -657,6 +671,11 @@ class Graphormer(nn.Module):
             else None
         )
         # Only when asked for, as the 3D channel: existing checkpoints keep their tensors.
+        self.angles = (
+            AngularCentrality(c.hidden_dim, c.atom_feature_dims[0] + 1, c.angle_cutoff)
+            if c.uses_positions and c.angle_cutoff is not None
+            else None
+        )
         messages = VectorMessages if c.vector_messages else DistanceMessages
         self.messages = (
             nn.ModuleList(messages(c.num_kernels, c.hidden_dim) for _ in range(c.num_layers))
@@ -810,8 +829,12 @@ class Graphormer(nn.Module):
             atom_type = (batch.x[..., 0] + 1) * node_mask  # [B, N], 0 at padding
             geometry = self.geometry.encode(batch.pos, atom_type, node_mask)
             h = h + geometry[1].to(h.dtype)  # the 3D centrality
+            if self.angles is not None:
+                h = h + self.angles(geometry[3], atom_type, node_mask).to(h.dtype)
         elif self.geometry is not None:
             h = touch(h, self.geometry)
+            if self.angles is not None:
+                h = touch(h, self.angles)
             if self.messages is not None:
                 h = touch(h, self.messages)
         if self.tag_encoder is not None:

@@ -57,6 +57,7 @@ _STRUCTURE = (
     "centrality_cutoff",
     "centrality_gates",
     "centrality_basis",
+    "angle_cutoff",
     # Periodic structures: the tag embedding's rows, and how often the layers run.
     "num_tags",
     "blocks",
