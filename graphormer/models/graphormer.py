@@ -762,6 +762,8 @@ class Graphormer(nn.Module):
         self.attn_bias.reset_parameters()
         if self.geometry is not None:
             self.geometry.reset_parameters()
+        if self.angles is not None:
+            self.angles.reset_parameters()
         nn.init.normal_(self.graph_token, std=0.02)
         if self.tag_encoder is not None:
             nn.init.normal_(self.tag_encoder.weight, std=0.02)
