@@ -307,7 +307,8 @@ class AngularCentrality(nn.Module):
         b, n = node_mask.shape
         keep = (i != j) & (distance < self.cutoff)
         graph, i, j, distance, unit = graph[keep], i[keep], j[keep], distance[keep], unit[keep]
-        first, second = neighbour_pairs(graph * n + i, b * n)  # [T] each, rows of the pairs
+        row = graph * n + i  # [P'] each pair's centre atom, as a row of [B * N]
+        first, second = neighbour_pairs(row, b * n)  # [T] each, rows of the pairs
         cosine = (unit[first] * unit[second]).sum(-1)  # [T]
         angles = gaussian_grid(cosine + 1, 2.0, self.ANGLES)  # centres over cos in [-1, 1]
         legs = 0.5 * (distance[first] + distance[second])
@@ -319,8 +320,7 @@ class AngularCentrality(nn.Module):
         neighbours = self.elements(atom_type[graph, j]).to(shape.dtype)  # [P', E]
         species = neighbours[first] * neighbours[second]  # [T, E]
         terms = (shape.unsqueeze(2) * species.unsqueeze(1)).flatten(1)  # [T, A * R * E]
-        centre = (graph * n + i)[first]
-        sums = terms.new_zeros(b * n, terms.size(1)).index_add(0, centre, terms)
+        sums = terms.new_zeros(b * n, terms.size(1)).index_add(0, row[first], terms)
         atoms = self.out(sums.to(dtype)).view(b, n, -1)
         return atoms * node_mask.unsqueeze(-1).to(atoms.dtype)
 
