@@ -220,6 +220,7 @@ def graphormer(
     centrality_gates: bool = False,
     centrality_basis: str = "kernels",
     angle_cutoff: float | None = None,
+    angular_messages: int = 0,
 ):
     from graphormer.models import Graphormer, GraphormerConfig
 
@@ -247,6 +248,7 @@ def graphormer(
         centrality_gates=centrality_gates and three_d,
         centrality_basis=centrality_basis if three_d else "kernels",
         angle_cutoff=angle_cutoff if three_d else None,
+        angular_messages=angular_messages if messages != "off" and three_d else 0,
     )
     return Graphormer(config)
 
@@ -376,6 +378,11 @@ def row_name(row: str, args: argparse.Namespace) -> str:
         + "+gated_centrality" * (three_d and args.centrality_gates)
         + "+grid_centrality" * (three_d and args.centrality_basis == "grid")
         + (f"+angles_{args.angle_cutoff:g}" if three_d and args.angle_cutoff else "")
+        + (
+            f"+angular_messages_{args.angular_messages}"
+            if messages and args.angular_messages
+            else ""
+        )
         + f"+layers_{args.layers}" * (dense and args.layers != DEFAULTS["layers"])
         + f"+width_{args.width}" * (dense and args.width != DEFAULTS["width"])
         + f"+kernels_{args.kernels}" * (three_d and args.kernels != DEFAULTS["kernels"])
@@ -403,6 +410,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
             args.centrality_gates,
             args.centrality_basis,
             args.angle_cutoff,
+            args.angular_messages,
         )
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet")
@@ -562,6 +570,7 @@ FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
     "layers", "width", "kernels", "valid_every", "messages", "message_basis",
     "centrality_cutoff", "centrality_gates", "centrality_basis", "angle_cutoff",
+    "angular_messages",
 )  # fmt: skip
 
 
@@ -639,6 +648,14 @@ def main() -> None:
         "closer than this many A (model.angle_cutoff; default: none)",
     )
     parser.add_argument(
+        "--angular-messages",
+        type=int,
+        default=0,
+        metavar="L",
+        help="with --messages, each layer adds sums over pairs of neighbours of the powers 1 to "
+        "L of the cosine of the angle between them (model.angular_messages; default: 0, none)",
+    )
+    parser.add_argument(
         "--valid-every", type=int, default=5, help="epochs between validation errors"
     )
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
@@ -649,6 +666,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.message_basis != "kernels" and args.messages == "off":
         parser.error("--message-basis chooses what the distance messages read: add --messages")
+    if args.angular_messages < 0:
+        parser.error(f"--angular-messages {args.angular_messages}: give 0 (none) or more")
+    if args.angular_messages and args.messages == "off":
+        parser.error("--angular-messages adds angles to the distance messages: add --messages")
     if args.centrality_cutoff is not None and args.centrality_cutoff <= 0:
         parser.error(f"--centrality-cutoff {args.centrality_cutoff}: give a distance above 0 A")
     if args.angle_cutoff is not None and args.angle_cutoff <= 0:

@@ -2,6 +2,7 @@ from graphormer.models.attention import BiasedMultiheadAttention
 from graphormer.models.encoders import CategoricalEmbedding, GraphAttentionBias, NodeEncoder
 from graphormer.models.geometry import (
     AngularCentrality,
+    AngularMessages,
     DistanceMessages,
     GaussianDistanceEncoding,
     VectorHead,
@@ -20,6 +21,7 @@ from graphormer.models.molecule_features import MoleculeFeatureInput
 
 __all__ = [
     "AngularCentrality",
+    "AngularMessages",
     "BiasedMultiheadAttention",
     "CategoricalEmbedding",
     "DistanceMessages",

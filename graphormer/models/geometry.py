@@ -14,6 +14,7 @@ from graphormer.models.init import bert_init_
 
 __all__ = [
     "AngularCentrality",
+    "AngularMessages",
     "DistanceMessages",
     "GaussianDistanceEncoding",
     "VectorHead",
@@ -480,6 +481,111 @@ class VectorMessages(nn.Module):
         norm = (v.pow(2).sum(1) + 1e-8).sqrt()  # [R, d]
         e, f, g = self.update(torch.cat([self.update_norm(h), norm], dim=-1)).split(d, dim=-1)
         return h + f * (u * v).sum(1) + g, vectors + e.unsqueeze(1) * u
+
+
+def direction_powers(unit: Tensor, degree: int) -> Tensor:
+    r"""``[P, M]``: each unit vector's monomials of degree ``degree``, each times the square
+    root of its multinomial coefficient, so that for two unit vectors ``a``, ``b`` the scalar
+    product of their rows is ``(a . b) ** degree`` (the components of the symmetric tensor
+    power :math:`\hat r^{\otimes l}`, each distinct one once). ``M = (l + 1)(l + 2) / 2``."""
+    columns = []
+    for a in range(degree, -1, -1):
+        for b in range(degree - a, -1, -1):
+            c = degree - a - b
+            weight = math.sqrt(
+                math.factorial(degree) / (math.factorial(a) * math.factorial(b) * math.factorial(c))
+            )
+            columns.append(weight * unit[:, 0] ** a * unit[:, 1] ** b * unit[:, 2] ** c)
+    return torch.stack(columns, dim=1)
+
+
+class AngularMessages(nn.Module):
+    r"""Messages that read the angles between an atom's neighbours in every layer: each atom's
+        filtered neighbour states, summed with the powers of the bond direction as weights,
+        contracted to invariants (the three-body terms of the atomic cluster expansion, Drautz
+        2019, https://doi.org/10.1103/PhysRevB.99.014104, and MACE, Batatia et al., 2022,
+        https://arxiv.org/abs/2206.07697, with Cartesian powers in place of spherical harmonics),
+        as a residual block after the distance messages. For degrees :math:`l = 1 \ldots L`, with
+        :math:`\hat r_{ij}` the unit vector from ``i`` to ``j``, :math:`C` the cosine switch and
+        :math:`x_j = \mathrm{Lin}(\mathrm{LN}(h_j))`:
+
+        .. math::
+            A^{(l)}_i = \sum_j C(d_{ij})\, W_l(\psi_{ij}) \odot x_j \;\hat r_{ij}^{\otimes l},
+            \qquad
+            B^{(l)}_i = ig\langle A^{(l)}_i,\, U_l A^{(l)}_i ig
+    angle
+                = \sum_{j, k} (\hat r_{ij} \cdot \hat r_{ik})^l \,(\ldots)_j \odot U_l (\ldots)_k
+
+        (``U_l`` mixes channels), and :math:`h_i \leftarrow h_i + \mathrm{MLP}(\mathrm{LN}(B^{(1)}_i,
+        \ldots, B^{(L)}_i))`. Each :math:`B^{(l)}` is a sum over pairs of neighbours of the
+        ``l``-th power of the cosine of the angle between them, with learned radial and element
+        weights on both legs: up to ``L`` the polynomials of the angle are resolved, in every layer,
+        at the cost of a sum over pairs (not over triplets). Smooth in the positions and invariant to
+        rotations, reflections, translations and atom order.
+
+        Args:
+            num_kernels (int): ``K`` of the distance encoding.
+            hidden_dim (int): model width ``d``.
+            degree (int): ``L``, the highest power of the cosine.
+
+        Shapes:
+            - input: ``h`` ``[R, d]``, ``target`` and ``source`` ``[P]`` rows, ``psi`` ``[P, K]``,
+              ``switch`` ``[P]``, ``unit`` ``[P, 3]`` (as :class:`VectorMessages`)
+            - output: ``[R, d]``
+    """
+
+    def __init__(self, num_kernels: int, hidden_dim: int, degree: int) -> None:
+        super().__init__()
+        d = hidden_dim
+        self.degree = degree
+        self.norm = nn.LayerNorm(d)
+        self.inp = nn.Linear(d, d, bias=False)
+        self.filter = nn.Sequential(nn.Linear(num_kernels, d), nn.GELU(), nn.Linear(d, degree * d))
+        self.mix = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(degree))
+        self.out_norm = nn.LayerNorm(degree * d)
+        self.out = nn.Sequential(nn.Linear(degree * d, d), nn.GELU(), nn.Linear(d, d))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.norm.reset_parameters()
+        self.out_norm.reset_parameters()
+        bert_init_(self.inp, *self.filter[::2], *self.mix, *self.out[::2])
+
+    def forward(
+        self,
+        h: Tensor,
+        target: Tensor,
+        source: Tensor,
+        psi: Tensor,
+        switch: Tensor,
+        unit: Tensor,
+    ) -> Tensor:
+        rows, d = h.shape
+        x = self.inp(self.norm(h))  # [R, d]
+        gate = self.filter(psi.to(x.dtype)) * switch.unsqueeze(-1).to(x.dtype)  # [P, L d]
+        # Each atom's neighbours in slots of a padded [R, S] layout, so that each density is a
+        # batched product [M, S] x [S, d] per atom: no [P, M, d] tensor of every pair's terms.
+        count = torch.bincount(target, minlength=rows)  # [R]
+        order = torch.argsort(target, stable=True)
+        start = torch.cumsum(count, 0) - count
+        slot = torch.empty_like(target)
+        slot[order] = torch.arange(target.numel(), device=target.device) - start[target[order]]
+        width = int(count.max()) if target.numel() else 1
+        place = target * width + slot  # [P] each pair's row of the padded layout
+        # Summed in float32 at least, as the other messages.
+        wide = torch.promote_types(x.dtype, torch.float32)
+        values = (x.index_select(0, source).repeat(1, self.degree) * gate).to(wide)  # [P, L d]
+        padded = values.new_zeros(rows * width, values.size(1)).index_copy(0, place, values)
+        padded = padded.view(rows, width, self.degree, d)
+        invariants = []
+        for level in range(1, self.degree + 1):
+            powers = direction_powers(unit.to(wide), level)  # [P, M]
+            slots = powers.new_zeros(rows * width, powers.size(1)).index_copy(0, place, powers)
+            density = slots.view(rows, width, -1).transpose(1, 2) @ padded[:, :, level - 1]
+            mixed = self.mix[level - 1](density.to(x.dtype)).to(wide)  # [R, M, d]
+            invariants.append((density * mixed).sum(1))  # [R, d]
+        b = torch.cat(invariants, dim=-1).to(x.dtype)  # [R, L d]
+        return h + self.out(self.out_norm(b))
 
 
 class VectorHead(nn.Module):

@@ -22,6 +22,7 @@ from graphormer.models.dropout import Dropout, twice_differentiable
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder, touch
 from graphormer.models.geometry import (
     AngularCentrality,
+    AngularMessages,
     DistanceMessages,
     GaussianDistanceEncoding,
     VectorHead,
@@ -198,6 +199,13 @@ class GraphormerConfig:
             (:class:`~graphormer.models.geometry.AngularCentrality`, a three-body term as ANI's
             angular symmetry functions); needs ``channels`` 3d or both; at most ``cutoff``.
             None (the default) builds none; not part of Graphormer-3D.
+        angular_messages: after each layer's distance messages, a residual block that sums
+            each atom's filtered neighbour states weighted by the powers 1 to this of the bond
+            direction and adds their invariant contractions: sums over pairs of neighbours of
+            the powers of the cosine of the angle between them, in every layer
+            (:class:`~graphormer.models.geometry.AngularMessages`, the atomic cluster
+            expansion's three-body terms); needs ``distance_messages``; 0 (the default) builds
+            none; not part of Graphormer-3D.
     """
 
     num_layers: int = 12
@@ -247,6 +255,7 @@ class GraphormerConfig:
     message_basis: str = "kernels"
     centrality_basis: str = "kernels"
     angle_cutoff: float | None = None
+    angular_messages: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -258,6 +267,7 @@ class GraphormerConfig:
         _integer("num_tasks", self.num_tasks, 0 if other_levels else 1)
         _integer("num_kernels", self.num_kernels, 1)
         _integer("num_tags", self.num_tags, 0)
+        _integer("angular_messages", self.angular_messages, 0)
         _integer("readout_min_tag", self.readout_min_tag, 0)
         _integer("blocks", self.blocks, 1)
         for name in (
@@ -401,6 +411,11 @@ class GraphormerConfig:
                 "model.distance_messages=true passes messages through the atoms' distances: "
                 "set model.channels=3d or both"
             )
+        if self.angular_messages and not self.distance_messages:
+            raise ValueError(
+                f"model.angular_messages={self.angular_messages} adds angles to the distance "
+                "messages: set model.distance_messages=true as well"
+            )
         if self.vector_messages and not self.distance_messages:
             raise ValueError(
                 "model.vector_messages=true adds vectors to the distance messages: set "
@@ -486,6 +501,11 @@ class GraphormerConfig:
         if self.distance_messages:
             block = 14 * h * h + 15 * h if self.vector_messages else 4 * h * h + 5 * h
             tables += layers * ((self.num_kernels + 1) * h + block)
+        if self.distance_messages and self.angular_messages:
+            lv = self.angular_messages
+            block = h * h + 2 * h + (self.num_kernels + 1) * h + (h + 1) * lv * h
+            block += lv * h * h + 2 * lv * h + (lv * h + 1) * h + (h + 1) * h
+            tables += layers * block
         if self.atom_vector_tasks and self.forces == "head":
             heads += 3 * (h * h + h) + h * self.atom_vector_tasks
             heads += h * self.atom_vector_tasks if self.vector_messages else 0
@@ -682,6 +702,14 @@ class Graphormer(nn.Module):
             if c.distance_messages
             else None
         )
+        self.angular = (
+            nn.ModuleList(
+                AngularMessages(c.num_kernels, c.hidden_dim, c.angular_messages)
+                for _ in range(c.num_layers)
+            )
+            if c.distance_messages and c.angular_messages
+            else None
+        )
         self.tag_encoder = nn.Embedding(c.num_tags, c.hidden_dim) if c.num_tags else None
         self.graph_token = nn.Parameter(torch.empty(1, 1, c.hidden_dim))
         # Microsoft's encoder_normalize_before: one LayerNorm over the summed input embeddings.
@@ -839,6 +867,8 @@ class Graphormer(nn.Module):
                 h = touch(h, self.angles)
             if self.messages is not None:
                 h = touch(h, self.messages)
+            if self.angular is not None:
+                h = touch(h, self.angular)
         if self.tag_encoder is not None:
             h = h + self.tag_encoder(self._tags(batch)) * node_mask.unsqueeze(-1).to(h.dtype)
         if perturb is not None:
@@ -921,11 +951,16 @@ class Graphormer(nn.Module):
                         h, vectors = self.messages[index](h.reshape(-1, width), vectors, *pairs)
                         h = h.view(shape)
                     else:
-                        h = self.messages[index](h.reshape(-1, width), *pairs).view(shape)
+                        h = self.messages[index](h.reshape(-1, width), *pairs[:4]).view(shape)
                     if copies is not None:
                         h = h.flatten(0, -2).index_select(0, copies).view_as(h)
                         if vectors is not None:
                             vectors = vectors.index_select(0, copies)
+                    if self.angular is not None:
+                        # Each neighbour's state as its source atom's (images copied above).
+                        h = self.angular[index](h.reshape(-1, width), *pairs).view(shape)
+                        if copies is not None:
+                            h = h.flatten(0, -2).index_select(0, copies).view_as(h)
                 h, weights = layer(h, attn_bias, need_weights=return_attention, packed=packed)
                 if copies is not None:
                     # A periodic image is its source atom seen across the boundary: it holds
@@ -951,7 +986,8 @@ class Graphormer(nn.Module):
         self, pairs: tuple[Tensor, ...], length: int, row: Tensor | None
     ) -> tuple[Tensor, ...]:
         """The distance messages' ``(target rows, source rows, kernels, switch)``, and with
-        ``model.vector_messages`` each pair's unit vector from target to source: the pairs
+        ``model.vector_messages`` or ``model.angular_messages`` each pair's unit vector from
+        target to source: the pairs
         of distinct atoms within ``message_cutoff``, as rows of the layers' states: padded
         ``[B * (N+1)]`` (the graph token is row 0 of each graph), or packed ``[T]`` through
         ``row``, each padded row's packed one. The kernels are the distance encoding's, or
@@ -965,7 +1001,9 @@ class Graphormer(nn.Module):
         if self.config.message_basis == "grid":
             psi = gaussian_grid(distance, self.config.message_cutoff, psi.size(-1))
         found = (target, source, psi, cosine_switch(distance, self.config.message_cutoff))
-        return (*found, unit) if self.config.vector_messages else found
+        if self.config.vector_messages or self.config.angular_messages:
+            return (*found, unit)
+        return found
 
     def forward(
         self,

@@ -62,11 +62,12 @@ _STRUCTURE = (
     "num_tags",
     "blocks",
     # Messages through distance filters: whether their blocks exist, how far they reach, and
-    # whether they carry vectors, and what their filters read.
+    # whether they carry vectors, what their filters read, and the angles they add.
     "distance_messages",
     "message_cutoff",
     "vector_messages",
     "message_basis",
+    "angular_messages",
 )
 
 

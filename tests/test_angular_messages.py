@@ -1,0 +1,217 @@
+"""model.angular_messages: each message block adds sums over pairs of neighbours of the powers of
+the cosine of the angle between them (the atomic cluster expansion's three-body terms). The
+direction powers, the block against a triplet-by-triplet reference, invariance, the angle
+reaching the states, periodic wrapping, gradient forces through the angles, the settings'
+checks, and a training run that keeps the setting."""
+
+import math
+
+import pytest
+import torch
+
+from graphormer.models import AngularMessages, Graphormer, GraphormerConfig
+from graphormer.models.geometry import direction_powers
+
+from helpers import (
+    assert_forces_are_energy_gradients,
+    assert_placements_agree,
+    assert_run_keeps_setting,
+    copper_placements,
+    float64_batch,
+    positioned_graphs,
+    proper_rotation,
+    rotated_levels,
+    slab_batch,
+    slab_gradient_settings,
+    small_3d_model,
+)
+
+
+def _model(dtype=torch.float64, **settings) -> Graphormer:
+    values = {"distance_messages": True, "message_cutoff": 3.0, "angular_messages": 3}
+    return small_3d_model(dtype, **{**values, **settings})
+
+
+def _block(degree: int = 3, seed: int = 1) -> AngularMessages:
+    torch.manual_seed(seed)
+    block = AngularMessages(num_kernels=5, hidden_dim=8, degree=degree).double()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return block
+
+
+def _pairs():
+    torch.manual_seed(0)
+    target = torch.tensor([0, 0, 1, 3, 3, 3, 2, 0])
+    source = torch.tensor([1, 2, 0, 4, 5, 0, 3, 3])
+    psi = torch.rand(8, 5, dtype=torch.float64)
+    switch = torch.tensor([1.0, 0.5, 0.2, 0.0, 0.9, 1.0, 0.7, 0.6], dtype=torch.float64)
+    unit = torch.nn.functional.normalize(torch.randn(8, 3, dtype=torch.float64), dim=-1)
+    return target, source, psi, switch, unit
+
+
+def test_direction_powers_give_the_powers_of_the_cosine():
+    torch.manual_seed(0)
+    unit = torch.nn.functional.normalize(torch.randn(7, 3, dtype=torch.float64), dim=-1)
+    for degree in range(1, 6):
+        powers = direction_powers(unit, degree)
+        assert powers.shape == (7, (degree + 1) * (degree + 2) // 2)
+        torch.testing.assert_close(powers @ powers.T, (unit @ unit.T) ** degree)
+
+
+@torch.no_grad()
+def test_the_block_sums_every_pair_of_neighbours_as_written():
+    block = _block()
+    d = 8
+    h = torch.randn(6, d, dtype=torch.float64)
+    target, source, psi, switch, unit = _pairs()
+    out = block(h, target, source, psi, switch, unit)
+
+    x = block.inp(block.norm(h))
+    gates = block.filter(psi) * switch[:, None]
+    found = []
+    for level in range(1, 4):
+        value = x[source] * gates[:, (level - 1) * d : level * d]  # [P, d]
+        mixed = value @ block.mix[level - 1].weight.T
+        sums = torch.zeros(6, d, dtype=torch.float64)
+        for a in range(len(target)):
+            for b in range(len(target)):
+                if target[a] == target[b]:  # a pair of neighbours of one atom, itself twice too
+                    cosine = float(unit[a] @ unit[b])
+                    sums[target[a]] += cosine**level * value[a] * mixed[b]
+        found.append(sums)
+    expected = h + block.out(block.out_norm(torch.cat(found, dim=-1)))
+    torch.testing.assert_close(out, expected, rtol=1e-10, atol=1e-12)
+    # a lone atom (rows 4 and 5 receive nothing) adds the output layer of zero sums
+    lonely = h[4] + block.out(block.out_norm(torch.zeros(1, 3 * d, dtype=torch.float64)))[0]
+    torch.testing.assert_close(out[4], lonely)
+    assert (out[0] - lonely + h[4] - h[0]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_the_block_keeps_its_output_under_rotations_and_reflections():
+    block = _block(degree=4, seed=2)
+    h = torch.randn(6, 8, dtype=torch.float64)
+    target, source, psi, switch, unit = _pairs()
+    out = block(h, target, source, psi, switch, unit)
+    for turn in (proper_rotation(3), torch.diag(torch.tensor([1.0, -1.0, 1.0]).double())):
+        torch.testing.assert_close(block(h, target, source, psi, switch, unit @ turn.T), out)
+
+
+@torch.no_grad()
+def test_the_angle_between_neighbours_reaches_the_state_where_distances_do_not():
+    """Three identical neighbours at one distance from a centre, in a plane at 120 degrees or
+    along three orthogonal axes: each power of the cosine tells them apart; with the first
+    power alone the sum of the unit vectors does too (zero in the plane), and a centre
+    with the same neighbours at 90 and 180 degrees differs from one at 90 and 90 from the
+    second power on."""
+    block = _block(degree=2, seed=4)
+    d = 8
+    target, source = torch.tensor([0, 0, 0]), torch.tensor([1, 2, 3])
+    psi = torch.rand(1, 5, dtype=torch.float64).expand(3, 5)
+    switch = torch.ones(3, dtype=torch.float64)
+    h = torch.zeros(4, d, dtype=torch.float64)
+    h[1:] = torch.randn(d, dtype=torch.float64)
+    planar = torch.tensor([[1.0, 0, 0], [-0.5, math.sqrt(0.75), 0], [-0.5, -math.sqrt(0.75), 0]])
+    axes = torch.eye(3)
+    bent = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [-1.0, 0, 0]])
+    states = [block(h, target, source, psi, switch, u.double())[0] for u in (planar, axes, bent)]
+    assert (states[0] - states[1]).abs().max() > 1e-3
+    assert (states[1] - states[2]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_the_model_changes_and_stays_invariant():
+    plain = small_3d_model(distance_messages=True, message_cutoff=3.0, atom_vector_tasks=1)
+    model = _model(atom_vector_tasks=1)
+    graphs = positioned_graphs()
+    batch = float64_batch(graphs)
+    assert not torch.allclose(model(batch), plain(batch), atol=1e-4)
+    rotated_levels(model, proper_rotation(5), torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64))
+    mirror = torch.diag(torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64))
+    reflected = positioned_graphs()
+    for g in reflected:
+        g.pos = g.pos @ mirror.T
+    torch.testing.assert_close(model(float64_batch(reflected)), model(batch), rtol=1e-9, atol=1e-9)
+    graph = graphs[2]
+    perm = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(2))
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(len(perm))
+    shuffled = graph.clone()
+    shuffled.x, shuffled.pos = graph.x[perm], graph.pos[perm]
+    shuffled.edge_index = inverse[graph.edge_index]
+    torch.testing.assert_close(
+        model(float64_batch([shuffled])), model(batch)[2:3], rtol=1e-9, atol=1e-9
+    )
+    # with vector messages too: each layer runs both blocks
+    both = _model(vector_messages=True, atom_vector_tasks=1)
+    rotated_levels(both, proper_rotation(6), torch.tensor([0.5, 0.0, -1.0], dtype=torch.float64))
+
+
+@torch.no_grad()
+def test_a_molecule_alone_equals_the_same_in_a_packed_batch():
+    model = _model(torch.float32)
+    graphs = positioned_graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "C", "O", "N", "CO", "CC"])
+    together = model(float64_batch(graphs, torch.float32))
+    for index in (0, 4):
+        alone = model(float64_batch(graphs[index : index + 1], torch.float32))
+        torch.testing.assert_close(alone[0], together[index], atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_periodic_wrapping_keeps_the_energy():
+    pytest.importorskip("ase")
+    atoms, placements = copper_placements(seed=1, outside=4, fraction=0.2, axis=1)
+    model = _model(atom_feature_dims=[119], bond_feature_dims=[1], cutoff=3.0)
+    assert_placements_agree(model, atoms, placements)
+
+
+def test_gradient_forces_differentiate_through_the_angles():
+    pytest.importorskip("ase")
+    model = _model(**{**slab_gradient_settings(), "angular_messages": 2})
+    assert_forces_are_energy_gradients(model, slab_batch(2, seed=5))
+    # a loss on the forces trains the channel mixes of the angle sums (a second derivative)
+    model.train()
+    model.forward_levels(slab_batch(2, seed=5))["atom_vector"].square().sum().backward()
+    for block in model.angular:
+        assert block.mix[1].weight.grad.abs().max() > 0
+
+
+def test_settings_are_checked_counted_and_kept():
+    from graphormer.training.pretrained import architecture
+
+    with pytest.raises(ValueError, match="set model.distance_messages=true as well"):
+        GraphormerConfig(channels="3d", angular_messages=2)
+    with pytest.raises(ValueError, match="model.angular_messages"):
+        GraphormerConfig(channels="3d", distance_messages=True, angular_messages=-1)
+    with pytest.raises(ValueError, match="model.angular_messages"):
+        GraphormerConfig(channels="3d", distance_messages=True, angular_messages=1.5)
+    for vectors in (False, True):
+        config = GraphormerConfig(
+            num_layers=3,
+            hidden_dim=16,
+            ffn_dim=16,
+            num_heads=2,
+            channels="both",
+            distance_messages=True,
+            vector_messages=vectors,
+            angular_messages=3,
+        )
+        model = Graphormer(config)
+        assert len(model.angular) == 3 and model.angular[0].degree == 3
+        actual = sum(p.numel() for p in model.parameters())
+        assert abs(config.estimated_parameters() - actual) < 0.01 * actual
+    assert Graphormer(GraphormerConfig(channels="3d", distance_messages=True)).angular is None
+    assert architecture({"angular_messages": 2, "dropout": 0.1}) == {"angular_messages": 2}
+    # a 2D step of a model of bonds and positions gives the blocks a zero gradient, not none
+    model = model.double().train()
+    model.config.channel_probs = [1.0, 0.0, 0.0]
+    model(float64_batch(positioned_graphs())).sum().backward()
+    weight = model.angular[0].mix[0].weight
+    assert torch.equal(weight.grad, torch.zeros_like(weight))
+
+
+def test_a_run_with_angular_messages_keeps_the_setting_and_predicts(tmp_path):
+    pytest.importorskip("ase")
+    assert_run_keeps_setting(tmp_path, "angular_messages", 2, "model.distance_messages=true")
