@@ -120,6 +120,7 @@ SETTINGS = {
     "message_basis": "kernels",
     "centrality_basis": "kernels",
     "angle_cutoff": None,
+    "angular_messages": 0,
     "seed": 0,
 }
 
@@ -155,6 +156,7 @@ def graphormer(vector: bool, forces: str = "head", settings: dict | None = None)
         message_basis=s["message_basis"] if s["messages"] else "kernels",
         centrality_basis=s["centrality_basis"],
         angle_cutoff=s["angle_cutoff"],
+        angular_messages=s["angular_messages"] if s["messages"] else 0,
     )
     return Graphormer(config)
 
@@ -376,6 +378,8 @@ def run_row(
         + "+gated_centrality" * (s["centrality_gates"] and dense)
         + "+grid_centrality" * (s["centrality_basis"] == "grid" and dense)
         + (f"+angles_{s['angle_cutoff']:g}" if s["angle_cutoff"] and dense else "")
+        + f"+angular_messages_{s['angular_messages']}"
+        * (messages and s["angular_messages"] > 0 and dense)
         + f"+layers_{s['layers']}" * (s["layers"] != SETTINGS["layers"] and dense)
         + f"+width_{s['width']}" * (s["width"] != SETTINGS["width"] and dense)
         + f"+force_weight_{s['force_weight']:g}"
@@ -507,7 +511,19 @@ def main() -> None:
         help="the Graphormers' atoms add a histogram of the angles between their neighbours "
         "closer than this many A (model.angle_cutoff; default: none)",
     )
+    parser.add_argument(
+        "--angular-messages",
+        type=int,
+        default=0,
+        metavar="L",
+        help="with --messages, each layer adds sums over pairs of neighbours of the powers 1 to "
+        "L of the cosine of the angle between them (model.angular_messages; default: 0, none)",
+    )
     args = parser.parse_args()
+    if args.angular_messages < 0:
+        parser.error(f"--angular-messages {args.angular_messages}: give 0 (none) or more")
+    if args.angular_messages and not args.messages:
+        parser.error("--angular-messages adds angles to the distance messages: add --messages")
     if args.angle_cutoff is not None and not 0 < args.angle_cutoff <= PBC_CUTOFF:
         parser.error(
             f"--angle-cutoff {args.angle_cutoff}: give a distance above 0 A and at most the "
