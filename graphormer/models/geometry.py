@@ -487,7 +487,8 @@ def direction_powers(unit: Tensor, degree: int) -> Tensor:
     r"""``[P, M]``: each unit vector's monomials of degree ``degree``, each times the square
     root of its multinomial coefficient, so that for two unit vectors ``a``, ``b`` the scalar
     product of their rows is ``(a . b) ** degree`` (the components of the symmetric tensor
-    power :math:`\hat r^{\otimes l}`, each distinct one once). ``M = (l + 1)(l + 2) / 2``."""
+    power :math:`\hat r^{\otimes l}`, each distinct one once), ``M = (l + 1)(l + 2) / 2`` with
+    ``l = degree``."""
     columns = []
     for a in range(degree, -1, -1):
         for b in range(degree - a, -1, -1):
@@ -501,37 +502,37 @@ def direction_powers(unit: Tensor, degree: int) -> Tensor:
 
 class AngularMessages(nn.Module):
     r"""Messages that read the angles between an atom's neighbours in every layer: each atom's
-        filtered neighbour states, summed with the powers of the bond direction as weights,
-        contracted to invariants (the three-body terms of the atomic cluster expansion, Drautz
-        2019, https://doi.org/10.1103/PhysRevB.99.014104, and MACE, Batatia et al., 2022,
-        https://arxiv.org/abs/2206.07697, with Cartesian powers in place of spherical harmonics),
-        as a residual block after the distance messages. For degrees :math:`l = 1 \ldots L`, with
-        :math:`\hat r_{ij}` the unit vector from ``i`` to ``j``, :math:`C` the cosine switch and
-        :math:`x_j = \mathrm{Lin}(\mathrm{LN}(h_j))`:
+    filtered neighbour states, summed with the powers of the bond direction as weights,
+    contracted to invariants (the three-body terms of the atomic cluster expansion, Drautz
+    2019, https://doi.org/10.1103/PhysRevB.99.014104, and of MACE, Batatia et al., 2022,
+    https://arxiv.org/abs/2206.07697, with Cartesian powers in place of spherical harmonics),
+    as a residual block after the distance messages. For degrees :math:`l = 1 \ldots L`, with
+    :math:`\hat r_{ij}` the unit vector from ``i`` to ``j``, :math:`C` the cosine switch and
+    :math:`x_j = \mathrm{Lin}(\mathrm{LN}(h_j))`:
 
-        .. math::
-            A^{(l)}_i = \sum_j C(d_{ij})\, W_l(\psi_{ij}) \odot x_j \;\hat r_{ij}^{\otimes l},
-            \qquad
-            B^{(l)}_i = ig\langle A^{(l)}_i,\, U_l A^{(l)}_i ig
-    angle
-                = \sum_{j, k} (\hat r_{ij} \cdot \hat r_{ik})^l \,(\ldots)_j \odot U_l (\ldots)_k
+    .. math::
+        A^{(l)}_i = \sum_j C(d_{ij})\, W_l(\psi_{ij}) \odot x_j \;\hat r_{ij}^{\otimes l},
+        \qquad
+        B^{(l)}_i = \big\langle A^{(l)}_i,\, U_l A^{(l)}_i \big\rangle
+            = \sum_{j, k} (\hat r_{ij} \cdot \hat r_{ik})^l \,(\ldots)_j \odot U_l (\ldots)_k
 
-        (``U_l`` mixes channels), and :math:`h_i \leftarrow h_i + \mathrm{MLP}(\mathrm{LN}(B^{(1)}_i,
-        \ldots, B^{(L)}_i))`. Each :math:`B^{(l)}` is a sum over pairs of neighbours of the
-        ``l``-th power of the cosine of the angle between them, with learned radial and element
-        weights on both legs: up to ``L`` the polynomials of the angle are resolved, in every layer,
-        at the cost of a sum over pairs (not over triplets). Smooth in the positions and invariant to
-        rotations, reflections, translations and atom order.
+    (``U_l`` mixes channels), and :math:`h_i \leftarrow h_i + \mathrm{MLP}(\mathrm{LN}(B^{(1)}_i,
+    \ldots, B^{(L)}_i))`. Each :math:`B^{(l)}` is a sum over pairs of neighbours (each
+    neighbour with itself included) of the ``l``-th power of the cosine of the angle between
+    them, with learned radial and element weights on both legs: up to ``L`` the polynomials of
+    the angle are resolved, in every layer, at the cost of a sum over pairs (not over
+    triplets). Smooth in the positions and invariant to rotations, reflections, translations
+    and atom order.
 
-        Args:
-            num_kernels (int): ``K`` of the distance encoding.
-            hidden_dim (int): model width ``d``.
-            degree (int): ``L``, the highest power of the cosine.
+    Args:
+        num_kernels (int): ``K`` of the distance encoding.
+        hidden_dim (int): model width ``d``.
+        degree (int): ``L``, the highest power of the cosine.
 
-        Shapes:
-            - input: ``h`` ``[R, d]``, ``target`` and ``source`` ``[P]`` rows, ``psi`` ``[P, K]``,
-              ``switch`` ``[P]``, ``unit`` ``[P, 3]`` (as :class:`VectorMessages`)
-            - output: ``[R, d]``
+    Shapes:
+        - input: ``h`` ``[R, d]``, ``target`` and ``source`` ``[P]`` rows, ``psi`` ``[P, K]``,
+          ``switch`` ``[P]``, ``unit`` ``[P, 3]`` (as :class:`VectorMessages`)
+        - output: ``[R, d]``
     """
 
     def __init__(self, num_kernels: int, hidden_dim: int, degree: int) -> None:

@@ -987,10 +987,9 @@ class Graphormer(nn.Module):
     ) -> tuple[Tensor, ...]:
         """The distance messages' ``(target rows, source rows, kernels, switch)``, and with
         ``model.vector_messages`` or ``model.angular_messages`` each pair's unit vector from
-        target to source: the pairs
-        of distinct atoms within ``message_cutoff``, as rows of the layers' states: padded
-        ``[B * (N+1)]`` (the graph token is row 0 of each graph), or packed ``[T]`` through
-        ``row``, each padded row's packed one. The kernels are the distance encoding's, or
+        target to source: the pairs of distinct atoms within ``message_cutoff``, as rows of the
+        layers' states: padded ``[B * (N+1)]`` (the graph token is row 0 of each graph), or
+        packed ``[T]`` through ``row``, each padded row's packed one. The kernels are the distance encoding's, or
         with ``model.message_basis=grid`` SchNet's fixed grid of as many Gaussians."""
         graph, i, j, psi, distance, unit = pairs
         keep = (i != j) & (distance < self.config.message_cutoff)
