@@ -606,6 +606,29 @@ def rotated_levels(model, rotation, shift, graphs=None) -> dict:
     return before
 
 
+def assert_reflection_and_order_invariant(model) -> None:
+    """``model``'s energies of :func:`positioned_graphs` are unchanged by a reflection of every
+    structure (which keeps every angle) and by shuffling one molecule's atoms (float64, to
+    1e-9)."""
+    graphs = positioned_graphs()
+    batch = float64_batch(graphs)
+    mirror = torch.diag(torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64))
+    reflected = positioned_graphs()
+    for g in reflected:
+        g.pos = g.pos @ mirror.T
+    torch.testing.assert_close(model(float64_batch(reflected)), model(batch), rtol=1e-9, atol=1e-9)
+    graph = graphs[2]
+    perm = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(2))
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(len(perm))
+    shuffled = graph.clone()
+    shuffled.x, shuffled.pos = graph.x[perm], graph.pos[perm]
+    shuffled.edge_index = inverse[graph.edge_index]
+    torch.testing.assert_close(
+        model(float64_batch([shuffled])), model(batch)[2:3], rtol=1e-9, atol=1e-9
+    )
+
+
 def assert_placements_agree(model, atoms, placements, cutoff: float = 3.0) -> None:
     """The energy of a periodic structure is the same whichever copy of each atom lies in the
     cell (:func:`copper_placements`)."""

@@ -15,6 +15,7 @@ from graphormer.models.geometry import GaussianDistanceEncoding, neighbour_pairs
 from helpers import (
     assert_forces_are_energy_gradients,
     assert_placements_agree,
+    assert_reflection_and_order_invariant,
     assert_run_keeps_setting,
     copper_placements,
     float64_batch,
@@ -100,23 +101,7 @@ def test_the_angles_change_the_function_and_keep_it_invariant():
     batch = float64_batch(graphs)
     assert not torch.allclose(model(batch), plain(batch), atol=1e-4)
     rotated_levels(model, proper_rotation(5), torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64))
-    # a reflection keeps every angle: the energies too
-    mirror = torch.diag(torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64))
-    reflected = positioned_graphs()
-    for g in reflected:
-        g.pos = g.pos @ mirror.T
-    torch.testing.assert_close(model(float64_batch(reflected)), model(batch), rtol=1e-9, atol=1e-9)
-    # atom order: the same molecule with its atoms shuffled scores the same
-    graph = graphs[2]
-    perm = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(2))
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(len(perm))
-    shuffled = graph.clone()
-    shuffled.x, shuffled.pos = graph.x[perm], graph.pos[perm]
-    shuffled.edge_index = inverse[graph.edge_index]
-    torch.testing.assert_close(
-        model(float64_batch([shuffled])), model(batch)[2:3], rtol=1e-9, atol=1e-9
-    )
+    assert_reflection_and_order_invariant(model)
 
 
 @torch.no_grad()
