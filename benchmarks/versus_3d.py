@@ -21,7 +21,8 @@ head for forces, or with ``--forces gradient`` ``model.forces=gradient``: forces
 negative gradient),
 ``graphormer_both`` (bonds and positions in every batch; its forces as ``graphormer_3d``'s),
 ``schnet`` and ``dimenet++``
-(``torch_geometric.nn.models``; forces as the negative gradient of the energy). PyG's radius
+(``torch_geometric.nn.models``; forces as the negative gradient of the energy; with
+``--dimenet-blocks 0`` DimeNet++'s embedding and first output block alone, no angles). PyG's radius
 graph and DimeNet's triplets need torch-cluster and torch-sparse, which are not dependencies here:
 this script gives both models pairs within the cutoff and triplets computed with plain torch (for
 DimeNet++ by replacing the two functions its module calls). Each row trains in a subprocess of its
@@ -179,7 +180,7 @@ def pairs_within(pos: torch.Tensor, batch: torch.Tensor, cutoff: float):
 class PygModel(torch.nn.Module):
     """SchNet or DimeNet++ on (z, pos, batch); forces as the energy's negative gradient."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, dimenet_blocks: int = 3) -> None:
         super().__init__()
         from torch_geometric.nn.models import SchNet
 
@@ -199,7 +200,7 @@ class PygModel(torch.nn.Module):
                 pos, batch, r
             )[0]
             dimenet.triplets = triplets
-            self.net = dimenet_plus_plus(CUTOFF)
+            self.net = dimenet_plus_plus(CUTOFF, num_blocks=dimenet_blocks)
 
     def forward(self, z, pos, batch):
         pos = pos.requires_grad_(True)
@@ -388,6 +389,7 @@ def row_name(row: str, args: argparse.Namespace) -> str:
         + f"+kernels_{args.kernels}" * (three_d and args.kernels != DEFAULTS["kernels"])
         + f"+force_weight_{args.force_weight:g}"
         * (row != "graphormer_2d" and args.force_weight != DEFAULTS["force_weight"])
+        + f"+{args.dimenet_blocks}_blocks" * (row == "dimenet++" and args.dimenet_blocks != 3)
     )
 
 
@@ -413,7 +415,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
             args.angular_messages,
         )
     else:
-        model = PygModel("schnet" if row == "schnet" else "dimenet")
+        model = PygModel("schnet" if row == "schnet" else "dimenet", args.dimenet_blocks)
     train_items = samples(data, "train")
     energies = torch.stack([data["energy"][m][c] for m, c in train_items])
     mean, std = float(energies.mean()), float(energies.std())
@@ -570,7 +572,7 @@ FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
     "layers", "width", "kernels", "valid_every", "messages", "message_basis",
     "centrality_cutoff", "centrality_gates", "centrality_basis", "angle_cutoff",
-    "angular_messages",
+    "angular_messages", "dimenet_blocks",
 )  # fmt: skip
 
 
@@ -656,6 +658,13 @@ def main() -> None:
         "L of the cosine of the angle between them (model.angular_messages; default: 0, none)",
     )
     parser.add_argument(
+        "--dimenet-blocks",
+        type=int,
+        default=3,
+        help="DimeNet++'s interaction blocks (3); 0 keeps its embedding and first output "
+        "block: each atom's energy a network of pair sums over its neighbours, no angles",
+    )
+    parser.add_argument(
         "--valid-every", type=int, default=5, help="epochs between validation errors"
     )
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
@@ -670,6 +679,8 @@ def main() -> None:
         parser.error(f"--angular-messages {args.angular_messages}: give 0 (none) or more")
     if args.angular_messages and args.messages == "off":
         parser.error("--angular-messages adds angles to the distance messages: add --messages")
+    if args.dimenet_blocks < 0:
+        parser.error(f"--dimenet-blocks {args.dimenet_blocks}: give 0 or more")
     if args.centrality_cutoff is not None and args.centrality_cutoff <= 0:
         parser.error(f"--centrality-cutoff {args.centrality_cutoff}: give a distance above 0 A")
     if args.angle_cutoff is not None and args.angle_cutoff <= 0:
