@@ -222,6 +222,7 @@ def graphormer(
     centrality_basis: str = "kernels",
     angle_cutoff: float | None = None,
     angular_messages: int = 0,
+    directional_messages: bool = False,
 ):
     from graphormer.models import Graphormer, GraphormerConfig
 
@@ -250,6 +251,7 @@ def graphormer(
         centrality_basis=centrality_basis if three_d else "kernels",
         angle_cutoff=angle_cutoff if three_d else None,
         angular_messages=angular_messages if messages != "off" and three_d else 0,
+        directional_messages=directional_messages and messages != "off" and three_d,
     )
     return Graphormer(config)
 
@@ -384,6 +386,7 @@ def row_name(row: str, args: argparse.Namespace) -> str:
             if messages and args.angular_messages
             else ""
         )
+        + "+directional" * (messages and args.directional_messages)
         + f"+layers_{args.layers}" * (dense and args.layers != DEFAULTS["layers"])
         + f"+width_{args.width}" * (dense and args.width != DEFAULTS["width"])
         + f"+kernels_{args.kernels}" * (three_d and args.kernels != DEFAULTS["kernels"])
@@ -413,6 +416,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
             args.centrality_basis,
             args.angle_cutoff,
             args.angular_messages,
+            args.directional_messages,
         )
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet", args.dimenet_blocks)
@@ -572,7 +576,7 @@ FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
     "layers", "width", "kernels", "valid_every", "messages", "message_basis",
     "centrality_cutoff", "centrality_gates", "centrality_basis", "angle_cutoff",
-    "angular_messages", "dimenet_blocks",
+    "angular_messages", "directional_messages", "dimenet_blocks",
 )  # fmt: skip
 
 
@@ -658,6 +662,12 @@ def main() -> None:
         "L of the cosine of the angle between them (model.angular_messages; default: 0, none)",
     )
     parser.add_argument(
+        "--directional-messages",
+        action="store_true",
+        help="with --angular-messages, each pair also tells its source the angles its bond "
+        "makes at the target (model.directional_messages)",
+    )
+    parser.add_argument(
         "--dimenet-blocks",
         type=int,
         default=3,
@@ -679,6 +689,8 @@ def main() -> None:
         parser.error(f"--angular-messages {args.angular_messages}: give 0 (none) or more")
     if args.angular_messages and args.messages == "off":
         parser.error("--angular-messages adds angles to the distance messages: add --messages")
+    if args.directional_messages and not args.angular_messages:
+        parser.error("--directional-messages reads the angular messages: add --angular-messages")
     if args.dimenet_blocks < 0:
         parser.error(f"--dimenet-blocks {args.dimenet_blocks}: give 0 or more")
     if args.centrality_cutoff is not None and args.centrality_cutoff <= 0:

@@ -524,18 +524,37 @@ class AngularMessages(nn.Module):
     triplets). Smooth in the positions and invariant to rotations, reflections, translations
     and atom order.
 
+    With ``directional=True`` the block also sends messages along the pairs, DimeNet's idea
+    (Gasteiger et al., 2020, https://arxiv.org/abs/2003.03123) at the cost of a sum over pairs:
+    the pair with target ``j`` and source ``i`` contracts its direction with ``j``'s mixed
+    densities, :math:`D^{(l)}_{ji} = \langle \hat r_{ji}^{\otimes l}, U_l A^{(l)}_j \rangle
+    = \sum_k (\hat r_{ji} \cdot \hat r_{jk})^l\, U_l (\ldots)_k`, the angles that the bond
+    ``j-i`` makes at ``j`` with ``j``'s neighbours, and sends it to ``i``:
+
+    .. math::
+        h_i \leftarrow h_i + \mathrm{Lin}\Big(\sum_j C(d_{ij})\, \mathrm{Lin}(\psi_{ij})
+            \odot \mathrm{MLP}(D^{(1)}_{ji}, \ldots, D^{(L)}_{ji})\Big)
+
+    An atom's own invariants sum its angles; these tell it, bond by bond, how each bond sits
+    at its other end. With periodic images (``copies``), an image's densities are its source
+    atom's, whose neighbourhood is complete.
+
     Args:
         num_kernels (int): ``K`` of the distance encoding.
         hidden_dim (int): model width ``d``.
         degree (int): ``L``, the highest power of the cosine.
+        directional (bool, optional): the directional messages as well. (default: False)
 
     Shapes:
         - input: ``h`` ``[R, d]``, ``target`` and ``source`` ``[P]`` rows, ``psi`` ``[P, K]``,
-          ``switch`` ``[P]``, ``unit`` ``[P, 3]`` (as :class:`VectorMessages`)
+          ``switch`` ``[P]``, ``unit`` ``[P, 3]`` (as :class:`VectorMessages`), and optionally
+          ``copies`` ``[R]``, each row's source row (periodic images; None without)
         - output: ``[R, d]``
     """
 
-    def __init__(self, num_kernels: int, hidden_dim: int, degree: int) -> None:
+    def __init__(
+        self, num_kernels: int, hidden_dim: int, degree: int, directional: bool = False
+    ) -> None:
         super().__init__()
         d = hidden_dim
         self.degree = degree
@@ -545,12 +564,20 @@ class AngularMessages(nn.Module):
         self.mix = nn.ModuleList(nn.Linear(d, d, bias=False) for _ in range(degree))
         self.out_norm = nn.LayerNorm(degree * d)
         self.out = nn.Sequential(nn.Linear(degree * d, d), nn.GELU(), nn.Linear(d, d))
+        # Only when asked for: existing checkpoints keep exactly their tensors.
+        self.edge_filter = self.edge_mlp = self.edge_out = None
+        if directional:
+            self.edge_filter = nn.Linear(num_kernels, d)
+            self.edge_mlp = nn.Sequential(nn.Linear(degree * d, d), nn.GELU(), nn.Linear(d, d))
+            self.edge_out = nn.Linear(d, d)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         self.norm.reset_parameters()
         self.out_norm.reset_parameters()
         bert_init_(self.inp, *self.filter[::2], *self.mix, *self.out[::2])
+        if self.edge_mlp is not None:
+            bert_init_(self.edge_filter, *self.edge_mlp[::2], self.edge_out)
 
     def forward(
         self,
@@ -560,6 +587,7 @@ class AngularMessages(nn.Module):
         psi: Tensor,
         switch: Tensor,
         unit: Tensor,
+        copies: Tensor | None = None,
     ) -> Tensor:
         rows, d = h.shape
         x = self.inp(self.norm(h))  # [R, d]
@@ -578,15 +606,31 @@ class AngularMessages(nn.Module):
         values = (x.index_select(0, source).repeat(1, self.degree) * gate).to(wide)  # [P, L d]
         padded = values.new_zeros(rows * width, values.size(1)).index_copy(0, place, values)
         padded = padded.view(rows, width, self.degree, d)
-        invariants = []
+        invariants, directions = [], []
         for level in range(1, self.degree + 1):
             powers = direction_powers(unit.to(wide), level)  # [P, M]
             slots = powers.new_zeros(rows * width, powers.size(1)).index_copy(0, place, powers)
-            density = slots.view(rows, width, -1).transpose(1, 2) @ padded[:, :, level - 1]
+            slots = slots.view(rows, width, -1)  # [R, S, M]
+            density = slots.transpose(1, 2) @ padded[:, :, level - 1]  # [R, M, d]
             mixed = self.mix[level - 1](density.to(x.dtype)).to(wide)  # [R, M, d]
             invariants.append((density * mixed).sum(1))  # [R, d]
+            if self.edge_mlp is not None:
+                if copies is not None:  # an image's neighbourhood is its source atom's
+                    mixed = mixed.index_select(0, copies)
+                # Each pair's direction against its target's mixed density: the sum over the
+                # target's neighbours k of cos^l of the angle between that pair and k.
+                along = (slots @ mixed).view(rows * width, d)  # [R S, d]
+                directions.append(along.index_select(0, place))  # [P, d]
         b = torch.cat(invariants, dim=-1).to(x.dtype)  # [R, L d]
-        return h + self.out(self.out_norm(b))
+        h = h + self.out(self.out_norm(b))
+        if self.edge_mlp is None:
+            return h
+        # Directional messages (DimeNet's idea): the pair (target j, source i) tells i about
+        # the angles at j that the bond j-i makes with j's other neighbours.
+        edge = self.edge_mlp(torch.cat(directions, dim=-1).to(x.dtype))  # [P, d]
+        edge = edge * (self.edge_filter(psi.to(x.dtype)) * switch.unsqueeze(-1).to(x.dtype))
+        sent = x.new_zeros(x.shape, dtype=wide).index_add(0, source, edge.to(wide))
+        return h + self.edge_out(sent.to(x.dtype))
 
 
 class VectorHead(nn.Module):

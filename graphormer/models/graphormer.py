@@ -206,6 +206,12 @@ class GraphormerConfig:
             (:class:`~graphormer.models.geometry.AngularMessages`, the atomic cluster
             expansion's three-body terms); needs ``distance_messages``; 0 (the default) builds
             none; not part of Graphormer-3D.
+        directional_messages: each angular block also sends along every pair ``(j, i)`` a
+            message to ``i`` of the sums, over ``j``'s neighbours ``k``, of the powers of the
+            cosine of the angle ``i j k``: the angles the bond makes at its other end, in
+            every layer (DimeNet's directional messages, Gasteiger et al., 2020, through the
+            angular block's densities instead of a sum over triplets); needs
+            ``angular_messages``; False (the default) builds none; not part of Graphormer-3D.
     """
 
     num_layers: int = 12
@@ -256,6 +262,7 @@ class GraphormerConfig:
     centrality_basis: str = "kernels"
     angle_cutoff: float | None = None
     angular_messages: int = 0
+    directional_messages: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_dim", "ffn_dim", "num_heads"):
@@ -416,6 +423,12 @@ class GraphormerConfig:
                 f"model.angular_messages={self.angular_messages} adds angles to the distance "
                 "messages: set model.distance_messages=true as well"
             )
+        if self.directional_messages and not self.angular_messages:
+            raise ValueError(
+                "model.directional_messages=true sends each atom the angles its bonds make at "
+                "their other end, which the angular messages compute: set "
+                "model.angular_messages to 1 or more as well"
+            )
         if self.vector_messages and not self.distance_messages:
             raise ValueError(
                 "model.vector_messages=true adds vectors to the distance messages: set "
@@ -505,6 +518,8 @@ class GraphormerConfig:
             lv = self.angular_messages
             block = h * h + 2 * h + (self.num_kernels + 1) * h + (h + 1) * lv * h
             block += lv * h * h + 2 * lv * h + (lv * h + 1) * h + (h + 1) * h
+            if self.directional_messages:
+                block += (self.num_kernels + 1) * h + (lv * h + 1) * h + 2 * (h + 1) * h
             tables += layers * block
         if self.atom_vector_tasks and self.forces == "head":
             heads += 3 * (h * h + h) + h * self.atom_vector_tasks
@@ -704,7 +719,9 @@ class Graphormer(nn.Module):
         )
         self.angular = (
             nn.ModuleList(
-                AngularMessages(c.num_kernels, c.hidden_dim, c.angular_messages)
+                AngularMessages(
+                    c.num_kernels, c.hidden_dim, c.angular_messages, c.directional_messages
+                )
                 for _ in range(c.num_layers)
             )
             if c.distance_messages and c.angular_messages
@@ -958,7 +975,8 @@ class Graphormer(nn.Module):
                             vectors = vectors.index_select(0, copies)
                     if self.angular is not None:
                         # Each neighbour's state as its source atom's (images copied above).
-                        h = self.angular[index](h.reshape(-1, width), *pairs).view(shape)
+                        h = self.angular[index](h.reshape(-1, width), *pairs, copies)
+                        h = h.view(shape)
                         if copies is not None:
                             h = h.flatten(0, -2).index_select(0, copies).view_as(h)
                 h, weights = layer(h, attn_bias, need_weights=return_attention, packed=packed)

@@ -68,6 +68,7 @@ _STRUCTURE = (
     "vector_messages",
     "message_basis",
     "angular_messages",
+    "directional_messages",
 )
 
 
