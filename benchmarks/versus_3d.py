@@ -358,7 +358,7 @@ def evaluate(model, data: dict, split: str, dense: bool, mean: float, std: float
     }
 
 
-DEFAULTS = {"layers": 4, "width": 64, "kernels": 128, "force_weight": 1.0}
+DEFAULTS = {"layers": 4, "width": 64, "kernels": 128, "force_weight": 1.0, "dimenet_blocks": 3}
 
 
 def row_name(row: str, args: argparse.Namespace) -> str:
@@ -392,7 +392,8 @@ def row_name(row: str, args: argparse.Namespace) -> str:
         + f"+kernels_{args.kernels}" * (three_d and args.kernels != DEFAULTS["kernels"])
         + f"+force_weight_{args.force_weight:g}"
         * (row != "graphormer_2d" and args.force_weight != DEFAULTS["force_weight"])
-        + f"+{args.dimenet_blocks}_blocks" * (row == "dimenet++" and args.dimenet_blocks != 3)
+        + f"+{args.dimenet_blocks}_blocks"
+        * (row == "dimenet++" and args.dimenet_blocks != DEFAULTS["dimenet_blocks"])
     )
 
 
@@ -670,7 +671,7 @@ def main() -> None:
     parser.add_argument(
         "--dimenet-blocks",
         type=int,
-        default=3,
+        default=DEFAULTS["dimenet_blocks"],
         help="DimeNet++'s interaction blocks (3); 0 keeps its embedding and first output "
         "block: each atom's energy a network of pair sums over its neighbours, no angles",
     )
