@@ -26,7 +26,8 @@ negative gradient),
 graph and DimeNet's triplets need torch-cluster and torch-sparse, which are not dependencies here:
 this script gives both models pairs within the cutoff and triplets computed with plain torch (for
 DimeNet++ by replacing the two functions its module calls). Each row trains in a subprocess of its
-own, one at a time, with one thread; its peak memory is that process's peak resident set.
+own, one at a time, with one thread (``--threads N``: N; the accuracy is the same, the wall time
+not comparable with one thread's); its peak memory is that process's peak resident set.
 
 Two energy errors are printed. The energy relative to a molecule's lowest conformer depends on
 which other conformers were drawn, not on one conformer's geometry, and under a split by molecule
@@ -475,6 +476,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
         **test,
         "valid": evaluate(model, data, "valid", dense, mean, std),
         "wall_s": time.perf_counter() - start,
+        "threads": args.threads,
         "parameters": sum(p.numel() for p in model.parameters()),
     }
 
@@ -577,7 +579,7 @@ FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
     "layers", "width", "kernels", "valid_every", "messages", "message_basis",
     "centrality_cutoff", "centrality_gates", "centrality_basis", "angle_cutoff",
-    "angular_messages", "directional_messages", "dimenet_blocks",
+    "angular_messages", "directional_messages", "dimenet_blocks", "threads",
 )  # fmt: skip
 
 
@@ -682,6 +684,9 @@ def main() -> None:
     parser.add_argument(
         "--profile", type=int, metavar="STEPS", help="time STEPS training steps of graphormer_3d"
     )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of each row's process (default 1)"
+    )
     parser.add_argument("--only", help=argparse.SUPPRESS)  # a child process: one row
     args = parser.parse_args()
     if args.message_basis != "kernels" and args.messages == "off":
@@ -704,7 +709,9 @@ def main() -> None:
         )
     if args.quick:
         args.molecules, args.epochs = 120, 2
-    torch.set_num_threads(1)
+    if args.threads < 1:
+        parser.error(f"--threads {args.threads}: give 1 or more")
+    torch.set_num_threads(args.threads)
     data = build_data(args.work, args.molecules)
     if args.profile:
         profile(data, args.batch_size, args.profile)
@@ -731,7 +738,8 @@ def main() -> None:
                 command += [flag] * value
             elif value is not None:  # None: the option's default
                 command += [flag, str(value)]
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        threads = str(args.threads)
+        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
         # The child's lines as they come (a long row shows its epochs), its result at the end.
         with subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
