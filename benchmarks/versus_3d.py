@@ -38,7 +38,8 @@ scores exactly the per-molecule mean's error. ``--loss centred`` trains the ener
 differences (batches of whole molecules); its models learn no offset per molecule, so their
 relative error is not printed. Test energy MAEs and force MAE (kcal/mol, kcal/mol/A), wall seconds
 of training and evaluation, and peak memory are printed side by side; ``--profile STEPS`` times
-the training steps of ``graphormer_3d`` by section instead. ``--quick`` is a small smoke run (120
+the training steps of ``graphormer_3d`` with the other options' settings (messages, forces,
+angles) by section instead. ``--quick`` is a small smoke run (120
 molecules, 2 epochs). Each row's name carries every setting that is not the default (``+gradient``,
 ``+vector_messages``, ``+layers_6``, ``+force_weight_3``, ...), and the rows are added to
 ``results_<molecules>_<epochs>_<batch>_<lr>_<loss>.json`` under ``--work``, a rerun replacing
@@ -404,22 +405,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     dense = row.startswith("graphormer")
     if dense:
-        channels = row.removeprefix("graphormer_")
-        model = graphormer(
-            channels,
-            args.layers,
-            args.width,
-            args.kernels,
-            args.forces,
-            args.messages,
-            args.message_basis,
-            args.centrality_cutoff,
-            args.centrality_gates,
-            args.centrality_basis,
-            args.angle_cutoff,
-            args.angular_messages,
-            args.directional_messages,
-        )
+        model = build_graphormer(row.removeprefix("graphormer_"), args)
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet", args.dimenet_blocks)
     train_items = samples(data, "train")
@@ -481,21 +467,43 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     }
 
 
-def profile(data: dict, batch_size: int, steps: int) -> None:
-    """Time the training steps of ``graphormer_3d`` by section (forward of the 3D encoding and
-    its parts, the layers and the vector head; backward; optimiser) and print conformers/s."""
+def build_graphormer(channels: str, args: argparse.Namespace):
+    """The Graphormer of a row with ``args``' settings."""
+    return graphormer(
+        channels,
+        args.layers,
+        args.width,
+        args.kernels,
+        args.forces,
+        args.messages,
+        args.message_basis,
+        args.centrality_cutoff,
+        args.centrality_gates,
+        args.centrality_basis,
+        args.angle_cutoff,
+        args.angular_messages,
+        args.directional_messages,
+    )
+
+
+def profile(data: dict, args: argparse.Namespace) -> None:
+    """Time the training steps of ``graphormer_3d`` with ``args``' settings by section (forward
+    of the 3D encoding and its parts, the messages, the layers and the vector head; backward;
+    optimiser) and print conformers/s."""
+    batch_size, steps = args.batch_size, args.profile
     torch.manual_seed(0)
-    model = graphormer("3d")
+    model = build_graphormer("3d", args)
     items = samples(data, "train")
     batches = Batches(data, items, dense=True)
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4)
     geometry = model.geometry
     sections = {
-        "3D encoding (all)": [geometry],
+        "3D encoding (all)": [],  # geometry.encode, timed below
         "  MLP K -> K -> heads": [geometry.bias_mlp],
         "  3D centrality": [geometry.centrality],
+        "messages": [*(model.messages or []), *(model.angular or [])],
         "layers": list(model.layers),
-        "vector head": [model.vector_head],
+        "vector head": [model.vector_head] if model.vector_head is not None else [],
     }
     times = dict.fromkeys(["forward", *sections, "backward", "optimiser"], 0.0)
     started: dict[int, float] = {}
@@ -511,6 +519,16 @@ def profile(data: dict, batch_size: int, steps: int) -> None:
 
             module.register_forward_pre_hook(before)
             module.register_forward_hook(after)
+    encode = geometry.encode  # a method, not the module's forward: timed around the call
+
+    def timed_encode(*args, **kwargs):
+        start = time.perf_counter()
+        found = encode(*args, **kwargs)
+        if counting:
+            times["3D encoding (all)"] += time.perf_counter() - start
+        return found
+
+    geometry.encode = timed_encode
     order = torch.randperm(len(items), generator=torch.Generator().manual_seed(0)).tolist()
     counting, warmup, done = False, 2, 0
     for step, (inputs, energy, forces) in enumerate(batches(order * steps, batch_size)):
@@ -682,7 +700,10 @@ def main() -> None:
     )
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     parser.add_argument(
-        "--profile", type=int, metavar="STEPS", help="time STEPS training steps of graphormer_3d"
+        "--profile",
+        type=int,
+        metavar="STEPS",
+        help="time STEPS training steps of graphormer_3d (with the other options' settings)",
     )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads of each row's process (default 1)"
@@ -714,7 +735,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     data = build_data(args.work, args.molecules)
     if args.profile:
-        profile(data, args.batch_size, args.profile)
+        profile(data, args)
         return
     if args.only:
         result = train_row(args.only, data, args)
