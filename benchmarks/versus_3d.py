@@ -211,30 +211,18 @@ class PygModel(torch.nn.Module):
         return energy, -grad
 
 
-def graphormer(
-    channels: str,
-    layers: int = 4,
-    width: int = 64,
-    kernels: int = 128,
-    forces: str = "head",
-    messages: str = "off",
-    message_basis: str = "kernels",
-    centrality_cutoff: float | None = None,
-    centrality_gates: bool = False,
-    centrality_basis: str = "kernels",
-    angle_cutoff: float | None = None,
-    angular_messages: int = 0,
-    directional_messages: bool = False,
-):
+def graphormer(channels: str, args: argparse.Namespace):
+    """The Graphormer of a row (``channels`` 2d, 3d or both) with ``args``' settings."""
     from graphormer.models import Graphormer, GraphormerConfig
 
     three_d = channels != "2d"
+    messages = args.messages
     config = GraphormerConfig(
-        num_layers=layers,
-        hidden_dim=width,
-        ffn_dim=width,
+        num_layers=args.layers,
+        hidden_dim=args.width,
+        ffn_dim=args.width,
         num_heads=8,
-        num_kernels=kernels,
+        num_kernels=args.kernels,
         dropout=0.0,
         attention_dropout=0.0,
         activation_dropout=0.0,
@@ -243,17 +231,17 @@ def graphormer(
         channel_probs=[0.0, 0.0, 1.0],  # with "both": bonds and positions in every batch
         atom_vector_tasks=1 if three_d else 0,
         # Forces in the energy's standardised units, as the loss compares them: force_scale 1.
-        forces="gradient" if three_d and forces == "gradient" else "head",
+        forces="gradient" if three_d and args.forces == "gradient" else "head",
         distance_messages=messages != "off" and three_d,
         vector_messages=messages == "vectors" and three_d,
         message_cutoff=CUTOFF,
-        message_basis=message_basis if messages != "off" and three_d else "kernels",
-        centrality_cutoff=centrality_cutoff if three_d else None,
-        centrality_gates=centrality_gates and three_d,
-        centrality_basis=centrality_basis if three_d else "kernels",
-        angle_cutoff=angle_cutoff if three_d else None,
-        angular_messages=angular_messages if messages != "off" and three_d else 0,
-        directional_messages=directional_messages and messages != "off" and three_d,
+        message_basis=args.message_basis if messages != "off" and three_d else "kernels",
+        centrality_cutoff=args.centrality_cutoff if three_d else None,
+        centrality_gates=args.centrality_gates and three_d,
+        centrality_basis=args.centrality_basis if three_d else "kernels",
+        angle_cutoff=args.angle_cutoff if three_d else None,
+        angular_messages=args.angular_messages if messages != "off" and three_d else 0,
+        directional_messages=args.directional_messages and messages != "off" and three_d,
     )
     return Graphormer(config)
 
@@ -405,7 +393,7 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     dense = row.startswith("graphormer")
     if dense:
-        model = build_graphormer(row.removeprefix("graphormer_"), args)
+        model = graphormer(row.removeprefix("graphormer_"), args)
     else:
         model = PygModel("schnet" if row == "schnet" else "dimenet", args.dimenet_blocks)
     train_items = samples(data, "train")
@@ -467,32 +455,13 @@ def train_row(row: str, data: dict, args: argparse.Namespace) -> dict:
     }
 
 
-def build_graphormer(channels: str, args: argparse.Namespace):
-    """The Graphormer of a row with ``args``' settings."""
-    return graphormer(
-        channels,
-        args.layers,
-        args.width,
-        args.kernels,
-        args.forces,
-        args.messages,
-        args.message_basis,
-        args.centrality_cutoff,
-        args.centrality_gates,
-        args.centrality_basis,
-        args.angle_cutoff,
-        args.angular_messages,
-        args.directional_messages,
-    )
-
-
 def profile(data: dict, args: argparse.Namespace) -> None:
     """Time the training steps of ``graphormer_3d`` with ``args``' settings by section (forward
     of the 3D encoding and its parts, the messages, the layers and the vector head; backward;
     optimiser) and print conformers/s."""
     batch_size, steps = args.batch_size, args.profile
     torch.manual_seed(0)
-    model = build_graphormer("3d", args)
+    model = graphormer("3d", args)
     items = samples(data, "train")
     batches = Batches(data, items, dense=True)
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-4)
