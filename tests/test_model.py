@@ -360,11 +360,34 @@ def test_model_settings_are_checked_before_anything_is_allocated():
         assert str(caught.value).startswith(message), (values, str(caught.value))
     with pytest.raises(ValueError, match="did you mean model.hidden_dim"):
         GraphormerConfig.from_dict({"hiden_dim": 3})
-    # Estimated sizes stay within a fraction of a percent of the real networks'.
+    # The presets' sizes are counted exactly.
     for name in ("graphormer_tiny", "graphormer_slim", "graphormer_base"):
         config = GraphormerConfig.from_dict(model_preset(name))
         real = sum(p.numel() for p in Graphormer(config).parameters())
-        assert abs(config.estimated_parameters() - real) < 0.005 * real, name
+        assert config.estimated_parameters() == real, name
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"pre_layernorm": False},  # no input LayerNorm
+        {"pre_layernorm": False, "embedding_layernorm": True},
+        {"final_layernorm": True},
+        {"edge_encoding": "single_hop"},  # no hop weights
+        {"node_continuous_dim": 5, "edge_continuous_dim": 3},
+        {"atom_feature_dims": [], "bond_feature_dims": []},  # learned constant inputs
+        {"atom_feature_dims": [], "node_continuous_dim": 4},
+        {"bond_feature_dims": [], "edge_continuous_dim": 2},
+        {"feature_stride": 128},
+        {"num_tasks": 2, "head_bias": "shared"},  # one scalar for every output
+        {"num_tasks": 3, "readout": "token_mean", "atom_tasks": 2, "bond_tasks": 1},
+        {"molecule_features_dim": 7, "molecule_features_at": "token"},
+    ],
+)
+def test_the_parameter_estimate_is_exact(options):
+    config = GraphormerConfig(num_layers=2, hidden_dim=16, ffn_dim=24, num_heads=4, **options)
+    assert config.estimated_parameters() == sum(p.numel() for p in Graphormer(config).parameters())
 
 
 def test_a_zero_readout_init_starts_every_atom_contribution_at_zero():

@@ -482,8 +482,8 @@ class GraphormerConfig:
         return self.channels != "2d"
 
     def estimated_parameters(self) -> int:
-        """About the parameter count of the network these settings build (within a fraction of
-        a percent, from the settings alone: nothing is allocated)."""
+        """The parameter count of the network these settings build, from the settings alone
+        (nothing is allocated)."""
         h, f, layers = self.hidden_dim, self.ffn_dim, self.num_layers
         per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
         rows = sum(self.atom_feature_dims)
@@ -492,9 +492,22 @@ class GraphormerConfig:
             rows = self.feature_stride * len(self.atom_feature_dims)
             edge_rows = self.feature_stride * len(self.bond_feature_dims)
         heads = self.num_heads
-        tables = (rows + 2 * (self.max_degree + 2) + 2) * h
-        tables += (edge_rows + self.max_distance + 3) * heads + self.multi_hop_max_dist * heads**2
-        tables += (self.node_continuous_dim + 1) * h + (self.edge_continuous_dim + 1) * heads
+        # Atom rows, in- and out-degrees, the graph token; edge rows, spatial rows and the graph
+        # token's distance per head.
+        tables = (rows + 2 * (self.max_degree + 1) + 1) * h
+        tables += (edge_rows + self.max_distance + 4) * heads
+        if self.edge_encoding == "multi_hop":
+            tables += self.multi_hop_max_dist * heads**2
+        node_inputs, edge_inputs = self.node_continuous_dim, self.edge_continuous_dim
+        tables += (node_inputs + 1) * h if node_inputs else 0
+        tables += (edge_inputs + 1) * heads if edge_inputs else 0
+        # A learned constant input where a graph has neither kind of feature.
+        tables += h if not (self.atom_feature_dims or node_inputs) else 0
+        tables += heads if not (self.bond_feature_dims or edge_inputs) else 0
+        # The head's transform and LayerNorm, and the optional input and final LayerNorms.
+        tables += h * h + 3 * h
+        tables += 2 * h if self.uses_embedding_layernorm else 0
+        tables += 2 * h if self.final_layernorm else 0
         atom_head = (h * h + 3 * h + (h + 1) * self.atom_tasks) if self.atom_tasks else 0
         bond_head = 0
         if self.bond_tasks:
@@ -502,7 +515,8 @@ class GraphormerConfig:
         molecule = (self.molecule_features_dim + 1) * h if self.molecule_features_dim else 0
         readout = {"token": 0, "token_mean": h * h, "token_sum": h * self.num_tasks}
         molecule += readout[self.readout] if self.num_tasks else 0
-        heads = (h + 1) * self.num_tasks + atom_head + bond_head + molecule
+        task_bias = self.num_tasks if self.head_bias == "per_task" else min(self.num_tasks, 1)
+        heads = h * self.num_tasks + task_bias + atom_head + bond_head + molecule
         if self.uses_positions:
             k, types = self.num_kernels, self.atom_feature_dims[0] + 1
             tables += 2 * types * types + 2 * k + (k + 1) * (k + self.num_heads) + (k + 1) * h
@@ -525,7 +539,7 @@ class GraphormerConfig:
             heads += 3 * (h * h + h) + h * self.atom_vector_tasks
             heads += h * self.atom_vector_tasks if self.vector_messages else 0
         tables += self.num_tags * h
-        return layers * per_layer + tables + 4 * h + h * h + heads
+        return layers * per_layer + tables + heads
 
     def _check_size(self) -> None:
         """A network that could never fit in this machine's memory is an error naming the
