@@ -174,6 +174,35 @@ def test_the_model_changes_and_stays_invariant(directional):
 
 @torch.no_grad()
 @pytest.mark.parametrize("directional", [False, True])
+def test_the_layout_is_computed_once_per_batch_and_changes_nothing(directional, monkeypatch):
+    block = _block(directional=directional)
+    h = torch.randn(6, 8, dtype=torch.float64)
+    pairs = _pairs()
+    layout = AngularMessages.layout(pairs[0], pairs[4], 6, 3)
+    assert layout.width == 3 and [s.shape for s in layout.slots] == [
+        (6, 3, 3),
+        (6, 3, 6),
+        (6, 3, 10),
+    ]
+    # a given layout gives exactly what the block computes for itself
+    assert torch.equal(block(h, *pairs, None, layout), block(h, *pairs))
+    model = _model(directional_messages=directional, num_layers=3)
+    batch = float64_batch(positioned_graphs())
+    expected = model(batch)
+    calls = []
+    original = AngularMessages.layout
+
+    def counted(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(AngularMessages, "layout", staticmethod(counted))
+    assert torch.equal(model(batch), expected)
+    assert len(calls) == 1  # one layout for the three layers' blocks
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("directional", [False, True])
 def test_a_molecule_alone_equals_the_same_in_a_packed_batch(directional):
     model = _model(torch.float32, directional_messages=directional)
     graphs = positioned_graphs(smiles=["CC(=O)Nc1ccc(OCC)cc1", "C", "O", "N", "CO", "CC"])

@@ -6,6 +6,7 @@ https://arxiv.org/abs/2210.01765)."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +15,7 @@ from graphormer.models.init import bert_init_
 
 __all__ = [
     "AngularCentrality",
+    "AngularLayout",
     "AngularMessages",
     "DistanceMessages",
     "GaussianDistanceEncoding",
@@ -500,6 +502,16 @@ def direction_powers(unit: Tensor, degree: int) -> Tensor:
     return torch.stack(columns, dim=1)
 
 
+class AngularLayout(NamedTuple):
+    """The padded neighbour layout of :class:`AngularMessages` (:meth:`AngularMessages.layout`):
+    each pair's row ``place`` ``[P]`` of the ``[R * width]`` slots, and per degree ``l`` the
+    powers of the pairs' directions in those slots, ``[R, width, M_l]``."""
+
+    place: Tensor
+    width: int
+    slots: tuple[Tensor, ...]
+
+
 class AngularMessages(nn.Module):
     r"""Messages that read the angles between an atom's neighbours in every layer: each atom's
     filtered neighbour states, summed with the powers of the bond direction as weights,
@@ -548,7 +560,8 @@ class AngularMessages(nn.Module):
     Shapes:
         - input: ``h`` ``[R, d]``, ``target`` and ``source`` ``[P]`` rows, ``psi`` ``[P, K]``,
           ``switch`` ``[P]``, ``unit`` ``[P, 3]`` (as :class:`VectorMessages`), and optionally
-          ``copies`` ``[R]``, each row's source row (periodic images; None without)
+          ``copies`` ``[R]``, each row's source row (periodic images; None without), and
+          ``layout``, :meth:`layout` of these pairs (computed here when None)
         - output: ``[R, d]``
     """
 
@@ -579,6 +592,27 @@ class AngularMessages(nn.Module):
         if self.edge_mlp is not None:
             bert_init_(self.edge_filter, *self.edge_mlp[::2], self.edge_out)
 
+    @staticmethod
+    def layout(target: Tensor, unit: Tensor, rows: int, degree: int) -> AngularLayout:
+        """Each atom's neighbours in slots of a padded ``[rows, S]`` layout and the powers of
+        their directions there, for degrees ``1 .. degree``: geometry only, the same for every
+        layer, so a network computes it once per batch (``layout=`` of :meth:`forward`)."""
+        count = torch.bincount(target, minlength=rows)  # [R]
+        order = torch.argsort(target, stable=True)
+        start = torch.cumsum(count, 0) - count
+        slot = torch.empty_like(target)
+        slot[order] = torch.arange(target.numel(), device=target.device) - start[target[order]]
+        width = int(count.max()) if target.numel() else 1
+        place = target * width + slot  # [P] each pair's row of the padded layout
+        # Summed in float32 at least, as the other messages.
+        unit = unit.to(torch.promote_types(unit.dtype, torch.float32))
+        slots = []
+        for level in range(1, degree + 1):
+            powers = direction_powers(unit, level)  # [P, M]
+            padded = powers.new_zeros(rows * width, powers.size(1)).index_copy(0, place, powers)
+            slots.append(padded.view(rows, width, -1))  # [R, S, M]
+        return AngularLayout(place, width, tuple(slots))
+
     def forward(
         self,
         h: Tensor,
@@ -588,19 +622,16 @@ class AngularMessages(nn.Module):
         switch: Tensor,
         unit: Tensor,
         copies: Tensor | None = None,
+        layout: AngularLayout | None = None,
     ) -> Tensor:
         rows, d = h.shape
         x = self.inp(self.norm(h))  # [R, d]
         gate = self.filter(psi.to(x.dtype)) * switch.unsqueeze(-1).to(x.dtype)  # [P, L d]
         # Each atom's neighbours in slots of a padded [R, S] layout, so that each density is a
         # batched product [M, S] x [S, d] per atom: no [P, M, d] tensor of every pair's terms.
-        count = torch.bincount(target, minlength=rows)  # [R]
-        order = torch.argsort(target, stable=True)
-        start = torch.cumsum(count, 0) - count
-        slot = torch.empty_like(target)
-        slot[order] = torch.arange(target.numel(), device=target.device) - start[target[order]]
-        width = int(count.max()) if target.numel() else 1
-        place = target * width + slot  # [P] each pair's row of the padded layout
+        if layout is None:
+            layout = self.layout(target, unit, rows, self.degree)
+        place, width = layout.place, layout.width
         # Summed in float32 at least, as the other messages.
         wide = torch.promote_types(x.dtype, torch.float32)
         values = (x.index_select(0, source).repeat(1, self.degree) * gate).to(wide)  # [P, L d]
@@ -608,9 +639,7 @@ class AngularMessages(nn.Module):
         padded = padded.view(rows, width, self.degree, d)
         invariants, directions = [], []
         for level in range(1, self.degree + 1):
-            powers = direction_powers(unit.to(wide), level)  # [P, M]
-            slots = powers.new_zeros(rows * width, powers.size(1)).index_copy(0, place, powers)
-            slots = slots.view(rows, width, -1)  # [R, S, M]
+            slots = layout.slots[level - 1].to(wide)  # [R, S, M]
             density = slots.transpose(1, 2) @ padded[:, :, level - 1]  # [R, M, d]
             mixed = self.mix[level - 1](density.to(x.dtype)).to(wide)  # [R, M, d]
             invariants.append((density * mixed).sum(1))  # [R, d]

@@ -970,9 +970,13 @@ class Graphormer(nn.Module):
             if copies is not None:
                 # The copies' sources as rows of the packed tokens (sources are real tokens).
                 copies = row[copies.index_select(0, tokens)]  # [T]
-        pairs = vectors = None
+        pairs = vectors = layout = None
         if geometry is not None and self.messages is not None:
             pairs = self._message_pairs(geometry[3], length, row)
+            if self.angular is not None:  # the neighbours' layout, shared by every layer
+                layout = self.angular[0].layout(
+                    pairs[0], pairs[4], h.numel() // width, self.config.angular_messages
+                )
         attentions = []
         for _ in range(self.config.blocks):  # Graphormer-3D's blocks share the layers' weights
             for index, layer in enumerate(self.layers):
@@ -989,7 +993,7 @@ class Graphormer(nn.Module):
                             vectors = vectors.index_select(0, copies)
                     if self.angular is not None:
                         # Each neighbour's state as its source atom's (images copied above).
-                        h = self.angular[index](h.reshape(-1, width), *pairs, copies)
+                        h = self.angular[index](h.reshape(-1, width), *pairs, copies, layout)
                         h = h.view(shape)
                         if copies is not None:
                             h = h.flatten(0, -2).index_select(0, copies).view_as(h)
