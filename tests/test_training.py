@@ -564,3 +564,40 @@ def test_the_fused_adamw_takes_the_same_steps():
             opt.step()
     for a, b in zip(params, copies, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_training_on_a_cpu_flushes_subnormals_then_restores_the_default(
+    tmp_path, nci_csv, monkeypatch
+):
+    from graphormer.training.run import subnormals_flushed
+
+    def flushed() -> bool:  # a subnormal float32 reads as zero
+        return float(torch.tensor([1e-39]) * 1.0) == 0.0
+
+    seen = []
+    step = GraphormerModule.training_step
+
+    def watched(self, *args, **kwargs):
+        seen.append(flushed())
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(GraphormerModule, "training_step", watched)
+    cfg = compose_train(
+        [
+            "dataset=smiles_csv",
+            f"dataset.path={nci_csv}",
+            "dataset.targets=[tpsa]",
+            f"dataset.root={csv_cache(nci_csv)}",
+            f"output_dir={tmp_path / 'run'}",
+            "trainer.max_epochs=1",
+            *TINY,
+        ]
+    )
+    with pytest.warns(UserWarning, match="skipped 3 row"):
+        train_config(cfg)
+    if not torch.set_flush_denormal(False):  # a CPU without the modes: nothing to flush
+        pytest.skip("this CPU cannot flush subnormal floats")
+    assert seen and all(seen)
+    assert not flushed()  # the default again after training
+    with subnormals_flushed(False):  # on a GPU: left as it is
+        assert not flushed()
