@@ -90,6 +90,18 @@ def csv_cache(csv: Path) -> Path:
     return csv.parent / "data"
 
 
+def nci_tpsa_run(csv: Path, output_dir: Path) -> list[str]:
+    """The overrides of a run on the ``nci_csv`` fixture's TPSA column (its cache shared, see
+    :func:`csv_cache`), written to ``output_dir``."""
+    return [
+        "dataset=smiles_csv",
+        f"dataset.path={csv}",
+        "dataset.targets=[tpsa]",
+        f"dataset.root={csv_cache(csv)}",
+        f"output_dir={output_dir}",
+    ]
+
+
 def tpsa_run_args(csv: Path, out: Path, *extra: str) -> list[str]:
     """train.py's arguments for a TINY run on the ``nci_csv`` fixture's TPSA column into ``out``
     (its data cache :func:`csv_cache`)."""

@@ -31,6 +31,7 @@ from helpers import (
     csv_cache,
     evaluate_run,
     nci_graphs,
+    nci_tpsa_run,
     options,
     run_failing,
     run_script,
@@ -584,11 +585,7 @@ def test_training_on_a_cpu_flushes_subnormals_then_restores_the_default(
     monkeypatch.setattr(GraphormerModule, "training_step", watched)
     cfg = compose_train(
         [
-            "dataset=smiles_csv",
-            f"dataset.path={nci_csv}",
-            "dataset.targets=[tpsa]",
-            f"dataset.root={csv_cache(nci_csv)}",
-            f"output_dir={tmp_path / 'run'}",
+            *nci_tpsa_run(nci_csv, tmp_path / "run"),
             "trainer.max_epochs=1",
             *TINY,
         ]

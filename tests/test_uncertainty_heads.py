@@ -18,7 +18,7 @@ from graphormer.training.module import (
     masked_loss,
 )
 
-from helpers import TINY, compose_train, csv_cache, nci_smiles, train_config
+from helpers import TINY, compose_train, csv_cache, nci_smiles, nci_tpsa_run, train_config
 
 
 def test_mve_loss_is_the_gaussian_negative_log_likelihood():
@@ -48,11 +48,7 @@ def test_evidential_loss_is_the_student_t_likelihood_plus_its_regulariser():
 def test_a_trained_head_gives_each_molecule_its_std(tmp_path, nci_csv, loss):
     cfg = compose_train(
         [
-            "dataset=smiles_csv",
-            f"dataset.path={nci_csv}",
-            "dataset.targets=[tpsa]",
-            f"dataset.root={csv_cache(nci_csv)}",
-            f"output_dir={tmp_path / 'run'}",
+            *nci_tpsa_run(nci_csv, tmp_path / "run"),
             f"loss={loss}",
             "trainer.max_epochs=2",
             "~logger",
