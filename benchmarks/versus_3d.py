@@ -701,6 +701,10 @@ def main() -> None:
         args.molecules, args.epochs = 120, 2
     if args.threads < 1:
         parser.error(f"--threads {args.threads}: give 1 or more")
+    # Subnormal floats read and written as zero for every row, as train.py trains on a CPU: the
+    # 3D kernels hold some, and they take a slow path in the CPU's arithmetic. Set before torch
+    # starts its threads, which inherit it (set later, only this thread would have it).
+    torch.set_flush_denormal(True)
     torch.set_num_threads(args.threads)
     data = build_data(args.work, args.molecules)
     if args.profile:

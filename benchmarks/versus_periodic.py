@@ -541,6 +541,10 @@ def main() -> None:
     settings["around"] = args.pbc_around
     if args.quick:
         args.structures, args.relaxed, args.relax_steps, args.epochs = 40, 24, 10, 2
+    # Subnormal floats read and written as zero for every row, as train.py trains on a CPU (the
+    # 3D kernels hold some; they take a slow path in the CPU's arithmetic), set before torch
+    # starts any thread.
+    torch.set_flush_denormal(True)
     torch.set_num_threads(1)
     data = build_data(args.work, args.structures, args.relaxed, args.relax_steps)
     print(

@@ -57,6 +57,13 @@ def check_precision_package(precision: str, key: str = "trainer.precision") -> N
     )
 
 
+def flushes_subnormals() -> bool:
+    """Whether this thread reads and writes subnormal floats as zero (``torch.set_flush_denormal``,
+    which has no getter): a subnormal float32 times one is zero then."""
+    subnormal = torch.tensor([4096], dtype=torch.int32).view(torch.float32)  # 5.7e-42
+    return float(subnormal * 1.0) == 0.0
+
+
 def on_gpu(accelerator: str | None) -> bool:
     """Whether a Lightning ``accelerator`` setting puts the work on a GPU."""
     accelerator = str(accelerator or "auto")

@@ -334,7 +334,8 @@ def call(script: str, args, cwd) -> subprocess.CompletedProcess:
     stderr as a subprocess run gives them, without the seconds of imports a new process costs.
     For what the application does; a process's own boundary (a signal, a fresh interpreter, the
     start-up time, more than one rank) needs :func:`run_script`. What the application changes in
-    the process (logging, warnings, the environment, Hydra's singletons) is put back, and what a
+    the process (logging, warnings, the environment, Hydra's singletons, this thread's flushing of
+    subnormal floats) is put back, and what a
     process lets go of when it ends (the run folders it holds, its record of a rewritten resume
     config) is let go of."""
     import contextlib
@@ -348,8 +349,10 @@ def call(script: str, args, cwd) -> subprocess.CompletedProcess:
 
     from graphormer import rundir
     from graphormer.cli import train as train_command
+    from graphormer.devices import flushes_subnormals
 
     held = set(rundir._HELD)
+    flushing = flushes_subnormals()
     main = importlib.import_module(f"graphormer.cli.{Path(script).stem}").main
     argv = [str(REPO / "scripts" / script), *map(str, args)]
     out, err = io.StringIO(), io.StringIO()
@@ -390,6 +393,7 @@ def call(script: str, args, cwd) -> subprocess.CompletedProcess:
         for folder in set(rundir._HELD) - held:  # a process's locks end with it
             rundir.release_run_dir(folder)
         train_command._REPLACED.clear()
+        torch.set_flush_denormal(flushing)
     return subprocess.CompletedProcess(argv, int(code), out.getvalue(), err.getvalue())
 
 

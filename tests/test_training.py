@@ -1,5 +1,6 @@
 import json
 import math
+import os
 from pathlib import Path
 
 import hydra
@@ -598,3 +599,54 @@ def test_training_on_a_cpu_flushes_subnormals_then_restores_the_default(
     assert not flushed()  # the default again after training
     with subnormals_flushed(False):  # on a GPU: left as it is
         assert not flushed()
+
+
+def test_the_train_command_flushes_subnormals_in_every_torch_thread(tmp_path, nci_csv):
+    """The command sets the mode before torch starts its threads, which inherit it: a training
+    step in a process of two threads reads as zero every subnormal of a product that both
+    threads compute (set in training alone, the second thread's half stays subnormal)."""
+    import subprocess
+    import sys
+
+    from graphormer.devices import flushes_subnormals
+
+    before = flushes_subnormals()
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormal floats")
+    torch.set_flush_denormal(before)
+    script = tmp_path / "watched_train.py"
+    script.write_text(
+        "import sys\n"
+        "import torch\n"
+        "from graphormer.cli.train import main\n"
+        "from graphormer.training.module import GraphormerModule\n"
+        "step = GraphormerModule.training_step\n"
+        "def watched(self, *args, **kwargs):\n"
+        "    bits = torch.full((1 << 20,), 4096, dtype=torch.int32)  # 5.7e-42 as float32\n"
+        "    product = bits.view(torch.float32) * 1.0\n"
+        "    print('zero share', float((product == 0).float().mean()), flush=True)\n"
+        "    return step(self, *args, **kwargs)\n"
+        "GraphormerModule.training_step = watched\n"
+        "sys.argv = ['train.py', *sys.argv[1:]]\n"
+        "main()\n"
+    )
+    arguments = [
+        *nci_tpsa_run(nci_csv, tmp_path / "run"),
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "trainer.max_epochs=1",
+        *TINY,
+    ]
+    result = subprocess.run(
+        [sys.executable, str(script), *arguments],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    shares = [
+        float(line.split()[-1]) for line in result.stdout.splitlines() if "zero share" in line
+    ]
+    assert shares and all(share == 1.0 for share in shares), shares

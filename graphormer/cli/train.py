@@ -310,6 +310,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     command_line = _command_line()
     if command_line is None:  # called as a library function: the config says everything
         return _train(settings_from(cfg), cfg)
+    _flush_subnormals_on_cpu(cfg)
     given, choices = command_line
     if cfg.get("ckpt_path") and Path(str(cfg.ckpt_path), ENSEMBLE_FILE).is_file():
         return _resume_ensemble(cfg, given)
@@ -367,6 +368,19 @@ def _resume_ensemble(cfg: DictConfig, given: list[str]) -> dict[str, Any]:
     except RunInterrupted as stop:
         stop.advice = f"resume with: {command('train')} ckpt_path={folder}"
         raise
+
+
+def _flush_subnormals_on_cpu(cfg: DictConfig) -> None:
+    """On a CPU, every torch thread of the command's process reads and writes subnormal floats as
+    zero (see :func:`graphormer.training.run.subnormals_flushed`): set here, before torch starts
+    its threads, which inherit the mode. Training sets it for its own thread only, since a library
+    caller's threads are theirs; this process ends with the command."""
+    import torch
+
+    from graphormer.devices import on_gpu
+
+    if not on_gpu(cfg.get("trainer", {}).get("accelerator")):
+        torch.set_flush_denormal(True)
 
 
 def _train(settings: RunSettings, cfg: DictConfig) -> dict[str, Any]:

@@ -23,7 +23,12 @@ from graphormer import checkpoint as checkpoints
 from graphormer.console import command, report
 from graphormer.data.datamodule import GraphDataModule
 from graphormer.data.sources import Source, build_source
-from graphormer.devices import on_gpu, resolve_pad_to_multiple, resolve_precision
+from graphormer.devices import (
+    flushes_subnormals,
+    on_gpu,
+    resolve_pad_to_multiple,
+    resolve_precision,
+)
 from graphormer.errors import ConfigError
 from graphormer.models.graphormer import resolve_depth
 from graphormer.models.molecule_features import MOLECULE_FEATURE_RULE
@@ -531,9 +536,11 @@ def subnormals_flushed(enabled: bool) -> Iterator[None]:
     Gaussian kernels hold some (pairs far from a kernel's mean), and a training step of a 3D
     model took about a fifth less time with them flushed. A subnormal added to any normal
     float32 value is below half its last bit, so results stay the same unless a whole sum is
-    subnormal (150 steps of the conformer benchmark's model: every weight bit for bit)."""
-    if not enabled or not torch.set_flush_denormal(True):  # False: not this CPU
-        yield
+    subnormal (150 steps of the conformer benchmark's model: every weight bit for bit). Torch's
+    other threads keep their own mode: the command line sets it for the whole process before
+    they start (:func:`graphormer.cli.train.run`); a thread already flushing is left so."""
+    if not enabled or flushes_subnormals() or not torch.set_flush_denormal(True):
+        yield  # set_flush_denormal gives False on a CPU without the modes
         return
     try:
         yield
