@@ -74,6 +74,11 @@ class GraphormerConfig:
         hidden_dim, ffn_dim, num_heads: transformer size (``hidden_dim`` divisible by
             ``num_heads``).
         dropout, attention_dropout, activation_dropout: dropout rates.
+        layerdrop: in training, each layer (with its message blocks) is skipped for a batch with
+            this probability, independently (LayerDrop, Fan et al. 2019, arXiv 1909.11556;
+            Microsoft's ``encoder_layerdrop``, Hugging Face's ``layerdrop``), which saves that
+            share of the layers' time; evaluation and prediction run every layer. 0 (the
+            default): none.
         input_dropout: dropout on the summed input embeddings; None uses ``dropout``
             (Microsoft's v1 code had its own rate, 0.0 in its molpcba recipe).
         pre_layernorm: pre-LN (the paper's choice) or post-LN layers.
@@ -222,6 +227,7 @@ class GraphormerConfig:
     attention_dropout: float = 0.1
     activation_dropout: float = 0.1
     input_dropout: float | None = None
+    layerdrop: float = 0.0
     pre_layernorm: bool = True
     atom_feature_dims: list[int] | None = None
     bond_feature_dims: list[int] | None = None
@@ -294,6 +300,12 @@ class GraphormerConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
                 raise ValueError(f"model.{name}={value!r} is not allowed: a rate in [0, 1]")
+        drop = self.layerdrop
+        if isinstance(drop, bool) or not isinstance(drop, int | float) or not 0 <= drop < 1:
+            raise ValueError(
+                f"model.layerdrop={drop!r} is not allowed: the chance in [0, 1) that training "
+                "skips a layer for a batch (0: every layer runs)"
+            )
         for name in ("pre_layernorm", "final_layernorm", "unreachable_as_far"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(
@@ -978,8 +990,11 @@ class Graphormer(nn.Module):
                     pairs[0], pairs[4], h.numel() // width, self.config.angular_messages
                 )
         attentions = []
-        for _ in range(self.config.blocks):  # Graphormer-3D's blocks share the layers' weights
+        skip = self._skipped_layers()
+        for block in range(self.config.blocks):  # Graphormer-3D's blocks share the layers' weights
             for index, layer in enumerate(self.layers):
+                if skip is not None and skip[block][index]:
+                    continue  # LayerDrop: this layer and its messages are left out this batch
                 if pairs is not None:
                     shape = h.shape
                     if self.config.vector_messages:
@@ -1017,6 +1032,15 @@ class Graphormer(nn.Module):
             return h * real.unsqueeze(-1).to(h.dtype), attentions, attn_bias, vectors
         h = h.new_zeros(batch * length, width).index_copy(0, packed[0], h)
         return h.view(batch, length, width), attentions, attn_bias, vectors
+
+    def _skipped_layers(self) -> list[list[bool]] | None:
+        """``[blocks][layers]``: which layers training leaves out of this batch
+        (``model.layerdrop``), drawn from torch's CPU generator (no device sync); None when
+        every layer runs (evaluation, or no LayerDrop)."""
+        if not self.training or not self.config.layerdrop:
+            return None
+        shape = (self.config.blocks, len(self.layers))
+        return (torch.rand(shape) < self.config.layerdrop).tolist()
 
     def _message_pairs(
         self, pairs: tuple[Tensor, ...], length: int, row: Tensor | None

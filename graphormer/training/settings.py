@@ -745,6 +745,17 @@ class RunSettings:
                 "over batches: set trainer.accumulate_grad_batches=1, or use a larger "
                 "datamodule.batch_size"
             )
+        layerdrop = self.model.get("layerdrop") or 0
+        distributed = self.trainer.devices != 1 or self.trainer.strategy.startswith(
+            ("ddp", "fsdp", "deepspeed")
+        )
+        if layerdrop and distributed and self.trainer.strategy != "ddp_find_unused_parameters_true":
+            raise ConfigError(
+                f"model.layerdrop={layerdrop} leaves layers out of a batch, and each device "
+                "leaves out its own, which distributed training's gradient exchange refuses: "
+                "add trainer.strategy=ddp_find_unused_parameters_true, or train on one device "
+                "(trainer.devices=1)"
+            )
         if not self.pretrained and not self.ckpt_path:
             self._refuse_fine_tuning_settings()
 
