@@ -77,7 +77,8 @@ class GraphormerConfig:
         layerdrop: in training, each layer (with its message blocks) is skipped for a batch with
             this probability, independently (LayerDrop, Fan et al. 2019, arXiv 1909.11556;
             Microsoft's ``encoder_layerdrop``, Hugging Face's ``layerdrop``), which saves that
-            share of the layers' time; evaluation and prediction run every layer. 0 (the
+            share of the layers' time; evaluation and prediction run every layer (the passes of
+            ``mc_dropout``, which run the network as in training, leave layers out too). 0 (the
             default): none.
         input_dropout: dropout on the summed input embeddings; None uses ``dropout``
             (Microsoft's v1 code had its own rate, 0.0 in its molpcba recipe).
