@@ -220,7 +220,7 @@ def graphormer(channels: str, args: argparse.Namespace):
     config = GraphormerConfig(
         num_layers=args.layers,
         hidden_dim=args.width,
-        ffn_dim=args.width,
+        ffn_dim=args.ffn or args.width,
         num_heads=8,
         num_kernels=args.kernels,
         dropout=0.0,
@@ -348,7 +348,14 @@ def evaluate(model, data: dict, split: str, dense: bool, mean: float, std: float
     }
 
 
-DEFAULTS = {"layers": 4, "width": 64, "kernels": 128, "force_weight": 1.0, "dimenet_blocks": 3}
+DEFAULTS = {
+    "layers": 4,
+    "width": 64,
+    "ffn": None,
+    "kernels": 128,
+    "force_weight": 1.0,
+    "dimenet_blocks": 3,
+}
 
 
 def row_name(row: str, args: argparse.Namespace) -> str:
@@ -379,6 +386,7 @@ def row_name(row: str, args: argparse.Namespace) -> str:
         + "+directional" * (messages and args.directional_messages)
         + f"+layers_{args.layers}" * (dense and args.layers != DEFAULTS["layers"])
         + f"+width_{args.width}" * (dense and args.width != DEFAULTS["width"])
+        + f"+ffn_{args.ffn}" * (dense and args.ffn is not None)
         + f"+kernels_{args.kernels}" * (three_d and args.kernels != DEFAULTS["kernels"])
         + f"+force_weight_{args.force_weight:g}"
         * (row != "graphormer_2d" and args.force_weight != DEFAULTS["force_weight"])
@@ -564,7 +572,7 @@ TEST_KEYS = ("centred_mae", "energy_mae", "force_mae", "wall_s", "peak_mib")
 # options.
 FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
-    "layers", "width", "kernels", "valid_every", "messages", "message_basis",
+    "layers", "width", "ffn", "kernels", "valid_every", "messages", "message_basis",
     "centrality_cutoff", "centrality_gates", "centrality_basis", "angle_cutoff",
     "angular_messages", "directional_messages", "dimenet_blocks", "threads",
 )  # fmt: skip
@@ -601,6 +609,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=DEFAULTS["layers"], help="Graphormer layers")
     parser.add_argument(
         "--width", type=int, default=DEFAULTS["width"], help="Graphormer width (and FFN)"
+    )
+    parser.add_argument(
+        "--ffn", type=int, help="the Graphormers' feed-forward width (default: --width)"
     )
     parser.add_argument("--kernels", type=int, default=DEFAULTS["kernels"], help="Gaussian kernels")
     parser.add_argument(
@@ -720,7 +731,8 @@ def main() -> None:
         f"molecules: {split} (x {CONFORMERS} conformers); epochs {args.epochs}, batch "
         f"{args.batch_size}, lr {args.lr}, {args.loss} energy loss, force weight "
         f"{args.force_weight}; Graphormers "
-        f"{args.layers} layers x {args.width}, {args.kernels} kernels",
+        f"{args.layers} layers x {args.width} (feed-forward {args.ffn or args.width}), "
+        f"{args.kernels} kernels",
         flush=True,
     )
     results = mean_rows(data) if "mean" in args.rows else []
