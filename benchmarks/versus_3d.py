@@ -242,6 +242,8 @@ def graphormer(channels: str, args: argparse.Namespace):
         angle_cutoff=args.angle_cutoff if three_d else None,
         angular_messages=args.angular_messages if messages != "off" and three_d else 0,
         directional_messages=args.directional_messages and messages != "off" and three_d,
+        attention_activation=args.attention,
+        cutoff=args.cutoff if three_d else None,
     )
     return Graphormer(config)
 
@@ -387,6 +389,8 @@ def row_name(row: str, args: argparse.Namespace) -> str:
         + f"+layers_{args.layers}" * (dense and args.layers != DEFAULTS["layers"])
         + f"+width_{args.width}" * (dense and args.width != DEFAULTS["width"])
         + f"+ffn_{args.ffn}" * (dense and args.ffn is not None)
+        + f"+{args.attention}" * (dense and args.attention != "softmax")
+        + (f"+cutoff_{args.cutoff:g}" if three_d and args.cutoff else "")
         + f"+kernels_{args.kernels}" * (three_d and args.kernels != DEFAULTS["kernels"])
         + f"+force_weight_{args.force_weight:g}"
         * (row != "graphormer_2d" and args.force_weight != DEFAULTS["force_weight"])
@@ -572,8 +576,8 @@ TEST_KEYS = ("centred_mae", "energy_mae", "force_mae", "wall_s", "peak_mib")
 # options.
 FORWARDED = (
     "work", "molecules", "epochs", "batch_size", "lr", "force_weight", "loss", "forces",
-    "layers", "width", "ffn", "kernels", "valid_every", "messages", "message_basis",
-    "centrality_cutoff", "centrality_gates", "centrality_basis", "angle_cutoff",
+    "layers", "width", "ffn", "attention", "cutoff", "kernels", "valid_every", "messages",
+    "message_basis", "centrality_cutoff", "centrality_gates", "centrality_basis", "angle_cutoff",
     "angular_messages", "directional_messages", "dimenet_blocks", "threads",
 )  # fmt: skip
 
@@ -612,6 +616,19 @@ def main() -> None:
     )
     parser.add_argument(
         "--ffn", type=int, help="the Graphormers' feed-forward width (default: --width)"
+    )
+    parser.add_argument(
+        "--attention",
+        choices=("softmax", "silu"),
+        default="softmax",
+        help="the Graphormers' attention weights (model.attention_activation): the paper's "
+        "softmax, or SiLU of each score (unnormalised, TorchMD-Net's)",
+    )
+    parser.add_argument(
+        "--cutoff",
+        type=float,
+        help="the 3D Graphormers' model.cutoff (A): farther pairs neither attend nor enter the "
+        "centrality; with --attention silu the weights fade to 0 there (default: none)",
     )
     parser.add_argument("--kernels", type=int, default=DEFAULTS["kernels"], help="Gaussian kernels")
     parser.add_argument(

@@ -12,7 +12,10 @@ from torch import Tensor, nn
 from graphormer.models.attention_kernel import biased_attention, use_own_kernel
 from graphormer.models.dropout import check_dropout, dropout, twice_differentiable_now
 
-__all__ = ["BiasedMultiheadAttention"]
+__all__ = ["ACTIVATIONS", "BiasedMultiheadAttention"]
+
+# How the scores become weights: normalised over the keys, or each one on its own.
+ACTIVATIONS = ("softmax", "silu")
 
 
 class BiasedMultiheadAttention(nn.Module):
@@ -28,6 +31,14 @@ class BiasedMultiheadAttention(nn.Module):
     convert to and from :class:`torch.nn.MultiheadAttention` (:meth:`from_torch`, :meth:`to_torch`,
     and :meth:`load_state_dict` of its state dict), and with no bias the outputs match it.
 
+    With ``activation="silu"`` the weights are not normalised over the keys: each is
+    :math:`\mathrm{SiLU}(q_i \cdot k_j / \sqrt{d_h} + B_{ij})`, times a multiplicative gate
+    ``attn_gate`` where one is given (TorchMD-Net's equivariant transformer, Thoelke and De
+    Fabritiis, 2022, https://arxiv.org/abs/2202.02541, gates them with a cosine cutoff of the
+    distance), so that an atom's update is a sum over its neighbours, which grows with their
+    number, rather than an average. Masked keys (the bias's most negative value, or
+    ``key_padding_mask``) get weight 0.
+
     Args:
         embed_dim (int): model width ``E``.
         num_heads (int): number of heads ``H``; must divide ``embed_dim``.
@@ -35,11 +46,14 @@ class BiasedMultiheadAttention(nn.Module):
         bias (bool, optional): whether the projections have biases. (default: :obj:`True`)
         batch_first (bool, optional): inputs are ``[B, L, E]`` if True, ``[L, B, E]`` otherwise.
             (default: :obj:`True`)
+        activation (str, optional): ``"softmax"`` or ``"silu"`` (unnormalised weights, see
+            above). (default: :obj:`"softmax"`)
 
     Shapes:
         - query ``[B, Lq, E]``, key/value ``[B, Lk, E]`` (batch_first)
         - attn_bias ``[B, H, Lq, Lk]`` or ``[B, Lq, Lk]`` (float, added to the scaled scores)
         - key_padding_mask ``[B, Lk]`` (bool, True = ignore that key)
+        - attn_gate ``[B, 1 or H, Lq, Lk]`` (float, multiplies the weights; ``"silu"`` only)
         - output ``[B, Lq, E]``; weights ``[B, Lq, Lk]`` (averaged) or ``[B, H, Lq, Lk]``
     """
 
@@ -50,8 +64,13 @@ class BiasedMultiheadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         batch_first: bool = True,
+        activation: str = "softmax",
     ) -> None:
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation={activation!r} is not allowed: one of {', '.join(ACTIVATIONS)}"
+            )
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(
                 f"embed_dim and num_heads must be positive, got {embed_dim}, {num_heads}"
@@ -67,6 +86,7 @@ class BiasedMultiheadAttention(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.dropout = dropout
         self.batch_first = batch_first
+        self.activation = activation
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -152,6 +172,7 @@ class BiasedMultiheadAttention(nn.Module):
         need_weights: bool = False,
         average_attn_weights: bool = True,
         packed: tuple[Tensor, int, int] | None = None,
+        attn_gate: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attends ``query`` to ``key``/``value`` (self-attention when they are None).
 
@@ -164,9 +185,17 @@ class BiasedMultiheadAttention(nn.Module):
         on the padded batch at those rows. Packed batches are self-attention: ``key`` and
         ``value`` must be None.
 
+        ``attn_gate`` multiplies the weights of ``activation="silu"`` (softmax weights take
+        none: fold a mask into ``attn_bias``).
+
         Returns:
             ``(output, weights)``; ``weights`` is None unless ``need_weights``.
         """
+        if attn_gate is not None and self.activation == "softmax":
+            raise ValueError(
+                "attn_gate multiplies unnormalised (activation='silu') weights; softmax "
+                "weights take their masks in attn_bias"
+            )
         if packed is not None:
             if key is not None or value is not None:
                 raise ValueError(
@@ -174,7 +203,7 @@ class BiasedMultiheadAttention(nn.Module):
                     "and value as None (or attend the padded [B, L, E] batch without packed=)"
                 )
             out, weights = self._forward_packed(
-                query, *packed, attn_bias, key_padding_mask, need_weights
+                query, *packed, attn_bias, key_padding_mask, need_weights, attn_gate
             )
             if weights is not None and average_attn_weights:
                 weights = weights.mean(dim=1)
@@ -182,7 +211,7 @@ class BiasedMultiheadAttention(nn.Module):
         q, k, v = self.project(query, key, value)  # [B, H, L, D]
         batch, _, q_len, _ = q.shape
         mask = self._additive_mask(attn_bias, key_padding_mask, batch, q_len, k.size(2), q.dtype)
-        out, weights = self._attend(q, k, v, mask, need_weights)
+        out, weights = self._attend(q, k, v, mask, need_weights, attn_gate)
         out = out.transpose(1, 2).reshape(batch, q_len, self.embed_dim)  # [B, Lq, E]
         out = self.out_proj(out)
         if not self.batch_first:
@@ -200,6 +229,7 @@ class BiasedMultiheadAttention(nn.Module):
         attn_bias: Tensor | None,
         key_padding_mask: Tensor | None,
         need_weights: bool,
+        gate: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         heads, dim = self.num_heads, self.head_dim
         rows, columns = tokens // length, tokens % length  # each token's graph and position
@@ -213,15 +243,33 @@ class BiasedMultiheadAttention(nn.Module):
         # The modules themselves (not their weights), so that hooks and swapped-in layers apply.
         q, k, v = (scatter(proj(x)) for proj in (self.q_proj, self.k_proj, self.v_proj))
         mask = self._additive_mask(attn_bias, key_padding_mask, batch, length, length, q.dtype)
-        out, weights = self._attend(q, k, v, mask, need_weights)
+        out, weights = self._attend(q, k, v, mask, need_weights, gate)
         out = out[rows, :, columns]  # the real tokens' rows, [T, H, D]
         return self.out_proj(out.reshape(-1, self.embed_dim)), weights
 
     def _attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        need_weights: bool,
+        gate: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """``(softmax(q k^T / sqrt(D) + mask) v, per-head weights or None)``, ``[B, H, Lq, D]``."""
+        """``(softmax(q k^T / sqrt(D) + mask) v, per-head weights or None)``, ``[B, H, Lq, D]``
+        (``silu(...) * gate`` with ``activation="silu"``)."""
         dropout_p = self.dropout if self.training else 0.0
+        if self.activation == "silu":
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # [B, H, Lq, Lk]
+            if mask is not None:
+                # A masked key's score is the dtype's most negative finite value, where SiLU
+                # and its slope are exactly 0 (finite: no NaN in the gradient).
+                scores = scores + mask
+            weights = F.silu(scores)
+            if gate is not None:
+                weights = weights * gate.to(weights.dtype)
+            out = dropout(weights, dropout_p, self.training) @ v
+            return out, weights if need_weights else None
         if need_weights or twice_differentiable_now():
             # Plain operations: the weights to return, or a second derivative to take (the
             # fused kernels' backward passes are differentiable once).
@@ -254,6 +302,11 @@ class BiasedMultiheadAttention(nn.Module):
 
     def to_torch(self) -> nn.MultiheadAttention:
         """A :class:`torch.nn.MultiheadAttention` with these weights (``in_proj`` = [q; k; v])."""
+        if self.activation != "softmax":
+            raise ValueError(
+                f"torch.nn.MultiheadAttention normalises its weights with a softmax; this "
+                f"module's are {self.activation}: no such module computes the same"
+            )
         has_bias = self.q_proj.bias is not None
         weight = self.q_proj.weight
         mha = nn.MultiheadAttention(
@@ -319,6 +372,7 @@ class BiasedMultiheadAttention(nn.Module):
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, "
             f"batch_first={self.batch_first}"
+            + (f", activation={self.activation}" if self.activation != "softmax" else "")
         )
 
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from graphormer.batch import GraphormerBatch
 from graphormer.errors import DataError
+from graphormer.models.attention import ACTIVATIONS
 from graphormer.models.dropout import Dropout, twice_differentiable
 from graphormer.models.encoders import GraphAttentionBias, NodeEncoder, touch
 from graphormer.models.geometry import (
@@ -80,6 +81,14 @@ class GraphormerConfig:
             share of the layers' time; evaluation and prediction run every layer (the passes of
             ``mc_dropout``, which run the network as in training, leave layers out too). 0 (the
             default): none.
+        attention_activation: how each layer's attention turns scores into weights:
+            ``"softmax"`` (the paper's, normalised over the keys) or ``"silu"`` (each weight
+            SiLU of its score and bias, not normalised, so an atom's update
+            sums over its neighbours instead of averaging them, as TorchMD-Net's equivariant
+            transformer; masked pairs weigh 0, and with positions and ``cutoff`` each pair's
+            weight fades to 0 at the cutoff by a cosine switch: with ``centrality_cutoff`` set
+            too, the energy is then smooth as atoms cross the cutoff). Not part of Graphormer
+            or Graphormer-3D. (default: softmax)
         input_dropout: dropout on the summed input embeddings; None uses ``dropout``
             (Microsoft's v1 code had its own rate, 0.0 in its molpcba recipe).
         pre_layernorm: pre-LN (the paper's choice) or post-LN layers.
@@ -229,6 +238,7 @@ class GraphormerConfig:
     activation_dropout: float = 0.1
     input_dropout: float | None = None
     layerdrop: float = 0.0
+    attention_activation: str = "softmax"
     pre_layernorm: bool = True
     atom_feature_dims: list[int] | None = None
     bond_feature_dims: list[int] | None = None
@@ -295,6 +305,11 @@ class GraphormerConfig:
         _integer("multi_hop_max_dist", self.multi_hop_max_dist, 1)
         _integer("feature_stride", self.feature_stride, 1, optional=True)
         _integer("attention_max_distance", self.attention_max_distance, 0, optional=True)
+        if self.attention_activation not in ACTIVATIONS:
+            raise ValueError(
+                f"model.attention_activation={self.attention_activation!r} is not allowed: "
+                "softmax (the paper's) or silu (unnormalised weights)"
+            )
         for name in ("dropout", "attention_dropout", "activation_dropout", "input_dropout"):
             value = getattr(self, name)
             if value is None and name == "input_dropout":
@@ -770,6 +785,7 @@ class Graphormer(nn.Module):
                 c.attention_dropout,
                 c.activation_dropout,
                 c.pre_layernorm,
+                c.attention_activation,
             )
             for _ in range(c.num_layers)
         )
@@ -961,6 +977,16 @@ class Graphormer(nn.Module):
             spatial_pos = batch.spatial_pos.long()
             too_far = (spatial_pos > limit) | (spatial_pos < 0)  # [B, N, N]
             masked = masked | F.pad(too_far, (1, 0, 1, 0), value=False)  # [B, N+1, N+1]
+        gate = None
+        if self.config.attention_activation == "silu":
+            # Unnormalised weights: masked pairs are multiplied by 0, and within a cutoff each
+            # pair's weight fades to 0 at it (smooth in the positions).
+            gate = (~masked).unsqueeze(1).to(dtype)  # [B, 1, N+1 or 1, N+1]
+            if geometry is not None and self.config.cutoff is not None:
+                graph, i, j, _, distance, _ = geometry[3]
+                fade = torch.ones_like(geometry[2], dtype=distance.dtype)  # [B, N, N]
+                fade = fade.index_put((graph, i, j), cosine_switch(distance, self.config.cutoff))
+                gate = gate * F.pad(fade, (1, 0, 1, 0), value=1.0).unsqueeze(1).to(dtype)
         attn_bias = attn_bias.to(dtype).masked_fill(
             masked[:, None], torch.finfo(dtype).min
         )  # [B, H, N+1, N+1]
@@ -1013,7 +1039,9 @@ class Graphormer(nn.Module):
                         h = h.view(shape)
                         if copies is not None:
                             h = h.flatten(0, -2).index_select(0, copies).view_as(h)
-                h, weights = layer(h, attn_bias, need_weights=return_attention, packed=packed)
+                h, weights = layer(
+                    h, attn_bias, need_weights=return_attention, packed=packed, attn_gate=gate
+                )
                 if copies is not None:
                     # A periodic image is its source atom seen across the boundary: it holds
                     # the source's state in every layer, so an atom's state depends on its

@@ -25,6 +25,8 @@ class GraphormerLayer(nn.Module):
         attention_dropout (float, optional): dropout on attention weights. (default: :obj:`0.1`)
         activation_dropout (float, optional): dropout after the GELU. (default: :obj:`0.1`)
         pre_layernorm (bool, optional): pre-LN if True, post-LN otherwise. (default: :obj:`True`)
+        attention_activation (str, optional): the attention's ``"softmax"`` or ``"silu"``
+            weights (:class:`BiasedMultiheadAttention`). (default: :obj:`"softmax"`)
 
     Shapes:
         - h ``[B, L, d]``, attn_bias ``[B, H, L, L]``, key_padding_mask ``[B, L]`` (optional: may
@@ -40,10 +42,13 @@ class GraphormerLayer(nn.Module):
         attention_dropout: float = 0.1,
         activation_dropout: float = 0.1,
         pre_layernorm: bool = True,
+        attention_activation: str = "softmax",
     ) -> None:
         super().__init__()
         self.pre_layernorm = pre_layernorm
-        self.attn = BiasedMultiheadAttention(hidden_dim, num_heads, dropout=attention_dropout)
+        self.attn = BiasedMultiheadAttention(
+            hidden_dim, num_heads, dropout=attention_dropout, activation=attention_activation
+        )
         self.attn_norm = nn.LayerNorm(hidden_dim)
         self.fc1 = nn.Linear(hidden_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, hidden_dim)
@@ -58,6 +63,7 @@ class GraphormerLayer(nn.Module):
         key_padding_mask: Tensor | None = None,
         need_weights: bool = False,
         packed: tuple[Tensor, int, int] | None = None,
+        attn_gate: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """With ``packed=(tokens, B, L)``, ``h`` holds only the ``T`` real tokens of a padded
         batch, ``[T, d]``: every per-token operation (projections, LayerNorms, feed-forward) skips
@@ -72,6 +78,7 @@ class GraphormerLayer(nn.Module):
             need_weights=need_weights,
             average_attn_weights=False,
             packed=packed,
+            attn_gate=attn_gate,
         )
         return self._finish(residual, h), weights
 

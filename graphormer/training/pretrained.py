@@ -69,6 +69,8 @@ _STRUCTURE = (
     "message_basis",
     "angular_messages",
     "directional_messages",
+    # How the attention's scores become weights.
+    "attention_activation",
 )
 
 
