@@ -612,7 +612,10 @@ def main() -> None:
     )
     parser.add_argument("--layers", type=int, default=DEFAULTS["layers"], help="Graphormer layers")
     parser.add_argument(
-        "--width", type=int, default=DEFAULTS["width"], help="Graphormer width (and FFN)"
+        "--width",
+        type=int,
+        default=DEFAULTS["width"],
+        help="Graphormer width (and FFN, unless --ffn)",
     )
     parser.add_argument(
         "--ffn", type=int, help="the Graphormers' feed-forward width (default: --width)"
