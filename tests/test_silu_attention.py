@@ -160,4 +160,5 @@ def test_a_2d_model_with_silu_weights_trains_and_differs_from_softmax():
 
 
 def test_a_run_with_silu_attention_keeps_the_setting_and_predicts(tmp_path):
+    pytest.importorskip("ase")
     assert_run_keeps_setting(tmp_path, "attention_activation", "silu")
